@@ -1,0 +1,139 @@
+from google.protobuf.internal import containers as _containers
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class ClientIdentity(_message.Message):
+    __slots__ = ("host", "pid", "framework", "version")
+    HOST_FIELD_NUMBER: _ClassVar[int]
+    PID_FIELD_NUMBER: _ClassVar[int]
+    FRAMEWORK_FIELD_NUMBER: _ClassVar[int]
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    host: str
+    pid: int
+    framework: str
+    version: str
+    def __init__(self, host: _Optional[str] = ..., pid: _Optional[int] = ..., framework: _Optional[str] = ..., version: _Optional[str] = ...) -> None: ...
+
+class OpenSessionRequest(_message.Message):
+    __slots__ = ("session_id", "run", "worker", "world_size", "client", "next_sequence")
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    RUN_FIELD_NUMBER: _ClassVar[int]
+    WORKER_FIELD_NUMBER: _ClassVar[int]
+    WORLD_SIZE_FIELD_NUMBER: _ClassVar[int]
+    CLIENT_FIELD_NUMBER: _ClassVar[int]
+    NEXT_SEQUENCE_FIELD_NUMBER: _ClassVar[int]
+    session_id: str
+    run: str
+    worker: str
+    world_size: int
+    client: ClientIdentity
+    next_sequence: int
+    def __init__(self, session_id: _Optional[str] = ..., run: _Optional[str] = ..., worker: _Optional[str] = ..., world_size: _Optional[int] = ..., client: _Optional[_Union[ClientIdentity, _Mapping]] = ..., next_sequence: _Optional[int] = ...) -> None: ...
+
+class OpenSessionResponse(_message.Message):
+    __slots__ = ("run_dir", "last_sequence")
+    RUN_DIR_FIELD_NUMBER: _ClassVar[int]
+    LAST_SEQUENCE_FIELD_NUMBER: _ClassVar[int]
+    run_dir: str
+    last_sequence: int
+    def __init__(self, run_dir: _Optional[str] = ..., last_sequence: _Optional[int] = ...) -> None: ...
+
+class WriteRequest(_message.Message):
+    __slots__ = ("session_id", "first_sequence", "events")
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    FIRST_SEQUENCE_FIELD_NUMBER: _ClassVar[int]
+    EVENTS_FIELD_NUMBER: _ClassVar[int]
+    session_id: str
+    first_sequence: int
+    events: _containers.RepeatedScalarFieldContainer[bytes]
+    def __init__(self, session_id: _Optional[str] = ..., first_sequence: _Optional[int] = ..., events: _Optional[_Iterable[bytes]] = ...) -> None: ...
+
+class WriteAck(_message.Message):
+    __slots__ = ("acked_sequence",)
+    ACKED_SEQUENCE_FIELD_NUMBER: _ClassVar[int]
+    acked_sequence: int
+    def __init__(self, acked_sequence: _Optional[int] = ...) -> None: ...
+
+class FlushRequest(_message.Message):
+    __slots__ = ("session_id", "durable")
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    DURABLE_FIELD_NUMBER: _ClassVar[int]
+    session_id: str
+    durable: bool
+    def __init__(self, session_id: _Optional[str] = ..., durable: _Optional[bool] = ...) -> None: ...
+
+class FlushResponse(_message.Message):
+    __slots__ = ("acked_sequence",)
+    ACKED_SEQUENCE_FIELD_NUMBER: _ClassVar[int]
+    acked_sequence: int
+    def __init__(self, acked_sequence: _Optional[int] = ...) -> None: ...
+
+class CloseSessionRequest(_message.Message):
+    __slots__ = ("session_id",)
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    session_id: str
+    def __init__(self, session_id: _Optional[str] = ...) -> None: ...
+
+class CloseSessionResponse(_message.Message):
+    __slots__ = ("acked_sequence", "events_written")
+    ACKED_SEQUENCE_FIELD_NUMBER: _ClassVar[int]
+    EVENTS_WRITTEN_FIELD_NUMBER: _ClassVar[int]
+    acked_sequence: int
+    events_written: int
+    def __init__(self, acked_sequence: _Optional[int] = ..., events_written: _Optional[int] = ...) -> None: ...
+
+class GetStatusRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class RunStatus(_message.Message):
+    __slots__ = ("run_dir", "event_file", "events_written", "bytes_written", "sessions")
+    RUN_DIR_FIELD_NUMBER: _ClassVar[int]
+    EVENT_FILE_FIELD_NUMBER: _ClassVar[int]
+    EVENTS_WRITTEN_FIELD_NUMBER: _ClassVar[int]
+    BYTES_WRITTEN_FIELD_NUMBER: _ClassVar[int]
+    SESSIONS_FIELD_NUMBER: _ClassVar[int]
+    run_dir: str
+    event_file: str
+    events_written: int
+    bytes_written: int
+    sessions: int
+    def __init__(self, run_dir: _Optional[str] = ..., event_file: _Optional[str] = ..., events_written: _Optional[int] = ..., bytes_written: _Optional[int] = ..., sessions: _Optional[int] = ...) -> None: ...
+
+class SessionStatus(_message.Message):
+    __slots__ = ("session_id", "run_dir", "worker", "client", "acked_sequence", "events_written", "duplicates_dropped", "idle_seconds", "streaming")
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    RUN_DIR_FIELD_NUMBER: _ClassVar[int]
+    WORKER_FIELD_NUMBER: _ClassVar[int]
+    CLIENT_FIELD_NUMBER: _ClassVar[int]
+    ACKED_SEQUENCE_FIELD_NUMBER: _ClassVar[int]
+    EVENTS_WRITTEN_FIELD_NUMBER: _ClassVar[int]
+    DUPLICATES_DROPPED_FIELD_NUMBER: _ClassVar[int]
+    IDLE_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    STREAMING_FIELD_NUMBER: _ClassVar[int]
+    session_id: str
+    run_dir: str
+    worker: str
+    client: ClientIdentity
+    acked_sequence: int
+    events_written: int
+    duplicates_dropped: int
+    idle_seconds: float
+    streaming: bool
+    def __init__(self, session_id: _Optional[str] = ..., run_dir: _Optional[str] = ..., worker: _Optional[str] = ..., client: _Optional[_Union[ClientIdentity, _Mapping]] = ..., acked_sequence: _Optional[int] = ..., events_written: _Optional[int] = ..., duplicates_dropped: _Optional[int] = ..., idle_seconds: _Optional[float] = ..., streaming: _Optional[bool] = ...) -> None: ...
+
+class GetStatusResponse(_message.Message):
+    __slots__ = ("logdir", "runs", "sessions", "version")
+    LOGDIR_FIELD_NUMBER: _ClassVar[int]
+    RUNS_FIELD_NUMBER: _ClassVar[int]
+    SESSIONS_FIELD_NUMBER: _ClassVar[int]
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    logdir: str
+    runs: _containers.RepeatedCompositeFieldContainer[RunStatus]
+    sessions: _containers.RepeatedCompositeFieldContainer[SessionStatus]
+    version: str
+    def __init__(self, logdir: _Optional[str] = ..., runs: _Optional[_Iterable[_Union[RunStatus, _Mapping]]] = ..., sessions: _Optional[_Iterable[_Union[SessionStatus, _Mapping]]] = ..., version: _Optional[str] = ...) -> None: ...

@@ -1,0 +1,15 @@
+"""Errors the inner layers raise; the service turns each into one gRPC status at the edge."""
+
+from __future__ import annotations
+
+
+class RunPathError(ValueError):
+    """A run path or worker label that would leave the logdir or is not a plain relative path."""
+
+
+class EventError(ValueError):
+    """An event a client must not send: not an `Event`, or of a kind the daemon writes itself."""
+
+    def __init__(self, index: int, reason: str) -> None:
+        super().__init__(f"event {index} of the batch {reason}")
+        self.index = index

@@ -1,0 +1,35 @@
+"""TFRecord framing of event-file records, with CRC-32C from `google-crc32c`."""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Iterable
+
+import google_crc32c
+
+_MASK_DELTA = 0xA282EAD8
+_U32 = 0xFFFFFFFF
+_LENGTH = struct.Struct("<Q")
+_CRC = struct.Struct("<I")
+
+
+def masked_crc32c(data: bytes) -> int:
+    """CRC-32C of `data`, masked the way TFRecord stores it (so a CRC of CRCs does not look valid)."""
+    crc = google_crc32c.value(data)
+    return (((crc >> 15) | (crc << 17)) + _MASK_DELTA) & _U32
+
+
+# Format of one record on disk (all little-endian):
+#   uint64    length
+#   uint32    masked crc32c of length
+#   byte      data[length]
+#   uint32    masked crc32c of data
+def frame(data: bytes) -> bytes:
+    """Return `data` framed as one TFRecord."""
+    header = _LENGTH.pack(len(data))
+    return b"".join((header, _CRC.pack(masked_crc32c(header)), data, _CRC.pack(masked_crc32c(data))))
+
+
+def frame_all(records: Iterable[bytes]) -> bytes:
+    """Frame every record and join them, ready for one write."""
+    return b"".join(frame(record) for record in records)

@@ -1,0 +1,95 @@
+"""Run paths: what a client may name, and opening that directory without ever leaving the logdir.
+
+A run path is relative to the logdir, `/`-separated, normalised (no empty, `.` or `..` parts), free of control
+characters and backslashes, and bounded in length and depth. The directories are walked one component at a
+time with `O_NOFOLLOW` relative to the parent's descriptor, so a symlink anywhere on the way (even one created
+after the path was checked) is refused instead of followed.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import unicodedata
+
+from summaryd.server.errors import RunPathError
+
+MAX_RUN_PATH_BYTES = 1024
+MAX_COMPONENT_BYTES = 255
+MAX_DEPTH = 16
+MAX_WORKER_BYTES = 128
+
+
+def _check_component(part: str, what: str) -> None:
+    if part in ("", ".", ".."):
+        raise RunPathError(f"{what} has an empty, '.' or '..' component; give a plain relative path like 'exp/lr-0.1'")
+    if len(part.encode()) > MAX_COMPONENT_BYTES:
+        raise RunPathError(f"{what} has a component longer than {MAX_COMPONENT_BYTES} bytes")
+    for char in part:
+        if char == "\\" or unicodedata.category(char) in ("Cc", "Cf", "Cs", "Co", "Cn", "Zl", "Zp"):
+            raise RunPathError(
+                f"{what} contains the character U+{ord(char):04X}; use printable characters without backslashes"
+            )
+
+
+def validate_run(run: str) -> list[str]:
+    """Check a client's run path and return its components.
+
+    Raises:
+        RunPathError: with a message that says what to change.
+    """
+    if not run:
+        raise RunPathError("run path is empty; name the run, e.g. 'exp1'")
+    if len(run.encode()) > MAX_RUN_PATH_BYTES:
+        raise RunPathError(f"run path is longer than {MAX_RUN_PATH_BYTES} bytes")
+    if run.startswith("/"):
+        raise RunPathError(f"run path {run!r} is absolute; give a path relative to the daemon's logdir")
+    if unicodedata.normalize("NFC", run) != run:
+        raise RunPathError(f"run path {run!r} is not in Unicode normal form NFC")
+    parts = run.rstrip("/").split("/")
+    if len(parts) > MAX_DEPTH:
+        raise RunPathError(f"run path {run!r} is deeper than {MAX_DEPTH} directories")
+    for part in parts:
+        _check_component(part, f"run path {run!r}")
+    return parts
+
+
+def validate_worker(worker: str) -> None:
+    """Check a worker label: one path component, such as `rank-3` or `worker-0`."""
+    if len(worker.encode()) > MAX_WORKER_BYTES:
+        raise RunPathError(f"worker label is longer than {MAX_WORKER_BYTES} bytes")
+    if "/" in worker:
+        raise RunPathError(f"worker label {worker!r} contains '/'; use a single name like 'rank-3'")
+    _check_component(worker, f"worker label {worker!r}")
+
+
+def open_run_dir(logdir_fd: int, parts: list[str]) -> int:
+    """Open (creating as needed) the directory `parts` below `logdir_fd`; return its descriptor.
+
+    Raises:
+        RunPathError: when a component exists but is a symlink or not a directory.
+    """
+    fd = os.dup(logdir_fd)
+    try:
+        for depth, part in enumerate(parts):
+            try:
+                os.mkdir(part, mode=0o755, dir_fd=fd)
+            except FileExistsError:
+                pass
+            try:
+                child = os.open(part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=fd)
+            except OSError as exc:
+                if exc.errno in (errno.ELOOP, errno.ENOTDIR):
+                    where = "/".join(parts[: depth + 1])
+                    raise RunPathError(
+                        f"{where!r} in the logdir is a symlink or a file; summaryd writes only into real "
+                        "directories inside its logdir"
+                    ) from None
+                raise
+            os.close(fd)
+            fd = child
+        return fd
+    except BaseException:
+        os.close(fd)
+        raise
+

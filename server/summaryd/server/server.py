@@ -1,0 +1,134 @@
+"""Runs the daemon: the gRPC server on uvloop, health and reflection, and the ordered shutdown."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import signal
+import sys
+from concurrent.futures import ThreadPoolExecutor
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+
+from summaryd.server.config import Config
+from summaryd.server.runs import RunRegistry
+from summaryd.server.service import SummariesService
+from summaryd.v1 import summaryd_pb2 as pb
+from summaryd.v1 import summaryd_pb2_grpc as pb_grpc
+
+log = logging.getLogger(__name__)
+
+SERVICE_NAME = pb.DESCRIPTOR.services_by_name["Summaries"].full_name
+
+
+class Server:
+    """The daemon for one `Config`: `await serve()` runs until `request_shutdown()` or a signal."""
+
+    def __init__(self, config: Config) -> None:
+        self.config = config
+        self.port: int | None = None
+        self._stop = asyncio.Event()
+        self._started = asyncio.Event()
+
+    def request_shutdown(self) -> None:
+        """Ask for the graceful shutdown (what SIGTERM does)."""
+        self._stop.set()
+
+    async def wait_started(self) -> int:
+        """Wait until the server listens; return its port."""
+        await self._started.wait()
+        assert self.port is not None
+        return self.port
+
+    async def serve(self) -> None:
+        config = self.config
+        executor = ThreadPoolExecutor(max_workers=config.io_threads, thread_name_prefix="summaryd-io")
+        registry = RunRegistry(config.logdir, executor)
+        service = SummariesService(registry)
+        health_servicer = health.aio.HealthServicer()
+        server = grpc.aio.server(
+            options=[
+                ("grpc.max_receive_message_length", config.max_message_bytes),
+                ("grpc.so_reuseport", 0),
+            ]
+        )
+        pb_grpc.add_SummariesServicer_to_server(service, server)
+        health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+        reflection.enable_server_reflection(
+            (SERVICE_NAME, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name, reflection.SERVICE_NAME),
+            server,
+        )
+        self.port = server.add_insecure_port(config.listen)
+        if self.port == 0:
+            raise OSError(f"cannot listen on {config.listen}")
+        await server.start()
+        for name in ("", SERVICE_NAME):
+            await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
+        if config.port_file:
+            with open(config.port_file, "w") as f:
+                f.write(f"{self.port}\n")
+        log.info("summaryd serving %s on %s (port %d)", registry.logdir, config.host, self.port)
+        self._started.set()
+        try:
+            await self._stop.wait()
+        finally:
+            await self._shutdown(server, service, registry, health_servicer, executor)
+
+    async def _shutdown(
+        self,
+        server: grpc.aio.Server,
+        service: SummariesService,
+        registry: RunRegistry,
+        health_servicer: health.aio.HealthServicer,
+        executor: ThreadPoolExecutor,
+    ) -> None:
+        deadline = self.config.shutdown_timeout
+        log.info("shutting down (deadline %.1fs)", deadline)
+        # Stop accepting: health says NOT_SERVING, new sessions are refused, idle streams end now.
+        await health_servicer.enter_graceful_shutdown()
+        service.start_draining()
+        # Drain: batches in flight finish and are acknowledged; the rest is cut at half the deadline.
+        await server.stop(grace=deadline / 2)
+        # Flush and sync every file; sessions are released (clients resume them after a restart).
+        await service.close_all_sessions()
+        try:
+            await asyncio.wait_for(registry.close_all(), timeout=deadline / 2)
+        except TimeoutError:
+            log.error("syncing event files did not finish within the shutdown deadline")
+        executor.shutdown(wait=True)
+        log.info("stopped")
+
+
+def run(config: Config) -> None:
+    """Run the daemon in this process until SIGTERM/SIGINT; a second signal exits at once."""
+    server = Server(config)
+    signals = 0
+
+    def on_signal(signum: int) -> None:
+        nonlocal signals
+        signals += 1
+        if signals > 1:
+            log.warning("second %s: exiting without finishing the shutdown", signal.Signals(signum).name)
+            os._exit(1)
+        log.info("%s received", signal.Signals(signum).name)
+        server.request_shutdown()
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(signum, on_signal, signum)
+        await server.serve()
+
+    with asyncio.Runner(loop_factory=_loop_factory()) as runner:
+        runner.run(main())
+
+
+def _loop_factory():  # type: ignore[no-untyped-def]
+    if sys.platform == "win32":  # pragma: no cover
+        return None
+    import uvloop
+
+    return uvloop.new_event_loop
