@@ -90,8 +90,14 @@ class Server:
         # Stop accepting: health says NOT_SERVING, new sessions are refused, idle streams end now.
         await health_servicer.enter_graceful_shutdown()
         service.start_draining()
-        # Drain: batches in flight finish and are acknowledged; the rest is cut at half the deadline.
-        await server.stop(grace=deadline / 2)
+        # Drain: batches, flushes and closes under way finish and are answered (within half the deadline).
+        # Then stop at once: waiting for the grace period would only hold up calls that clients keep
+        # making to a server that no longer takes them.
+        try:
+            await asyncio.wait_for(service.wait_quiet(), timeout=deadline / 2)
+        except TimeoutError:
+            log.warning("requests still running after %.1fs; cancelling them", deadline / 2)
+        await server.stop(grace=0)
         # Flush and sync every file; sessions are released (clients resume them after a restart).
         await service.close_all_sessions()
         try:

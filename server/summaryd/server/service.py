@@ -31,12 +31,29 @@ class SummariesService(pb_grpc.SummariesServicer):
         self._draining = False
         # Write handlers waiting for their client's next message: cancelled at once when draining.
         self._idle_streams: set[asyncio.Task[object]] = set()
+        # Batches, flushes and closes being carried out; shutdown waits for these, not for idle clients.
+        self._busy = 0
+        self._quiet = asyncio.Event()
+        self._quiet.set()
 
     def start_draining(self) -> None:
         """Stop taking new sessions and end every write stream that is not in the middle of a batch."""
         self._draining = True
         for task in list(self._idle_streams):
             task.cancel()
+
+    def _enter(self) -> None:
+        self._busy += 1
+        self._quiet.clear()
+
+    def _leave(self) -> None:
+        self._busy -= 1
+        if self._busy == 0:
+            self._quiet.set()
+
+    async def wait_quiet(self) -> None:
+        """Return once no batch, flush or close is being carried out."""
+        await self._quiet.wait()
 
     async def _session(self, session_id: str, context: grpc.aio.ServicerContext) -> Session:
         session = self.sessions.get(session_id)
@@ -133,10 +150,16 @@ class SummariesService(pb_grpc.SummariesServicer):
                     await context.abort(
                         grpc.StatusCode.INVALID_ARGUMENT, "a write stream carries one session; open another stream"
                     )
-                yield pb.WriteAck(acked_sequence=await self._write(session, request, context))
+                self._enter()
+                try:
+                    acked = await self._write(session, request, context)
+                finally:
+                    self._leave()
+                yield pb.WriteAck(acked_sequence=acked)
                 if self._draining:
                     return
         finally:
+            log.debug("write stream of session %s ended", session.session_id if session else "?")
             if session is not None:
                 session.streams -= 1
 
@@ -184,9 +207,16 @@ class SummariesService(pb_grpc.SummariesServicer):
     async def Flush(self, request: pb.FlushRequest, context: grpc.aio.ServicerContext) -> pb.FlushResponse:
         session = await self._session(request.session_id, context)
         session.touch()
+        self._enter()
+        try:
+            return await self._flush(session, request.durable, context)
+        finally:
+            self._leave()
+
+    async def _flush(self, session: Session, durable: bool, context: grpc.aio.ServicerContext) -> pb.FlushResponse:
         async with session.lock:
             # Writes go straight to the OS, so acknowledged events are visible already; durable adds fsync.
-            if request.durable:
+            if durable:
                 await self._sync(session, context)
             return pb.FlushResponse(acked_sequence=session.acked)
 
@@ -207,6 +237,13 @@ class SummariesService(pb_grpc.SummariesServicer):
             if acked is not None:  # a retried close: it already succeeded
                 return pb.CloseSessionResponse(acked_sequence=acked)
             session = await self._session(request.session_id, context)
+        self._enter()
+        try:
+            return await self._close(session, context)
+        finally:
+            self._leave()
+
+    async def _close(self, session: Session, context: grpc.aio.ServicerContext) -> pb.CloseSessionResponse:
         async with session.lock:
             if session.closed:
                 return pb.CloseSessionResponse(acked_sequence=session.acked, events_written=session.events_written)

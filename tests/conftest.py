@@ -1,0 +1,128 @@
+"""Shared fixtures: a real daemon process on a free loopback port, and readers built on TensorBoard's own."""
+
+from __future__ import annotations
+
+import glob
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import grpc
+import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from tensorboard.backend.event_processing.event_file_loader import RawEventFileLoader
+from tensorboard.compat.proto.event_pb2 import Event
+
+from summaryd.client import reset_global_step
+from summaryd.client.hooks import SummaryWriterCache
+
+
+@dataclass
+class Daemon:
+    """A `summaryd serve` process started by a test; stopped by its pid."""
+
+    proc: subprocess.Popen[bytes]
+    logdir: Path
+    port: int
+    log_path: Path
+
+    @property
+    def address(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    def terminate(self, timeout: float = 30.0) -> int:
+        """SIGTERM the daemon and wait for its exit code."""
+        if self.proc.poll() is None:
+            os.kill(self.proc.pid, signal.SIGTERM)
+        return self.proc.wait(timeout)
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+
+def wait_healthy(address: str, timeout: float = 20.0) -> None:
+    """Poll the gRPC health service until it answers SERVING."""
+    deadline = time.monotonic() + timeout
+    with grpc.insecure_channel(address) as channel:
+        stub = health_pb2_grpc.HealthStub(channel)
+        while True:
+            try:
+                answer = stub.Check(health_pb2.HealthCheckRequest(), timeout=1.0)
+                if answer.status == health_pb2.HealthCheckResponse.SERVING:
+                    return
+            except grpc.RpcError:
+                if time.monotonic() > deadline:
+                    raise
+            time.sleep(0.02)
+
+
+def start_daemon(tmp_path: Path, *extra: str, logdir: Path | None = None) -> Daemon:
+    logdir = logdir or tmp_path / "runs"
+    port_file = tmp_path / f"port-{time.monotonic_ns()}"
+    log_path = tmp_path / f"daemon-{time.monotonic_ns()}.log"
+    with open(log_path, "wb") as log:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "summaryd.server", "serve", "--logdir", str(logdir),
+             "--listen", "127.0.0.1:0", "--port-file", str(port_file), *extra],
+            stdout=log, stderr=subprocess.STDOUT,
+        )
+    deadline = time.monotonic() + 30
+    while not (port_file.exists() and port_file.read_text().strip()):
+        if proc.poll() is not None or time.monotonic() > deadline:
+            proc.kill()
+            raise RuntimeError(f"daemon did not start:\n{log_path.read_text()}")
+        time.sleep(0.02)
+    daemon = Daemon(proc, logdir, int(port_file.read_text()), log_path)
+    wait_healthy(daemon.address)
+    return daemon
+
+
+@pytest.fixture
+def daemon(tmp_path: Path) -> Iterator[Daemon]:
+    """A daemon on a fresh logdir; SIGTERM'd (then killed) by pid at the end."""
+    d = start_daemon(tmp_path)
+    try:
+        yield d
+    finally:
+        if d.proc.poll() is None:
+            os.kill(d.proc.pid, signal.SIGTERM)
+            try:
+                d.proc.wait(15)
+            except subprocess.TimeoutExpired:
+                os.kill(d.proc.pid, signal.SIGKILL)
+                d.proc.wait()
+
+
+@pytest.fixture(autouse=True)
+def _fresh_client_state() -> Iterator[None]:
+    """Each test starts without a global step or cached hook writers."""
+    reset_global_step()
+    yield
+    SummaryWriterCache.clear()
+    reset_global_step()
+
+
+def event_files(run_dir: Path) -> list[Path]:
+    return sorted(Path(p) for p in glob.glob(str(run_dir / "*tfevents*")))
+
+
+def read_events(path: Path) -> list[Event]:
+    """Every record of one event file, parsed, using TensorBoard's own loader (CRC-checked)."""
+    return [Event.FromString(raw) for raw in RawEventFileLoader(str(path), detect_file_replacement=False).Load()]
+
+
+def assert_whole_records(path: Path) -> int:
+    """Assert TensorBoard's reader consumes the file to its very end (no torn or corrupt record); return count.
+
+    The loader stops quietly at a bad CRC or a torn tail, so the record sizes it returned must add up to the
+    file size.
+    """
+    records = list(RawEventFileLoader(str(path), detect_file_replacement=False).Load())
+    framed = sum(8 + 4 + len(r) + 4 for r in records)
+    assert framed == path.stat().st_size, f"{path}: readable records end at {framed} of {path.stat().st_size} bytes"
+    return len(records)
