@@ -67,9 +67,21 @@ def start_daemon(tmp_path: Path, *extra: str, logdir: Path | None = None) -> Dae
     log_path = tmp_path / f"daemon-{time.monotonic_ns()}.log"
     with open(log_path, "wb") as log:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "summaryd.server", "serve", "--logdir", str(logdir),
-             "--listen", "127.0.0.1:0", "--port-file", str(port_file), *extra],
-            stdout=log, stderr=subprocess.STDOUT,
+            [
+                sys.executable,
+                "-m",
+                "summaryd.server",
+                "serve",
+                "--logdir",
+                str(logdir),
+                "--listen",
+                "127.0.0.1:0",
+                "--port-file",
+                str(port_file),
+                *extra,
+            ],
+            stdout=log,
+            stderr=subprocess.STDOUT,
         )
     deadline = time.monotonic() + 30
     while not (port_file.exists() and port_file.read_text().strip()):

@@ -97,8 +97,9 @@ def in_process_daemon(tmp_path: Path) -> Iterator[tuple[Server, str, list[tuple[
         EventFile.sync = real_sync  # type: ignore[method-assign]
 
 
-def test_close_and_end_fsync_before_returning(in_process_daemon: tuple[Server, str, list[tuple[str, int]]],
-                                              tmp_path: Path) -> None:
+def test_close_and_end_fsync_before_returning(
+    in_process_daemon: tuple[Server, str, list[tuple[str, int]]], tmp_path: Path
+) -> None:
     """close() returns only after the daemon fsynced the file up to its full size; flush(durable) too."""
     _, address, synced = in_process_daemon
     writer = SummaryWriter("durable", address=address, worker="")

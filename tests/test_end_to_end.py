@@ -42,8 +42,15 @@ def _run_workers(daemon: Daemon, world: int) -> list[dict[str, object]]:
     procs = []
     for rank in range(world):
         env = {**os.environ, "RANK": str(rank), "WORLD_SIZE": str(world), "SUMMARYD_ADDRESS": daemon.address}
-        procs.append(subprocess.Popen([sys.executable, "-c", WORKER, str(STEPS)], env=env,
-                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+        procs.append(
+            subprocess.Popen(
+                [sys.executable, "-c", WORKER, str(STEPS)],
+                env=env,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
+        )
     reports = []
     for proc in procs:
         out, err = proc.communicate(timeout=120)
@@ -119,7 +126,9 @@ def test_status_lists_runs_and_sessions(daemon: Daemon) -> None:
     assert writer.flush(timeout=10).delivered == 1
     out = subprocess.run(
         [sys.executable, "-m", "summaryd.server", "status", "--json", "--address", daemon.address],
-        check=True, capture_output=True, text=True,
+        check=True,
+        capture_output=True,
+        text=True,
     ).stdout
     status = json.loads(out)
     assert [r["run_dir"] for r in status["runs"]] == ["watched"]

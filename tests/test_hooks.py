@@ -19,6 +19,7 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 from tensorboard.compat.proto.event_pb2 import Event, SessionLog
 from tensorboard.compat.proto.summary_pb2 import Summary
 
+from conftest import Daemon, event_files, read_events
 from summaryd.client import (
     MonitoredLoop,
     SecondOrStepTimer,
@@ -31,7 +32,6 @@ from summaryd.client import (
 from summaryd.client import hooks as hooks_module
 from summaryd.v1 import summaryd_pb2 as pb
 from summaryd.v1 import summaryd_pb2_grpc as pb_grpc
-from tests.conftest import Daemon, event_files, read_events
 
 STEPS = 30
 SAVER_STEPS = [1, 9, 17, 25]
@@ -217,7 +217,7 @@ def test_foreign_summary_writer_is_refused_with_what_to_pass(make_hook: Callable
     with pytest.raises(TypeError) as raised:
         MonitoredLoop([make_hook(FileWriter())])
     message = str(raised.value)
-    assert "summary_writer is a tests.test_hooks.FileWriter" in message
+    assert f"summary_writer is a {FileWriter.__module__}.FileWriter" in message
     assert "pass a summaryd.client.SummaryWriter" in message
 
 
@@ -239,7 +239,7 @@ ARGUMENT_ERRORS: dict[str, tuple[Callable[[], object], str]] = {
     "saver: neither save_steps nor save_secs": (lambda: SummarySaverHook(summary_op=_op), NO_INTERVAL),
     "saver: both save_steps and save_secs": (
         lambda: SummarySaverHook(save_steps=8, save_secs=10, summary_op=_op), BOTH_INTERVALS),
-    "timer: neither": (lambda: SecondOrStepTimer(), NO_INTERVAL),
+    "timer: neither": (SecondOrStepTimer, NO_INTERVAL),
     "timer: both": (lambda: SecondOrStepTimer(every_secs=1, every_steps=1), BOTH_INTERVALS),
     "counter: both": (lambda: StepCounterHook(every_n_steps=10, every_n_secs=5), COUNTER_INTERVALS),
     "counter: neither": (lambda: StepCounterHook(every_n_steps=None, every_n_secs=None), COUNTER_INTERVALS),

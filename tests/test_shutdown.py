@@ -37,8 +37,15 @@ def test_sigterm_drains_and_exits_zero(daemon: Daemon, tmp_path: Path) -> None:
     procs = []
     for rank in range(4):
         env = {**os.environ, "RANK": str(rank), "WORLD_SIZE": "4", "SUMMARYD_ADDRESS": daemon.address}
-        procs.append(subprocess.Popen([sys.executable, "-c", CLIENT, str(stop_file)], env=env,
-                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+        procs.append(
+            subprocess.Popen(
+                [sys.executable, "-c", CLIENT, str(stop_file)],
+                env=env,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
+        )
     try:
         # Wait until every client is streaming (its file has grown), then stop the daemon under load.
         deadline = time.monotonic() + 60

@@ -44,6 +44,7 @@ from typing import Any
 
 import pytest
 import tensorboard_data_server
+
 from conftest import Daemon
 
 WORLD = 3
@@ -194,9 +195,11 @@ def tensorboard_factory(tmp_path: Path) -> Iterator[Callable[[Path, str], Tensor
                 "--port", "0", "--reload_interval", "1", f"--load_fast={load_fast}"]
         if load_fast == "true":
             args.append("--extra_data_server_flags=--verbose")  # the Rust server logs its load cycles
+        env = {**os.environ, "TMPDIR": str(tmpdir)}
+        env.pop("TENSORBOARD_DATA_SERVER_BINARY", None)  # the installed `tensorboard_data_server`, no other
         with open(log_path, "wb") as log:
             proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                    env={**os.environ, "TMPDIR": str(tmpdir)})
+                                    env=env)
         tb = TensorBoard(proc, log_path)
         started.append(tb)
         return tb

@@ -328,7 +328,10 @@ class Sender:
                 self._settled = self._accepted
                 log.warning(
                     "summaryd: %d events for run %r were not delivered to %s (%s)",
-                    undelivered, self.run, self.address, self._failed or self._last_error or "timed out",
+                    undelivered,
+                    self.run,
+                    self.address,
+                    self._failed or self._last_error or "timed out",
                 )
             report = DeliveryReport(
                 delivered=self._delivered,
@@ -386,7 +389,9 @@ class Sender:
                 batch.sent_at = time.monotonic()
                 with self._cond:
                     self._unacked.append(batch)
-                stream.send(pb.WriteRequest(session_id=self.session_id, first_sequence=batch.first, events=batch.events))
+                stream.send(
+                    pb.WriteRequest(session_id=self.session_id, first_sequence=batch.first, events=batch.events)
+                )
             with self._cond:
                 while len(self._unacked) >= self.max_in_flight and not stream.ended and not self._abandon.is_set():
                     self._cond.wait(0.1)
@@ -440,8 +445,9 @@ class Sender:
             run=self.run,
             worker=self.worker,
             world_size=self.world_size,
-            client=pb.ClientIdentity(host=socket.gethostname(), pid=os.getpid(), framework=self.framework,
-                                     version=VERSION),
+            client=pb.ClientIdentity(
+                host=socket.gethostname(), pid=os.getpid(), framework=self.framework, version=VERSION
+            ),
             next_sequence=self._acked + 1,
         )
         try:
@@ -467,8 +473,9 @@ class Sender:
         now = time.monotonic()
         for batch in pending:
             batch.sent_at = now
-            self._stream.send(pb.WriteRequest(session_id=self.session_id, first_sequence=batch.first,
-                                              events=batch.events))
+            self._stream.send(
+                pb.WriteRequest(session_id=self.session_id, first_sequence=batch.first, events=batch.events)
+            )
         return True
 
     def _on_ack(self, acked: int) -> None:
@@ -491,7 +498,7 @@ class Sender:
             self._cond.notify_all()
 
     def _on_stream_end(self, stream: _Stream, error: grpc.RpcError | None) -> None:
-        if error is None or error.code() == grpc.StatusCode.CANCELLED and self._abandon.is_set():
+        if error is None or (error.code() == grpc.StatusCode.CANCELLED and self._abandon.is_set()):
             self._wake.set()
             return
         self._note_error(error)
@@ -503,8 +510,12 @@ class Sender:
                     bad = self._unacked.popleft()
                     self._dropped["rejected"] += len(bad.events)
                     self._settled += len(bad.events)
-                    log.error("summaryd: the daemon refused %d events of run %r: %s",
-                              len(bad.events), self.run, error.details())
+                    log.error(
+                        "summaryd: the daemon refused %d events of run %r: %s",
+                        len(bad.events),
+                        self.run,
+                        error.details(),
+                    )
                 sequence = self._acked + 1
                 for batch in self._unacked:
                     batch.first = sequence

@@ -39,7 +39,7 @@ def text(tag: str, text_string: str) -> Summary:
 
 
 def to_hwc(image: np.ndarray[Any, Any], dataformats: str) -> np.ndarray[Any, Any]:
-    """Reorder an image to height × width × 3/4 channels, as TensorBoard's image tab shows it."""
+    """Reorder an image to height x width x 3/4 channels, as TensorBoard's image tab shows it."""
     dataformats = dataformats.upper()
     if len(set(dataformats)) != len(dataformats) or image.ndim != len(dataformats):
         raise ValueError(f"image of shape {image.shape} does not match dataformats {dataformats!r}")
@@ -58,7 +58,7 @@ def to_hwc(image: np.ndarray[Any, Any], dataformats: str) -> np.ndarray[Any, Any
 
 
 def grid(images: np.ndarray[Any, Any], columns: int = 8) -> np.ndarray[Any, Any]:
-    """Tile N×C×H×W images row by row into one C×H'×W' image (at most `columns` per row)."""
+    """Tile NxCxHxW images row by row into one CxH'xW' image (at most `columns` per row)."""
     if images.shape[1] == 1:
         images = np.repeat(images, 3, axis=1)
     count, channels, height, width = images.shape
@@ -78,15 +78,13 @@ def to_uint8(image: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
 
 
 def image(tag: str, hwc: np.ndarray[Any, Any]) -> Summary:
-    """A PNG image summary from a height × width × 3/4 uint8 array."""
+    """A PNG image summary from a height x width x 3/4 uint8 array."""
     from PIL import Image
 
     height, width, channels = hwc.shape
     buffer = io.BytesIO()
     Image.fromarray(hwc).save(buffer, format="PNG")
-    encoded = Summary.Image(
-        height=height, width=width, colorspace=channels, encoded_image_string=buffer.getvalue()
-    )
+    encoded = Summary.Image(height=height, width=width, colorspace=channels, encoded_image_string=buffer.getvalue())
     return Summary(value=[Summary.Value(tag=tag, image=encoded)])
 
 

@@ -14,7 +14,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
 from types import TracebackType
-from typing import Any, NamedTuple
+from typing import Any, ClassVar, NamedTuple
 
 from tensorboard.compat.proto.event_pb2 import SessionLog
 from tensorboard.compat.proto.summary_pb2 import Summary
@@ -185,8 +185,9 @@ class MonitoredLoop:
     def __enter__(self) -> MonitoredLoop:
         return self
 
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                 tb: TracebackType | None) -> None:
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
         self.close()
 
 
@@ -194,7 +195,7 @@ class SummaryWriterCache:
     """One shared `SummaryWriter` per output directory (TensorFlow's `SummaryWriterCache`)."""
 
     _lock = threading.Lock()
-    _writers: dict[str, SummaryWriter] = {}
+    _writers: ClassVar[dict[str, SummaryWriter]] = {}
 
     @classmethod
     def get(cls, logdir: str) -> SummaryWriter:
@@ -234,9 +235,12 @@ class SecondOrStepTimer:
             return True
         if self._last_step == step:
             return False
-        if self._every_secs is not None and self._last_time is not None:
-            if clock() >= self._last_time + self._every_secs:
-                return True
+        if (
+            self._every_secs is not None
+            and self._last_time is not None
+            and clock() >= self._last_time + self._every_secs
+        ):
+            return True
         return self._every_steps is not None and step >= self._last_step + self._every_steps
 
     def update_last_triggered_step(self, step: int) -> tuple[float | None, int | None]:
@@ -410,6 +414,13 @@ class StepCounterHook(SessionRunHook):
                 if elapsed_time is not None and elapsed_steps is not None:
                     self._log_and_record(elapsed_steps, elapsed_time, global_step)
         if stale_global_step == self._last_global_step:
-            log.warning("It seems that global step has not been increased. Current value (could be stable): %s",
-                        stale_global_step)
+            log.warning(
+                "It seems that global step has not been increased. Current value (could be stable): %s",
+                stale_global_step,
+            )
         self._last_global_step = stale_global_step
+
+    def end(self, session: Any = None) -> None:
+        """Flush the writer and wait until the daemon confirms the rates are on disk and synced."""
+        if self._summary_writer is not None:
+            self._summary_writer.flush(durable=True)

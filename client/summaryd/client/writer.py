@@ -6,6 +6,7 @@ to the background sender; the summary is built and serialized there. The call ne
 
 from __future__ import annotations
 
+import functools
 import socket
 import time
 from collections.abc import Mapping
@@ -26,6 +27,10 @@ Scalar = Any  # a Python number, numpy scalar or 0-d torch tensor
 def _event_bytes(summary: Summary, step: int, wall_time: float) -> bytes:
     data: bytes = Event(wall_time=wall_time, step=step, summary=summary).SerializeToString()
     return data
+
+
+def _scalar_event(tag: str, value: float, step: int, wall_time: float) -> bytes:
+    return _event_bytes(_summaries.scalar(tag, value), step, wall_time)
 
 
 def _merge(reports: list[DeliveryReport]) -> DeliveryReport:
@@ -126,8 +131,9 @@ class SummaryWriter:
         data = copy.SerializeToString()
         self._sender.submit(data, len(data))
 
-    def add_summary(self, summary: Summary | bytes, global_step: int | None = None,
-                    walltime: float | None = None) -> None:
+    def add_summary(
+        self, summary: Summary | bytes, global_step: int | None = None, walltime: float | None = None
+    ) -> None:
         """Send a `Summary` proto or its serialized bytes (kept as they are, not re-encoded)."""
         wall_time = time.time() if walltime is None else walltime
         step = 0 if global_step is None else int(global_step)
@@ -138,11 +144,15 @@ class SummaryWriter:
             data = _event_bytes(summary, step, wall_time)
         self._sender.submit(data, len(data))
 
-    def add_session_log(self, session_log: SessionLog, global_step: int | None = None,
-                        walltime: float | None = None) -> None:
+    def add_session_log(
+        self, session_log: SessionLog, global_step: int | None = None, walltime: float | None = None
+    ) -> None:
         """Send a `SessionLog` (START, STOP, CHECKPOINT)."""
-        event = Event(wall_time=time.time() if walltime is None else walltime,
-                      step=0 if global_step is None else int(global_step), session_log=session_log)
+        event = Event(
+            wall_time=time.time() if walltime is None else walltime,
+            step=0 if global_step is None else int(global_step),
+            session_log=session_log,
+        )
         self._sender.submit(event.SerializeToString())
 
     # ---- torch SummaryWriter API -------------------------------------------------------------------------
@@ -150,17 +160,28 @@ class SummaryWriter:
     def _submit(self, build: EventSource, nbytes: int = 96, sender: Sender | None = None) -> None:
         (sender or self._sender).submit(build, nbytes)
 
-    def add_scalar(self, tag: str, scalar_value: Scalar, global_step: int | None = None,
-                   walltime: float | None = None, new_style: bool = False,
-                   double_precision: bool = False) -> None:
+    def add_scalar(
+        self,
+        tag: str,
+        scalar_value: Scalar,
+        global_step: int | None = None,
+        walltime: float | None = None,
+        new_style: bool = False,
+        double_precision: bool = False,
+    ) -> None:
         """Log one scalar; the caller pays for a float conversion and a queue append."""
         value = float(scalar_value)
         wall_time = time.time() if walltime is None else walltime
         step = 0 if global_step is None else int(global_step)
         self._submit(lambda: _event_bytes(_summaries.scalar(tag, value), step, wall_time))
 
-    def add_scalars(self, main_tag: str, tag_scalar_dict: Mapping[str, Scalar], global_step: int | None = None,
-                    walltime: float | None = None) -> None:
+    def add_scalars(
+        self,
+        main_tag: str,
+        tag_scalar_dict: Mapping[str, Scalar],
+        global_step: int | None = None,
+        walltime: float | None = None,
+    ) -> None:
         """Log several scalars under one chart; each key goes to its own sub-run `<log_dir>/<main_tag>_<key>`,
         as torch does."""
         wall_time = time.time() if walltime is None else walltime
@@ -170,21 +191,33 @@ class SummaryWriter:
             sender = self._sub_senders.get(run)
             if sender is None:
                 sender = self._sub_senders[run] = self._new_sender(run)
-            value = float(scalar_value)
-            self._submit(lambda v=value: _event_bytes(_summaries.scalar(main_tag, v), step, wall_time),
-                         sender=sender)
+            self._submit(
+                functools.partial(_scalar_event, main_tag, float(scalar_value), step, wall_time), sender=sender
+            )
 
-    def add_histogram(self, tag: str, values: Any, global_step: int | None = None, bins: Any = "tensorflow",
-                      walltime: float | None = None, max_bins: int | None = None) -> None:
+    def add_histogram(
+        self,
+        tag: str,
+        values: Any,
+        global_step: int | None = None,
+        bins: Any = "tensorflow",
+        walltime: float | None = None,
+        max_bins: int | None = None,
+    ) -> None:
         """Log a histogram; bucketing happens on the sender thread."""
         array = _summaries.to_numpy(values)
         wall_time = time.time() if walltime is None else walltime
         step = 0 if global_step is None else int(global_step)
-        self._submit(lambda: _event_bytes(_summaries.histogram(tag, array, bins), step, wall_time),
-                     96 + array.nbytes)
+        self._submit(lambda: _event_bytes(_summaries.histogram(tag, array, bins), step, wall_time), 96 + array.nbytes)
 
-    def add_image(self, tag: str, img_tensor: Any, global_step: int | None = None, walltime: float | None = None,
-                  dataformats: str = "CHW") -> None:
+    def add_image(
+        self,
+        tag: str,
+        img_tensor: Any,
+        global_step: int | None = None,
+        walltime: float | None = None,
+        dataformats: str = "CHW",
+    ) -> None:
         """Log an image (float in [0, 1] or uint8); PNG encoding happens on the sender thread."""
         array = _summaries.to_numpy(img_tensor)
         if array.ndim != len(dataformats):
@@ -198,28 +231,41 @@ class SummaryWriter:
 
         self._submit(build, 96 + array.nbytes)
 
-    def add_images(self, tag: str, img_tensor: Any, global_step: int | None = None, walltime: float | None = None,
-                   dataformats: str = "NCHW") -> None:
+    def add_images(
+        self,
+        tag: str,
+        img_tensor: Any,
+        global_step: int | None = None,
+        walltime: float | None = None,
+        dataformats: str = "NCHW",
+    ) -> None:
         """Log a batch of images as one grid image, as torch does."""
         self.add_image(tag, img_tensor, global_step, walltime, dataformats)
 
-    def add_text(self, tag: str, text_string: str, global_step: int | None = None,
-                 walltime: float | None = None) -> None:
+    def add_text(
+        self, tag: str, text_string: str, global_step: int | None = None, walltime: float | None = None
+    ) -> None:
         """Log Markdown text."""
         text_string = str(text_string)
         wall_time = time.time() if walltime is None else walltime
         step = 0 if global_step is None else int(global_step)
-        self._submit(lambda: _event_bytes(_summaries.text(tag, text_string), step, wall_time),
-                     96 + len(text_string))
+        self._submit(lambda: _event_bytes(_summaries.text(tag, text_string), step, wall_time), 96 + len(text_string))
 
-    def add_audio(self, tag: str, snd_tensor: Any, global_step: int | None = None, sample_rate: int = 44100,
-                  walltime: float | None = None) -> None:
+    def add_audio(
+        self,
+        tag: str,
+        snd_tensor: Any,
+        global_step: int | None = None,
+        sample_rate: int = 44100,
+        walltime: float | None = None,
+    ) -> None:
         """Log mono audio with samples in [-1, 1]; WAV encoding happens on the sender thread."""
         array = _summaries.to_numpy(snd_tensor)
         wall_time = time.time() if walltime is None else walltime
         step = 0 if global_step is None else int(global_step)
-        self._submit(lambda: _event_bytes(_summaries.audio(tag, array, sample_rate), step, wall_time),
-                     96 + array.nbytes)
+        self._submit(
+            lambda: _event_bytes(_summaries.audio(tag, array, sample_rate), step, wall_time), 96 + array.nbytes
+        )
 
     # ---- lifecycle -----------------------------------------------------------------------------------------
 
@@ -243,19 +289,18 @@ class SummaryWriter:
     def __enter__(self) -> SummaryWriter:
         return self
 
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                 tb: TracebackType | None) -> None:
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
         self.close()
 
 
 def _length_delimited(field_number: int, payload: bytes) -> bytes:
     """Protobuf wire encoding of a length-delimited field (tag, varint length, payload)."""
     out = bytearray()
-    value = (field_number << 3) | 2
-    for number in (value, len(payload)):
-        while number >= 0x80:
-            out.append((number & 0x7F) | 0x80)
-            number >>= 7
-        out.append(number)
+    for value in ((field_number << 3) | 2, len(payload)):
+        while value >= 0x80:
+            out.append((value & 0x7F) | 0x80)
+            value >>= 7  # noqa: PLW2901
+        out.append(value)
     return bytes(out) + payload
-

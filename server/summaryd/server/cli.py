@@ -44,7 +44,7 @@ def config_from(args: argparse.Namespace, environ: dict[str, str] | os._Environ[
             continue
         env = environ.get(_env_name(f.name))
         if env is not None:
-            kind = type(f.default)
+            kind: type = type(f.default)
             try:
                 values[f.name] = kind(env)
             except ValueError:

@@ -25,9 +25,7 @@ class Config:
     )
     io_threads: int = _option(4, "threads that write and sync event files, off the event loop", "N")
     log_level: str = _option("info", "logging level: debug, info, warning, error", "LEVEL")
-    port_file: str = _option(
-        "", "after binding, write the port to this file (useful with --listen HOST:0)", "FILE"
-    )
+    port_file: str = _option("", "after binding, write the port to this file (useful with --listen HOST:0)", "FILE")
 
     @property
     def host(self) -> str:

@@ -15,7 +15,7 @@ _CRC = struct.Struct("<I")
 
 def masked_crc32c(data: bytes) -> int:
     """CRC-32C of `data`, masked the way TFRecord stores it (so a CRC of CRCs does not look valid)."""
-    crc = google_crc32c.value(data)
+    crc: int = google_crc32c.value(data)
     return (((crc >> 15) | (crc << 17)) + _MASK_DELTA) & _U32
 
 

@@ -8,6 +8,7 @@ after the path was checked) is refused instead of followed.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import unicodedata
@@ -72,10 +73,8 @@ def open_run_dir(logdir_fd: int, parts: list[str]) -> int:
     fd = os.dup(logdir_fd)
     try:
         for depth, part in enumerate(parts):
-            try:
+            with contextlib.suppress(FileExistsError):
                 os.mkdir(part, mode=0o755, dir_fd=fd)
-            except FileExistsError:
-                pass
             try:
                 child = os.open(part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=fd)
             except OSError as exc:
@@ -92,4 +91,3 @@ def open_run_dir(logdir_fd: int, parts: list[str]) -> int:
     except BaseException:
         os.close(fd)
         raise
-

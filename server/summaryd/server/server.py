@@ -7,10 +7,12 @@ import logging
 import os
 import signal
 import sys
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
-import grpc
-from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc import aio
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_health.v1.health import aio as health_aio  # type: ignore[attr-defined]  # stubs predate aio
 from grpc_reflection.v1alpha import reflection
 
 from summaryd.server.config import Config
@@ -48,8 +50,8 @@ class Server:
         executor = ThreadPoolExecutor(max_workers=config.io_threads, thread_name_prefix="summaryd-io")
         registry = RunRegistry(config.logdir, executor)
         service = SummariesService(registry)
-        health_servicer = health.aio.HealthServicer()
-        server = grpc.aio.server(
+        health_servicer = health_aio.HealthServicer()
+        server = aio.server(
             options=[
                 ("grpc.max_receive_message_length", config.max_message_bytes),
                 ("grpc.so_reuseport", 0),
@@ -79,10 +81,10 @@ class Server:
 
     async def _shutdown(
         self,
-        server: grpc.aio.Server,
+        server: aio.Server,
         service: SummariesService,
         registry: RunRegistry,
-        health_servicer: health.aio.HealthServicer,
+        health_servicer: health_aio.HealthServicer,
         executor: ThreadPoolExecutor,
     ) -> None:
         deadline = self.config.shutdown_timeout
@@ -132,9 +134,10 @@ def run(config: Config) -> None:
         runner.run(main())
 
 
-def _loop_factory():  # type: ignore[no-untyped-def]
-    if sys.platform == "win32":  # pragma: no cover
+def _loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:
+    if sys.platform == "win32":  # pragma: no cover - uvloop does not run there
         return None
     import uvloop
 
-    return uvloop.new_event_loop
+    factory: Callable[[], asyncio.AbstractEventLoop] = uvloop.new_event_loop
+    return factory

@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import errno
 import logging
 import time
 from collections.abc import AsyncIterator
+from typing import Any
 
 import grpc
+from grpc import aio
 
 from summaryd.server.errors import EventError, RunPathError
 from summaryd.server.runpath import validate_run, validate_worker
@@ -17,6 +20,8 @@ from summaryd.v1 import summaryd_pb2 as pb
 from summaryd.v1 import summaryd_pb2_grpc as pb_grpc
 
 log = logging.getLogger(__name__)
+
+Context = aio.ServicerContext[Any, Any]
 
 VERSION = "0.1.0"
 _MAX_SESSION_ID = 128
@@ -55,7 +60,7 @@ class SummariesService(pb_grpc.SummariesServicer):
         """Return once no batch, flush or close is being carried out."""
         await self._quiet.wait()
 
-    async def _session(self, session_id: str, context: grpc.aio.ServicerContext) -> Session:
+    async def _session(self, session_id: str, context: Context) -> Session:
         session = self.sessions.get(session_id)
         if session is not None:
             return session
@@ -69,9 +74,7 @@ class SummariesService(pb_grpc.SummariesServicer):
         await context.abort(grpc.StatusCode.NOT_FOUND, f"no session {session_id}; call OpenSession first")
         raise AssertionError("unreachable")  # abort() raises
 
-    async def OpenSession(
-        self, request: pb.OpenSessionRequest, context: grpc.aio.ServicerContext
-    ) -> pb.OpenSessionResponse:
+    async def OpenSession(self, request: pb.OpenSessionRequest, context: Context) -> pb.OpenSessionResponse:
         if self._draining:
             await context.abort(grpc.StatusCode.UNAVAILABLE, "the daemon is shutting down; retry later")
         session_id = request.session_id
@@ -108,9 +111,7 @@ class SummariesService(pb_grpc.SummariesServicer):
         except RunPathError as exc:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
         except OSError as exc:
-            await context.abort(
-                grpc.StatusCode.UNAVAILABLE, f"cannot create run directory {run_dir!r}: {exc.strerror}"
-            )
+            await context.abort(grpc.StatusCode.UNAVAILABLE, f"cannot create run directory {run_dir!r}: {exc.strerror}")
         # Another OpenSession of the same id may have won the race while the directory was opened.
         raced = self.sessions.get(session_id)
         if raced is not None:
@@ -124,12 +125,17 @@ class SummariesService(pb_grpc.SummariesServicer):
         self.sessions.add(session)
         log.info(
             "session %s opened: run %s, client %s pid %d (%s %s)",
-            session_id, run_dir, client.host or "?", client.pid, client.framework or "?", client.version or "?",
+            session_id,
+            run_dir,
+            client.host or "?",
+            client.pid,
+            client.framework or "?",
+            client.version or "?",
         )
         return pb.OpenSessionResponse(run_dir=run_dir, last_sequence=session.acked)
 
     async def Write(
-        self, request_iterator: AsyncIterator[pb.WriteRequest], context: grpc.aio.ServicerContext
+        self, request_iterator: AsyncIterator[pb.WriteRequest], context: Context
     ) -> AsyncIterator[pb.WriteAck]:
         task = asyncio.current_task()
         assert task is not None
@@ -163,7 +169,7 @@ class SummariesService(pb_grpc.SummariesServicer):
             if session is not None:
                 session.streams -= 1
 
-    async def _write(self, session: Session, request: pb.WriteRequest, context: grpc.aio.ServicerContext) -> int:
+    async def _write(self, session: Session, request: pb.WriteRequest, context: Context) -> int:
         count = len(request.events)
         first = request.first_sequence
         async with session.lock:
@@ -197,14 +203,15 @@ class SummariesService(pb_grpc.SummariesServicer):
             except OSError as exc:
                 log.error("run %s: write failed: %s", session.run.run_dir, exc)
                 await context.abort(
-                    grpc.StatusCode.RESOURCE_EXHAUSTED if exc.errno == 28 else grpc.StatusCode.UNAVAILABLE,
-                    f"the daemon could not write run {session.run.run_dir!r}: {exc.strerror}; the batch was not written",
+                    grpc.StatusCode.RESOURCE_EXHAUSTED if exc.errno == errno.ENOSPC else grpc.StatusCode.UNAVAILABLE,
+                    f"the daemon could not write run {session.run.run_dir!r}: {exc.strerror}; "
+                    "the batch was not written",
                 )
             session.events_written += len(events)
             session.acked = last
             return last
 
-    async def Flush(self, request: pb.FlushRequest, context: grpc.aio.ServicerContext) -> pb.FlushResponse:
+    async def Flush(self, request: pb.FlushRequest, context: Context) -> pb.FlushResponse:
         session = await self._session(request.session_id, context)
         session.touch()
         self._enter()
@@ -213,14 +220,14 @@ class SummariesService(pb_grpc.SummariesServicer):
         finally:
             self._leave()
 
-    async def _flush(self, session: Session, durable: bool, context: grpc.aio.ServicerContext) -> pb.FlushResponse:
+    async def _flush(self, session: Session, durable: bool, context: Context) -> pb.FlushResponse:
         async with session.lock:
             # Writes go straight to the OS, so acknowledged events are visible already; durable adds fsync.
             if durable:
                 await self._sync(session, context)
             return pb.FlushResponse(acked_sequence=session.acked)
 
-    async def _sync(self, session: Session, context: grpc.aio.ServicerContext) -> None:
+    async def _sync(self, session: Session, context: Context) -> None:
         try:
             await session.run.sync()
         except OSError as exc:
@@ -228,9 +235,7 @@ class SummariesService(pb_grpc.SummariesServicer):
                 grpc.StatusCode.UNAVAILABLE, f"fsync of run {session.run.run_dir!r} failed: {exc.strerror}"
             )
 
-    async def CloseSession(
-        self, request: pb.CloseSessionRequest, context: grpc.aio.ServicerContext
-    ) -> pb.CloseSessionResponse:
+    async def CloseSession(self, request: pb.CloseSessionRequest, context: Context) -> pb.CloseSessionResponse:
         session = self.sessions.get(request.session_id)
         if session is None:
             acked = self.sessions.closed_at(request.session_id)
@@ -243,7 +248,7 @@ class SummariesService(pb_grpc.SummariesServicer):
         finally:
             self._leave()
 
-    async def _close(self, session: Session, context: grpc.aio.ServicerContext) -> pb.CloseSessionResponse:
+    async def _close(self, session: Session, context: Context) -> pb.CloseSessionResponse:
         async with session.lock:
             if session.closed:
                 return pb.CloseSessionResponse(acked_sequence=session.acked, events_written=session.events_written)
@@ -252,11 +257,14 @@ class SummariesService(pb_grpc.SummariesServicer):
         await self.registry.release(session.run)
         log.info(
             "session %s closed: run %s, %d events written, %d duplicates dropped",
-            session.session_id, session.run.run_dir, session.events_written, session.duplicates_dropped,
+            session.session_id,
+            session.run.run_dir,
+            session.events_written,
+            session.duplicates_dropped,
         )
         return pb.CloseSessionResponse(acked_sequence=session.acked, events_written=session.events_written)
 
-    async def GetStatus(self, request: pb.GetStatusRequest, context: grpc.aio.ServicerContext) -> pb.GetStatusResponse:
+    async def GetStatus(self, request: pb.GetStatusRequest, context: Context) -> pb.GetStatusResponse:
         now = time.monotonic()
         response = pb.GetStatusResponse(logdir=self.registry.logdir, version=VERSION)
         for run in self.registry.runs:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import OrderedDict
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 from summaryd.server.runs import RunWriter
@@ -44,7 +45,7 @@ class SessionTable:
     def __len__(self) -> int:
         return len(self._live)
 
-    def __iter__(self):  # type: ignore[no-untyped-def]
+    def __iter__(self) -> Iterator[Session]:
         return iter(list(self._live.values()))
 
     def get(self, session_id: str) -> Session | None:
