@@ -42,8 +42,17 @@ COUNTER_STEPS = [11, 21]
 def address(daemon: Daemon, monkeypatch: pytest.MonkeyPatch) -> str:
     """Point hook writers (created through `SummaryWriterCache`) at the test daemon, as a single process."""
     monkeypatch.setenv("SUMMARYD_ADDRESS", daemon.address)
-    for name in ("TF_CONFIG", "RANK", "WORLD_SIZE", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE",
-                 "PMI_RANK", "PMI_SIZE", "SLURM_PROCID", "SLURM_NTASKS"):
+    for name in (
+        "TF_CONFIG",
+        "RANK",
+        "WORLD_SIZE",
+        "OMPI_COMM_WORLD_RANK",
+        "OMPI_COMM_WORLD_SIZE",
+        "PMI_RANK",
+        "PMI_SIZE",
+        "SLURM_PROCID",
+        "SLURM_NTASKS",
+    ):
         monkeypatch.delenv(name, raising=False)
     return daemon.address
 
@@ -131,10 +140,12 @@ def test_step_counter_hook_writes_rate_at_11_and_21(address: str, daemon: Daemon
 
 def test_hooks_naming_one_output_dir_share_one_writer(address: str, daemon: Daemon) -> None:
     """Two hooks on the same `output_dir` use one writer: one daemon session, one file holding both."""
-    train([
-        SummarySaverHook(save_steps=8, output_dir="shared", summary_op=lambda: {"loss": 1.0}),
-        StepCounterHook(every_n_steps=10, output_dir="shared"),
-    ])
+    train(
+        [
+            SummarySaverHook(save_steps=8, output_dir="shared", summary_op=lambda: {"loss": 1.0}),
+            StepCounterHook(every_n_steps=10, output_dir="shared"),
+        ]
+    )
 
     with grpc.insecure_channel(address) as channel:
         status = pb_grpc.SummariesStub(channel).GetStatus(pb.GetStatusRequest(), timeout=10)
@@ -147,16 +158,29 @@ def test_hooks_naming_one_output_dir_share_one_writer(address: str, daemon: Daem
     assert [e.step for e in events[1:]] == sorted(e.step for e in events[1:])
 
 
-def test_end_flushes_events_to_the_file(address: str, daemon: Daemon) -> None:
+@pytest.mark.parametrize(
+    "make_hook, tag, steps",
+    [
+        (
+            lambda: SummarySaverHook(save_steps=1, output_dir="flushed", summary_op=lambda: {"x": 1.0}),
+            "x",
+            list(range(1, STEPS + 1)),
+        ),
+        (lambda: StepCounterHook(every_n_steps=1, output_dir="flushed"), "global_step/sec", list(range(2, STEPS + 1))),
+    ],
+    ids=["SummarySaverHook", "StepCounterHook"],
+)
+def test_end_flushes_events_to_the_file(
+    address: str, daemon: Daemon, make_hook: Callable[[], SessionRunHook], tag: str, steps: list[int]
+) -> None:
     """Right after `MonitoredLoop.close()` (the hooks' `end()`), every event is readable in the file."""
     global_step = create_global_step()
-    loop = MonitoredLoop([SummarySaverHook(save_steps=1, output_dir="flushed", summary_op=lambda: {"x": 1.0})])
+    loop = MonitoredLoop([make_hook()])
     for _ in range(STEPS):
         loop.run(global_step.increment)
     loop.close()
 
-    events = only_event_file(daemon.logdir / "flushed")
-    assert steps_of(events, "x") == list(range(1, STEPS + 1))
+    assert steps_of(only_event_file(daemon.logdir / "flushed"), tag) == steps
 
 
 class FakeClock:
@@ -207,10 +231,14 @@ class FileWriter:
         raise AssertionError("a foreign writer must be refused, not used")
 
 
-@pytest.mark.parametrize("make_hook", [
-    lambda w: SummarySaverHook(save_steps=8, summary_writer=w, summary_op=lambda: {"loss": 1.0}),
-    lambda w: StepCounterHook(every_n_steps=10, summary_writer=w),
-], ids=["SummarySaverHook", "StepCounterHook"])
+@pytest.mark.parametrize(
+    "make_hook",
+    [
+        lambda w: SummarySaverHook(save_steps=8, summary_writer=w, summary_op=lambda: {"loss": 1.0}),
+        lambda w: StepCounterHook(every_n_steps=10, summary_writer=w),
+    ],
+    ids=["SummarySaverHook", "StepCounterHook"],
+)
 def test_foreign_summary_writer_is_refused_with_what_to_pass(make_hook: Callable[[Any], SessionRunHook]) -> None:
     """A `summary_writer` that is not ours raises TypeError naming what to pass instead."""
     create_global_step()
@@ -235,10 +263,14 @@ def _op() -> dict[str, float]:
 ARGUMENT_ERRORS: dict[str, tuple[Callable[[], object], str]] = {
     "saver: neither scaffold nor summary_op": (lambda: SummarySaverHook(save_steps=8), SCAFFOLD_OR_OP),
     "saver: both scaffold and summary_op": (
-        lambda: SummarySaverHook(save_steps=8, scaffold=Scaffold(_op), summary_op=_op), SCAFFOLD_OR_OP),
+        lambda: SummarySaverHook(save_steps=8, scaffold=Scaffold(_op), summary_op=_op),
+        SCAFFOLD_OR_OP,
+    ),
     "saver: neither save_steps nor save_secs": (lambda: SummarySaverHook(summary_op=_op), NO_INTERVAL),
     "saver: both save_steps and save_secs": (
-        lambda: SummarySaverHook(save_steps=8, save_secs=10, summary_op=_op), BOTH_INTERVALS),
+        lambda: SummarySaverHook(save_steps=8, save_secs=10, summary_op=_op),
+        BOTH_INTERVALS,
+    ),
     "timer: neither": (SecondOrStepTimer, NO_INTERVAL),
     "timer: both": (lambda: SecondOrStepTimer(every_secs=1, every_steps=1), BOTH_INTERVALS),
     "counter: both": (lambda: StepCounterHook(every_n_steps=10, every_n_secs=5), COUNTER_INTERVALS),
@@ -256,15 +288,20 @@ def test_argument_errors_match_tensorflow(case: str) -> None:
     assert str(raised.value) == message
 
 
-@pytest.mark.parametrize("hook, message", [
-    (lambda: SummarySaverHook(save_steps=8, summary_op=_op),
-     "Global step should be created to use SummarySaverHook."),
-    (lambda: StepCounterHook(every_n_steps=10), "Global step should be created to use StepCounterHook."),
-], ids=["SummarySaverHook", "StepCounterHook"])
+@pytest.mark.parametrize(
+    "hook, message",
+    [
+        (
+            lambda: SummarySaverHook(save_steps=8, summary_op=_op),
+            "Global step should be created to use SummarySaverHook.",
+        ),
+        (lambda: StepCounterHook(every_n_steps=10), "Global step should be created to use StepCounterHook."),
+    ],
+    ids=["SummarySaverHook", "StepCounterHook"],
+)
 def test_begin_without_global_step_raises_like_tensorflow(hook: Callable[[], SessionRunHook], message: str) -> None:
     """Starting a loop before `create_global_step()` raises TensorFlow's RuntimeError and message."""
     with pytest.raises(RuntimeError) as raised:
         MonitoredLoop([hook()])
     assert type(raised.value) is RuntimeError
     assert str(raised.value) == message
-
