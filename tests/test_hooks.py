@@ -36,23 +36,15 @@ from summaryd.v1 import summaryd_pb2_grpc as pb_grpc
 STEPS = 30
 SAVER_STEPS = [1, 9, 17, 25]
 COUNTER_STEPS = [11, 21]
+# What would make the client write to `<run>/<worker>` instead of `<run>`.
+LAUNCHER_VARIABLES = ("TF_CONFIG", "RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "SLURM_PROCID")
 
 
 @pytest.fixture
 def address(daemon: Daemon, monkeypatch: pytest.MonkeyPatch) -> str:
     """Point hook writers (created through `SummaryWriterCache`) at the test daemon, as a single process."""
     monkeypatch.setenv("SUMMARYD_ADDRESS", daemon.address)
-    for name in (
-        "TF_CONFIG",
-        "RANK",
-        "WORLD_SIZE",
-        "OMPI_COMM_WORLD_RANK",
-        "OMPI_COMM_WORLD_SIZE",
-        "PMI_RANK",
-        "PMI_SIZE",
-        "SLURM_PROCID",
-        "SLURM_NTASKS",
-    ):
+    for name in LAUNCHER_VARIABLES:
         monkeypatch.delenv(name, raising=False)
     return daemon.address
 
