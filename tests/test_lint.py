@@ -20,7 +20,10 @@ def test_ruff_check() -> None:
 
 def test_ruff_format() -> None:
     _run(
-        "ruff", "format", "--check", *(d for d in ("client", "server", "scripts", "benchmarks") if (ROOT / d).is_dir())
+        "ruff",
+        "format",
+        "--check",
+        *(d for d in ("client", "server", "scripts", "tests", "benchmarks") if (ROOT / d).is_dir()),
     )
 
 

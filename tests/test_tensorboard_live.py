@@ -138,7 +138,7 @@ def _children(pid: int) -> list[int]:
             text = stat.read_text()
         except OSError:  # the process went away while we looked
             continue
-        fields = text[text.rindex(")") + 2:].split()
+        fields = text[text.rindex(")") + 2 :].split()
         if int(fields[1]) == pid and fields[0] != "Z":
             found.append(int(stat.parent.name))
     return found
@@ -191,15 +191,26 @@ def tensorboard_factory(tmp_path: Path) -> Iterator[Callable[[Path, str], Tensor
         log_path = tmp_path / f"tensorboard-{load_fast}.log"
         tmpdir = tmp_path / "tb-tmp"  # TensorBoard's info file and the data server's port file stay here
         tmpdir.mkdir(exist_ok=True)
-        args = [sys.executable, "-m", "tensorboard.main", "--logdir", str(logdir), "--host", "127.0.0.1",
-                "--port", "0", "--reload_interval", "1", f"--load_fast={load_fast}"]
+        args = [
+            sys.executable,
+            "-m",
+            "tensorboard.main",
+            "--logdir",
+            str(logdir),
+            "--host",
+            "127.0.0.1",
+            "--port",
+            "0",
+            "--reload_interval",
+            "1",
+            f"--load_fast={load_fast}",
+        ]
         if load_fast == "true":
             args.append("--extra_data_server_flags=--verbose")  # the Rust server logs its load cycles
         env = {**os.environ, "TMPDIR": str(tmpdir)}
         env.pop("TENSORBOARD_DATA_SERVER_BINARY", None)  # the installed `tensorboard_data_server`, no other
         with open(log_path, "wb") as log:
-            proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                    env=env)
+            proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env)
         tb = TensorBoard(proc, log_path)
         started.append(tb)
         return tb
@@ -221,6 +232,7 @@ def tensorboard_factory(tmp_path: Path) -> Iterator[Callable[[Path, str], Tensor
 
 def _wait_serving(tb: TensorBoard, diagnostics: Callable[[], str]) -> None:
     """Read the port from TensorBoard's serving line, then poll until `/data/runs` answers."""
+
     def port() -> int:
         if tb.proc.poll() is not None:
             pytest.fail(f"tensorboard exited with {tb.proc.returncode}\n{diagnostics()}")
@@ -250,21 +262,30 @@ def _check_loader(tb: TensorBoard, logdir: Path, load_fast: str, diagnostics: Ca
     (tb.data_server_pid,) = servers
     cmdline = Path(f"/proc/{tb.data_server_pid}/cmdline").read_bytes().split(b"\0")
     assert f"--logdir={logdir}".encode() in cmdline, cmdline
-    _poll_until("the data server's load-cycle log line",
-                lambda: "rustboard_core::cli] Finished load cycle" in tb.log(), 10, diagnostics)
+    _poll_until(
+        "the data server's load-cycle log line",
+        lambda: "rustboard_core::cli] Finished load cycle" in tb.log(),
+        10,
+        diagnostics,
+    )
 
 
 @pytest.mark.parametrize("load_fast", ["false", "true"])
 def test_tensorboard_serves_scalars_while_clients_log(
-    daemon: Daemon, tensorboard_factory: Callable[[Path, str], TensorBoard], tmp_path: Path, load_fast: str,
+    daemon: Daemon,
+    tensorboard_factory: Callable[[Path, str], TensorBoard],
+    tmp_path: Path,
+    load_fast: str,
 ) -> None:
     began = time.monotonic()
     tb = tensorboard_factory(daemon.logdir, load_fast)
     clients: list[Client] = []
 
     def diagnostics() -> str:
-        parts = [f"--- tensorboard (rc={tb.proc.poll()}) ---\n{tb.log()[-4000:]}",
-                 f"--- daemon ---\n{daemon.log()[-3000:]}"]
+        parts = [
+            f"--- tensorboard (rc={tb.proc.poll()}) ---\n{tb.log()[-4000:]}",
+            f"--- daemon ---\n{daemon.log()[-3000:]}",
+        ]
         for c in clients:
             out = c.out_path.read_text(errors="replace") if c.out_path.exists() else ""
             parts.append(f"--- client {c.rank} (rc={c.proc.poll()}) ---\n{out[-2000:]}")
@@ -282,9 +303,21 @@ def test_tensorboard_serves_scalars_while_clients_log(
             record_path = tmp_path / f"client-{rank}.jsonl"
             with open(out_path, "wb") as out:
                 proc = subprocess.Popen(
-                    [sys.executable, "-c", CLIENT_SCRIPT, daemon.address, str(rank), str(WORLD),
-                     str(stop_file), str(record_path), str(CLIENT_PAUSE), str(CLIENT_MAX_STEPS)],
-                    stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                    [
+                        sys.executable,
+                        "-c",
+                        CLIENT_SCRIPT,
+                        daemon.address,
+                        str(rank),
+                        str(WORLD),
+                        str(stop_file),
+                        str(record_path),
+                        str(CLIENT_PAUSE),
+                        str(CLIENT_MAX_STEPS),
+                    ],
+                    stdout=out,
+                    stderr=subprocess.STDOUT,
+                    stdin=subprocess.DEVNULL,
                 )
             clients.append(Client(rank, proc, record_path, out_path))
         clients_started = time.monotonic()
@@ -294,9 +327,10 @@ def test_tensorboard_serves_scalars_while_clients_log(
             answer = tb.get("/data/plugin/scalars/scalars", run=client.run, tag=TAG)
             points = [(float(w), int(s), float(v)) for w, s, v in answer or []]
             logged = client.logged()  # read after the answer: a superset of what TensorBoard can have seen
-            assert points == logged[:len(points)], (
+            assert points == logged[: len(points)], (
                 f"{client.run}: served points are not a prefix of what the client logged\n"
-                f"served={points[:5]}...{points[-3:]}\nlogged={logged[:5]}...\n{diagnostics()}")
+                f"served={points[:5]}...{points[-3:]}\nlogged={logged[:5]}...\n{diagnostics()}"
+            )
             return points
 
         # Live: every run is served, and grows between TensorBoard's reloads, while every client still logs.
@@ -307,13 +341,13 @@ def test_tensorboard_serves_scalars_while_clients_log(
                 if points and (not c.served or len(points) > len(c.served[-1])):
                     assert running == list(range(WORLD)), (
                         f"client(s) {set(range(WORLD)) - set(running)} finished before TensorBoard served "
-                        f"{c.run} live\n{diagnostics()}")
+                        f"{c.run} live\n{diagnostics()}"
+                    )
                     c.served.append(points)
                     first_point[:] = first_point or [time.monotonic()]
             return all(len(c.served) >= 2 for c in clients)
 
-        _poll_until("TensorBoard to serve growing scalars of every run while the clients log", live, 25,
-                    diagnostics)
+        _poll_until("TensorBoard to serve growing scalars of every run while the clients log", live, 25, diagnostics)
         first_served = time.monotonic()
         runs = tb.get("/data/runs")
         assert sorted(runs) == [c.run for c in clients], runs
@@ -335,21 +369,23 @@ def test_tensorboard_serves_scalars_while_clients_log(
             assert summary["steps"] == len(logged) == summary["delivered"], summary
             assert [s for _, s, _ in logged] == list(range(len(logged)))
             assert len(logged) < CLIENT_MAX_STEPS, f"client {c.rank} hit the step cap, was not stopped"
-            _poll_until(f"every point of {c.run}", lambda c=c, logged=logged: served(c) == logged, 20,
-                        diagnostics)
+            _poll_until(f"every point of {c.run}", lambda c=c, logged=logged: served(c) == logged, 20, diagnostics)
         done = time.monotonic()
 
         assert tb.proc.poll() is None, f"tensorboard died\n{diagnostics()}"
         if load_fast == "true":
             assert tb.data_server_pid is not None and _alive(tb.data_server_pid), (
-                f"the data server is gone\n{diagnostics()}")
+                f"the data server is gone\n{diagnostics()}"
+            )
             assert tb.data_server_pid in _children(tb.proc.pid)
         loader = f"data server pid {tb.data_server_pid}" if tb.data_server_pid else "Python loader"
-        print(f"\n[load_fast={load_fast}, {loader}] tensorboard up {tb_ready - began:.1f} s; first point "
-              f"served {first_point[0] - clients_started:.1f} s after the clients started, every run served "
-              f"and grown at {first_served - clients_started:.1f} s ({live_counts} points, clients running); "
-              f"clients closed at {closed - clients_started:.1f} s; all {[len(c.logged()) for c in clients]} "
-              f"points served {done - closed:.1f} s after close; total {done - began:.1f} s")
+        print(
+            f"\n[load_fast={load_fast}, {loader}] tensorboard up {tb_ready - began:.1f} s; first point "
+            f"served {first_point[0] - clients_started:.1f} s after the clients started, every run served "
+            f"and grown at {first_served - clients_started:.1f} s ({live_counts} points, clients running); "
+            f"clients closed at {closed - clients_started:.1f} s; all {[len(c.logged()) for c in clients]} "
+            f"points served {done - closed:.1f} s after close; total {done - began:.1f} s"
+        )
     finally:
         stop_file.touch()
         for c in clients:
