@@ -1,27 +1,41 @@
 """`SummaryWriter`: the `torch.utils.tensorboard.SummaryWriter` API, shipped to the summaryd daemon.
 
-Every `add_*` call copies what the caller may mutate, stamps the caller's wall time and hands a small closure
-to the background sender; the summary is built and serialized there. The call never blocks on the daemon.
+Every `add_*` call copies what the caller may change afterwards, checks what is cheap to check, stamps the
+caller's wall time and hands a small closure to the background sender; the summary is built and serialized
+there, so PNG, GIF and WAV encoding and histogram bucketing never run on the training step. The summaries are
+torch's own when the process has imported torch (`_torch.builders()`), else `_summaries`'. The call never
+blocks on the daemon.
 """
 
 from __future__ import annotations
 
+import copy
 import functools
+import logging
+import os
 import socket
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime
 from types import TracebackType
 from typing import Any
 
-from tensorboard.compat.proto.event_pb2 import Event, SessionLog
+from tensorboard.compat.proto.event_pb2 import Event, SessionLog, TaggedRunMetadata
 from tensorboard.compat.proto.summary_pb2 import Summary
 
-from summaryd.client import _summaries
+from summaryd.client import _summaries, _torch
 from summaryd.client._environment import detect_worker
-from summaryd.client._sender import DeliveryReport, EventSource, Sender
+from summaryd.client._sender import DeliveryReport, Sender
 
-Scalar = Any  # a Python number, numpy scalar or 0-d torch tensor
+log = logging.getLogger("summaryd.client")
+
+Scalar = Any  # a Python number, numpy scalar or one-element tensor or array
+Tensor = Any  # a torch tensor, numpy array, or (where torch takes one) a Python number or list
+
+
+def _builders() -> Any:
+    """torch's summary builders when torch is imported, else ours (same names and signatures)."""
+    return _torch.builders() or _summaries
 
 
 def _event_bytes(summary: Summary, step: int, wall_time: float) -> bytes:
@@ -29,15 +43,31 @@ def _event_bytes(summary: Summary, step: int, wall_time: float) -> bytes:
     return data
 
 
-def _scalar_event(tag: str, value: float, step: int, wall_time: float) -> bytes:
-    return _event_bytes(_summaries.scalar(tag, value), step, wall_time)
+def _built_event(build: Callable[[], Summary], step: int, wall_time: float) -> bytes:
+    """Runs on the sender thread: build the summary, then frame it as an event."""
+    return _event_bytes(build(), step, wall_time)
 
 
-def _merge(reports: list[DeliveryReport]) -> DeliveryReport:
+def _video_summary(builders: Any, tag: str, video: Any, fps: float) -> Summary:
+    if builders is not _summaries and _torch.can_encode_video():
+        summary: Summary = builders.video(tag, video, fps)
+        return summary
+    return _summaries.video(tag, video, fps)
+
+
+def _check_dataformats(array: Any, dataformats: str) -> None:
+    letters = dataformats.upper()
+    if len(set(letters)) != len(letters) or array.ndim != len(letters):
+        raise ValueError(f"image of shape {tuple(array.shape)} does not match dataformats {dataformats!r}")
+
+
+def _merge(reports: list[DeliveryReport], unsupported: int = 0) -> DeliveryReport:
     dropped: dict[str, int] = {}
     for report in reports:
         for reason, count in report.dropped.items():
             dropped[reason] = dropped.get(reason, 0) + count
+    if unsupported:
+        dropped["unsupported"] = unsupported
     errors = [r.error for r in reports if r.error]
     return DeliveryReport(
         delivered=sum(r.delivered for r in reports),
@@ -51,10 +81,11 @@ def _merge(reports: list[DeliveryReport]) -> DeliveryReport:
 class SummaryWriter:
     """Writes TensorBoard summaries for one run through the summaryd daemon.
 
-    A drop-in for `torch.utils.tensorboard.SummaryWriter`: the same `add_*` methods, `flush`, `close` and the
-    context manager. `log_dir` is the run path under the daemon's logdir (default `<date>_<host><comment>`,
-    like torch). In a job of several processes each one writes to `<log_dir>/<worker>`; the worker label comes
-    from `worker=` or the launcher's environment (`RANK`, `TF_CONFIG`, `OMPI_COMM_WORLD_RANK`, `SLURM_PROCID`).
+    A drop-in for `torch.utils.tensorboard.SummaryWriter`: every public method with torch's arguments and
+    defaults, and the same payloads (built by torch's own functions when torch is imported). `log_dir` is the
+    run path under the daemon's logdir (default `<date>_<host><comment>`, like torch). In a job of several
+    processes each one writes to `<log_dir>/<worker>`; the worker label comes from `worker=` or the launcher's
+    environment (`RANK`, `TF_CONFIG`, `OMPI_COMM_WORLD_RANK`, `SLURM_PROCID`).
 
     Args:
         log_dir: run path relative to the daemon's logdir.
@@ -71,7 +102,7 @@ class SummaryWriter:
 
     def __init__(
         self,
-        log_dir: str | None = None,
+        log_dir: str | os.PathLike[str] | None = None,
         address: str | None = None,
         *,
         worker: str | None = None,
@@ -87,14 +118,19 @@ class SummaryWriter:
         if not log_dir:
             log_dir = datetime.now().strftime("%b%d_%H-%M-%S") + "_" + socket.gethostname() + comment
         detected = detect_worker()
-        self._log_dir = log_dir
+        self.log_dir = str(log_dir)
+        self.max_queue = max_queue
+        self.flush_secs = flush_secs
+        self.filename_suffix = filename_suffix
         self._worker = detected.label if worker is None else worker
         self._world_size = world_size or detected.world_size
         self._address = address
         self._framework = framework
         self._sender_options = sender_options
-        self._sender = self._new_sender(log_dir)
+        self._sender = self._new_sender(self.log_dir)
         self._sub_senders: dict[str, Sender] = {}
+        self._unsupported = 0
+        self.purge_step: int | None = None  # torch's attribute, None once the START is sent
         if purge_step is not None:
             start = Event(wall_time=time.time(), step=purge_step, session_log=SessionLog(status=SessionLog.START))
             self._sender.submit(start.SerializeToString())
@@ -109,26 +145,68 @@ class SummaryWriter:
             **self._sender_options,
         )
 
+    def _sub_sender(self, name: str) -> Sender:
+        """The sender of the sub-run `<log_dir>/<name>` (add_scalars, add_hparams), opened on first use."""
+        run = f"{self.log_dir.rstrip('/')}/{name}"
+        sender = self._sub_senders.get(run)
+        if sender is None:
+            sender = self._sub_senders[run] = self._new_sender(run)
+        return sender
+
     @property
     def sender(self) -> Sender:
         """The background sender of this writer's main run."""
         return self._sender
 
+    @property
+    def file_writer(self) -> SummaryWriter:
+        """This writer: it has the `add_summary`/`add_event` of torch's `FileWriter`, which some code reaches."""
+        return self
+
+    @property
+    def default_bins(self) -> list[float]:
+        """torch's default histogram edges (`bins="tensorflow"`)."""
+        return list(_summaries.tensorflow_bins())
+
     def get_logdir(self) -> str:
         """The run path this writer logs to (relative to the daemon's logdir)."""
-        return self._log_dir
+        return self.log_dir
+
+    # ---- transport ------------------------------------------------------------------------------------------
+
+    def _log(
+        self,
+        build: Callable[[], Summary],
+        global_step: int | None,
+        walltime: float | None,
+        nbytes: int = 96,
+        sender: Sender | None = None,
+    ) -> None:
+        """Queue a summary that `build` makes on the sender thread; `build` must only read copies."""
+        wall_time = time.time() if walltime is None else float(walltime)
+        step = 0 if global_step is None else int(global_step)
+        (sender or self._sender).submit(functools.partial(_built_event, build, step, wall_time), nbytes)
+
+    def _log_now(
+        self, summary: Summary, global_step: int | None, walltime: float | None, sender: Sender | None = None
+    ) -> None:
+        """Queue a summary already built (cheap ones, and those whose errors torch raises to the caller)."""
+        wall_time = time.time() if walltime is None else float(walltime)
+        step = 0 if global_step is None else int(global_step)
+        data = _event_bytes(summary, step, wall_time)
+        (sender or self._sender).submit(data, len(data))
 
     # ---- TF FileWriter-style entry points (the hooks use these) ------------------------------------------
 
     def add_event(self, event: Event, step: int | None = None, walltime: float | None = None) -> None:
         """Send an `Event` as it is (its wall time defaults to now)."""
-        copy = Event()
-        copy.CopyFrom(event)
+        event_copy = Event()
+        event_copy.CopyFrom(event)
         if step is not None:
-            copy.step = int(step)
-        if walltime is not None or not copy.wall_time:
-            copy.wall_time = time.time() if walltime is None else walltime
-        data = copy.SerializeToString()
+            event_copy.step = int(step)
+        if walltime is not None or not event_copy.wall_time:
+            event_copy.wall_time = time.time() if walltime is None else walltime
+        data = event_copy.SerializeToString()
         self._sender.submit(data, len(data))
 
     def add_summary(
@@ -155,10 +233,7 @@ class SummaryWriter:
         )
         self._sender.submit(event.SerializeToString())
 
-    # ---- torch SummaryWriter API -------------------------------------------------------------------------
-
-    def _submit(self, build: EventSource, nbytes: int = 96, sender: Sender | None = None) -> None:
-        (sender or self._sender).submit(build, nbytes)
+    # ---- scalars and tensors ------------------------------------------------------------------------------
 
     def add_scalar(
         self,
@@ -169,11 +244,13 @@ class SummaryWriter:
         new_style: bool = False,
         double_precision: bool = False,
     ) -> None:
-        """Log one scalar; the caller pays for a float conversion and a queue append."""
-        value = float(scalar_value)
-        wall_time = time.time() if walltime is None else walltime
-        step = 0 if global_step is None else int(global_step)
-        self._submit(lambda: _event_bytes(_summaries.scalar(tag, value), step, wall_time))
+        """Log one scalar (`new_style`: as a tensor; `double_precision`: a float64 one); the caller pays for a
+        float conversion and a queue append."""
+        value = _torch.to_float(scalar_value)
+        build = functools.partial(
+            _builders().scalar, tag, value, new_style=new_style, double_precision=double_precision
+        )
+        self._log(build, global_step, walltime)
 
     def add_scalars(
         self,
@@ -182,59 +259,83 @@ class SummaryWriter:
         global_step: int | None = None,
         walltime: float | None = None,
     ) -> None:
-        """Log several scalars under one chart; each key goes to its own sub-run `<log_dir>/<main_tag>_<key>`,
-        as torch does."""
-        wall_time = time.time() if walltime is None else walltime
-        step = 0 if global_step is None else int(global_step)
+        """Log several scalars in one chart; each key goes to its own sub-run `<log_dir>/<main_tag>_<key>`, as
+        torch does (in a multi-process job `<log_dir>/<main_tag>_<key>/<worker>`)."""
+        builders = _builders()
+        walltime = time.time() if walltime is None else walltime
         for key, scalar_value in tag_scalar_dict.items():
-            run = f"{self._log_dir}/{main_tag.replace('/', '_')}_{key}"
-            sender = self._sub_senders.get(run)
-            if sender is None:
-                sender = self._sub_senders[run] = self._new_sender(run)
-            self._submit(
-                functools.partial(_scalar_event, main_tag, float(scalar_value), step, wall_time), sender=sender
-            )
+            sender = self._sub_sender(f"{main_tag.replace('/', '_')}_{key}")
+            value = _torch.to_float(scalar_value)
+            self._log(functools.partial(builders.scalar, main_tag, value), global_step, walltime, sender=sender)
+
+    def add_tensor(
+        self, tag: str, tensor: Tensor, global_step: int | None = None, walltime: float | None = None
+    ) -> None:
+        """Log a whole tensor (TensorBoard's `tensor` plugin data)."""
+        builders = _builders()
+        data: Any = _torch.to_numpy(tensor) if builders is _summaries else _torch.tensor_copy(tensor)
+        nbytes = 96 + (data.numel() * data.element_size() if _torch.is_tensor(data) else data.nbytes)
+        self._log(functools.partial(builders.tensor_proto, tag, data), global_step, walltime, nbytes)
+
+    # ---- histograms ---------------------------------------------------------------------------------------
 
     def add_histogram(
         self,
         tag: str,
-        values: Any,
+        values: Tensor,
         global_step: int | None = None,
         bins: Any = "tensorflow",
         walltime: float | None = None,
         max_bins: int | None = None,
     ) -> None:
-        """Log a histogram; bucketing happens on the sender thread."""
-        array = _summaries.to_numpy(values)
-        wall_time = time.time() if walltime is None else walltime
-        step = 0 if global_step is None else int(global_step)
-        self._submit(lambda: _event_bytes(_summaries.histogram(tag, array, bins), step, wall_time), 96 + array.nbytes)
+        """Log a histogram of `values`; the bucketing happens on the sender thread."""
+        array = _torch.to_numpy(values)
+        if array.size == 0:
+            raise ValueError("The input has no element.")
+        if isinstance(bins, str) and bins == "tensorflow":
+            bins = _summaries.tensorflow_bins()
+        build = functools.partial(_builders().histogram, tag, array, bins, max_bins=max_bins)
+        self._log(build, global_step, walltime, 96 + array.nbytes)
+
+    def add_histogram_raw(
+        self,
+        tag: str,
+        min: float,  # torch's argument names
+        max: float,
+        num: int,
+        sum: float,
+        sum_squares: float,
+        bucket_limits: Sequence[float],
+        bucket_counts: Sequence[float],
+        global_step: int | None = None,
+        walltime: float | None = None,
+    ) -> None:
+        """Log a histogram you bucketed yourself (`bucket_limits` are the right edges)."""
+        if len(bucket_limits) != len(bucket_counts):
+            raise ValueError("len(bucket_limits) != len(bucket_counts), see the document.")
+        summary = _builders().histogram_raw(tag, min, max, num, sum, sum_squares, bucket_limits, bucket_counts)
+        self._log_now(summary, global_step, walltime)
+
+    # ---- images, figures, video, audio --------------------------------------------------------------------
 
     def add_image(
         self,
         tag: str,
-        img_tensor: Any,
+        img_tensor: Tensor,
         global_step: int | None = None,
         walltime: float | None = None,
         dataformats: str = "CHW",
     ) -> None:
         """Log an image (float in [0, 1] or uint8); PNG encoding happens on the sender thread."""
-        array = _summaries.to_numpy(img_tensor)
-        if array.ndim != len(dataformats):
-            raise ValueError(f"image of shape {array.shape} does not match dataformats {dataformats!r}")
-        wall_time = time.time() if walltime is None else walltime
-        step = 0 if global_step is None else int(global_step)
-
-        def build() -> bytes:
-            hwc = _summaries.to_uint8(_summaries.to_hwc(array, dataformats))
-            return _event_bytes(_summaries.image(tag, hwc), step, wall_time)
-
-        self._submit(build, 96 + array.nbytes)
+        array = _torch.to_numpy(img_tensor)
+        _check_dataformats(array, dataformats)
+        build = functools.partial(_builders().image, tag, array, dataformats=dataformats)
+        self._log(build, global_step, walltime, 96 + array.nbytes)
 
     def add_images(
         self,
         tag: str,
-        img_tensor: Any,
+        img_tensor: Tensor,
         global_step: int | None = None,
         walltime: float | None = None,
         dataformats: str = "NCHW",
@@ -242,37 +343,229 @@ class SummaryWriter:
         """Log a batch of images as one grid image, as torch does."""
         self.add_image(tag, img_tensor, global_step, walltime, dataformats)
 
+    def add_image_with_boxes(
+        self,
+        tag: str,
+        img_tensor: Tensor,
+        box_tensor: Tensor,
+        global_step: int | None = None,
+        walltime: float | None = None,
+        rescale: float = 1,
+        dataformats: str = "CHW",
+        labels: str | Sequence[str] | None = None,
+    ) -> None:
+        """Log an image with red `[xmin, ymin, xmax, ymax]` boxes (and labels) drawn on it."""
+        array = _torch.to_numpy(img_tensor)
+        boxes = _torch.to_numpy(box_tensor)
+        _check_dataformats(array, dataformats)
+        if labels is not None:
+            labels = [labels] if isinstance(labels, str) else list(labels)
+            if len(labels) != boxes.shape[0]:
+                labels = None  # as torch: labels that do not match the boxes are left out
+        build = functools.partial(
+            _builders().image_boxes, tag, array, boxes, rescale=rescale, dataformats=dataformats, labels=labels
+        )
+        self._log(build, global_step, walltime, 96 + array.nbytes)
+
+    def add_figure(
+        self,
+        tag: str,
+        figure: Any,
+        global_step: int | None = None,
+        close: bool = True,
+        walltime: float | None = None,
+    ) -> None:
+        """Log a matplotlib figure (or a list of them, as a grid). The figure is rendered on the caller's thread
+        (matplotlib is not thread-safe, and the figure may change or be closed right after); the PNG encoding
+        is not."""
+        pixels = _summaries.figure_to_image(figure, close)
+        self.add_image(tag, pixels, global_step, walltime, dataformats="NCHW" if isinstance(figure, list) else "CHW")
+
+    def add_video(
+        self,
+        tag: str,
+        vid_tensor: Tensor,
+        global_step: int | None = None,
+        fps: float = 4,
+        walltime: float | None = None,
+    ) -> None:
+        """Log a `(N, T, C, H, W)` video as an animated GIF, encoded on the sender thread."""
+        array = _torch.to_numpy(vid_tensor)
+        if array.ndim != 5:
+            raise ValueError(f"a video has shape (N, T, C, H, W), got {tuple(array.shape)}")
+        build = functools.partial(_video_summary, _builders(), tag, array, fps)
+        self._log(build, global_step, walltime, 96 + array.nbytes)
+
+    def add_audio(
+        self,
+        tag: str,
+        snd_tensor: Tensor,
+        global_step: int | None = None,
+        sample_rate: int = 44100,
+        walltime: float | None = None,
+    ) -> None:
+        """Log mono audio, samples in [-1, 1]; WAV encoding happens on the sender thread."""
+        array = _torch.to_numpy(snd_tensor)
+        if array.squeeze().ndim != 1:
+            raise ValueError(f"audio must be one channel (shape [L] or [1, L]), got shape {tuple(array.shape)}")
+        build = functools.partial(_builders().audio, tag, array, sample_rate=sample_rate)
+        self._log(build, global_step, walltime, 96 + array.nbytes)
+
     def add_text(
         self, tag: str, text_string: str, global_step: int | None = None, walltime: float | None = None
     ) -> None:
         """Log Markdown text."""
         text_string = str(text_string)
-        wall_time = time.time() if walltime is None else walltime
-        step = 0 if global_step is None else int(global_step)
-        self._submit(lambda: _event_bytes(_summaries.text(tag, text_string), step, wall_time), 96 + len(text_string))
+        self._log(functools.partial(_builders().text, tag, text_string), global_step, walltime, 96 + len(text_string))
 
-    def add_audio(
+    # ---- graphs and embeddings ----------------------------------------------------------------------------
+
+    def add_graph(
+        self, model: Any, input_to_model: Any = None, verbose: bool = False, use_strict_trace: bool = True
+    ) -> None:
+        """Log a `torch.nn.Module`'s graph, traced with torch's own tracer on the caller's thread (tracing runs
+        the model, which only the caller may do)."""
+        graph_def, step_stats = _torch.graph(model, input_to_model, verbose, use_strict_trace)
+        self.add_event(Event(graph_def=graph_def.SerializeToString()))
+        metadata = TaggedRunMetadata(tag="step1", run_metadata=step_stats.SerializeToString())
+        self.add_event(Event(tagged_run_metadata=metadata))
+
+    def add_onnx_graph(self, prototxt: str) -> None:
+        """Log the graph of an ONNX model file (needs torch and onnx, as torch's does)."""
+        self.add_event(Event(graph_def=_torch.onnx_graph(prototxt).SerializeToString()))
+
+    def add_embedding(
+        self,
+        mat: Tensor,
+        metadata: Sequence[Any] | None = None,
+        label_img: Tensor | None = None,
+        global_step: int | None = None,
+        tag: str = "default",
+        metadata_header: Sequence[str] | None = None,
+    ) -> None:
+        """Not shipped: the projector reads files beside the event file (`projector_config.pbtxt`, `tensors.tsv`,
+        ...) and the daemon stores only events. The call is dropped, warned about once per writer and counted
+        as `dropped["unsupported"]` by `flush()` and `close()`."""
+        if not self._unsupported:
+            log.warning(
+                "summaryd: add_embedding is not supported yet (the daemon stores only event files); "
+                "the embedding %r was dropped",
+                tag,
+            )
+        self._unsupported += 1
+
+    # ---- PR curves, custom scalars, meshes, hyperparameters -----------------------------------------------
+
+    def add_pr_curve(
         self,
         tag: str,
-        snd_tensor: Any,
+        labels: Tensor,
+        predictions: Tensor,
         global_step: int | None = None,
-        sample_rate: int = 44100,
+        num_thresholds: int = 127,
+        weights: Any = None,
         walltime: float | None = None,
     ) -> None:
-        """Log mono audio with samples in [-1, 1]; WAV encoding happens on the sender thread."""
-        array = _summaries.to_numpy(snd_tensor)
-        wall_time = time.time() if walltime is None else walltime
-        step = 0 if global_step is None else int(global_step)
-        self._submit(
-            lambda: _event_bytes(_summaries.audio(tag, array, sample_rate), step, wall_time), 96 + array.nbytes
+        """Log a precision-recall curve from binary `labels` and `predictions` in [0, 1]; computed on the sender
+        thread."""
+        label_array, prediction_array = _torch.to_numpy(labels), _torch.to_numpy(predictions)
+        if weights is not None and not isinstance(weights, int | float):
+            weights = _torch.to_numpy(weights)
+        build = functools.partial(_builders().pr_curve, tag, label_array, prediction_array, num_thresholds, weights)
+        self._log(build, global_step, walltime, 96 + label_array.nbytes + prediction_array.nbytes)
+
+    def add_pr_curve_raw(
+        self,
+        tag: str,
+        true_positive_counts: Tensor,
+        false_positive_counts: Tensor,
+        true_negative_counts: Tensor,
+        false_negative_counts: Tensor,
+        precision: Tensor,
+        recall: Tensor,
+        global_step: int | None = None,
+        num_thresholds: int = 127,
+        weights: Any = None,
+        walltime: float | None = None,
+    ) -> None:
+        """Log a precision-recall curve from counts you computed yourself."""
+        columns = [
+            _torch.to_numpy(c)
+            for c in (
+                true_positive_counts,
+                false_positive_counts,
+                true_negative_counts,
+                false_negative_counts,
+                precision,
+                recall,
+            )
+        ]
+        build = functools.partial(_builders().pr_curve_raw, tag, *columns, num_thresholds, weights)
+        self._log(build, global_step, walltime, 96 + sum(c.nbytes for c in columns))
+
+    def add_custom_scalars_multilinechart(
+        self, tags: Sequence[str], category: str = "default", title: str = "untitled"
+    ) -> None:
+        """A custom-scalars chart with one line per tag."""
+        self.add_custom_scalars({category: {title: ["Multiline", list(tags)]}})
+
+    def add_custom_scalars_marginchart(
+        self, tags: Sequence[str], category: str = "default", title: str = "untitled"
+    ) -> None:
+        """A custom-scalars chart of a value between a lower and an upper tag (`tags` = value, lower, upper)."""
+        if len(tags) != 3:
+            raise ValueError(f"Expected 3 tags, got {len(tags)}.")
+        self.add_custom_scalars({category: {title: ["Margin", list(tags)]}})
+
+    def add_custom_scalars(self, layout: Mapping[str, Mapping[str, Sequence[Any]]]) -> None:
+        """The custom-scalars layout: `{category: {chart: ["Multiline" | "Margin", tags]}}`."""
+        self._log_now(_builders().custom_scalars(layout), None, None)
+
+    def add_mesh(
+        self,
+        tag: str,
+        vertices: Tensor,
+        colors: Tensor | None = None,
+        faces: Tensor | None = None,
+        config_dict: dict[str, Any] | None = None,
+        global_step: int | None = None,
+        walltime: float | None = None,
+    ) -> None:
+        """Log a mesh or point cloud: `(B, N, 3)` vertices, optional colors and faces, a Three.js config."""
+        vertex_array = _torch.to_numpy(vertices)
+        color_array = None if colors is None else _torch.to_numpy(colors)
+        face_array = None if faces is None else _torch.to_numpy(faces)
+        build = functools.partial(
+            _builders().mesh, tag, vertex_array, color_array, face_array, copy.deepcopy(config_dict)
         )
+        self._log(build, global_step, walltime, 96 + 3 * vertex_array.nbytes)
+
+    def add_hparams(
+        self,
+        hparam_dict: dict[str, Any],
+        metric_dict: dict[str, Any],
+        hparam_domain_discrete: dict[str, list[Any]] | None = None,
+        run_name: str | None = None,
+        global_step: int | None = None,
+    ) -> None:
+        """Log a set of hyperparameters and their metrics to the sub-run `<log_dir>/<run_name>` (default: the
+        current time), as torch does."""
+        if type(hparam_dict) is not dict or type(metric_dict) is not dict:
+            raise TypeError("hparam_dict and metric_dict should be dictionary.")
+        builders = _builders()
+        experiment, start, end = builders.hparams(hparam_dict, metric_dict, hparam_domain_discrete)
+        sender = self._sub_sender(run_name or str(time.time()))
+        for summary in (experiment, start, end):
+            self._log_now(summary, global_step, None, sender=sender)
+        for tag, value in metric_dict.items():
+            self._log(functools.partial(builders.scalar, tag, _torch.to_float(value)), global_step, None, sender=sender)
 
     # ---- lifecycle -----------------------------------------------------------------------------------------
 
     def flush(self, timeout: float | None = None, *, durable: bool = False) -> DeliveryReport:
         """Wait until everything logged so far is in the run's event file (with `durable`, fsynced too)."""
         senders = [self._sender, *self._sub_senders.values()]
-        return _merge([s.flush(timeout, durable=durable) for s in senders])
+        return _merge([s.flush(timeout, durable=durable) for s in senders], self._unsupported)
 
     def close(self, timeout: float | None = None) -> DeliveryReport:
         """Deliver everything, have the daemon fsync it, and release the session; safe to call twice.
@@ -282,9 +575,9 @@ class SummaryWriter:
         """
         senders = [self._sender, *self._sub_senders.values()]
         if timeout is None:
-            return _merge([s.close() for s in senders])
+            return _merge([s.close() for s in senders], self._unsupported)
         deadline = time.monotonic() + timeout
-        return _merge([s.close(max(0.0, deadline - time.monotonic())) for s in senders])
+        return _merge([s.close(max(0.0, deadline - time.monotonic())) for s in senders], self._unsupported)
 
     def __enter__(self) -> SummaryWriter:
         return self
