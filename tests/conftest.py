@@ -101,6 +101,8 @@ def daemon(tmp_path: Path) -> Iterator[Daemon]:
     try:
         yield d
     finally:
+        # Hook writers close while their daemon is still there to confirm; the autouse fixture clears later.
+        SummaryWriterCache.clear()
         if d.proc.poll() is None:
             os.kill(d.proc.pid, signal.SIGTERM)
             try:

@@ -2,8 +2,11 @@
 
 `SummaryWriter` is a drop-in for `torch.utils.tensorboard.SummaryWriter`; `SummarySaverHook` and
 `StepCounterHook` follow `tf.compat.v1.train`'s hooks. Importing this package imports neither the daemon, nor
-uvloop, nor TensorFlow, nor torch.
+uvloop, nor TensorFlow, nor torch: the two hooks are looked up on first access, and are TensorFlow
+`SessionRunHook` subclasses when TensorFlow is installed (see `summaryd.client.hooks`).
 """
+
+from typing import TYPE_CHECKING, Any
 
 from summaryd.client._sender import DeliveryReport, Sender
 from summaryd.client.hooks import (
@@ -14,14 +17,15 @@ from summaryd.client.hooks import (
     SessionRunContext,
     SessionRunHook,
     SessionRunValues,
-    StepCounterHook,
-    SummarySaverHook,
     SummaryWriterCache,
     create_global_step,
     get_global_step,
     reset_global_step,
 )
 from summaryd.client.writer import SummaryWriter
+
+if TYPE_CHECKING:
+    from summaryd.client.hooks import StepCounterHook, SummarySaverHook
 
 __all__ = [
     "DeliveryReport",
@@ -41,3 +45,12 @@ __all__ = [
     "get_global_step",
     "reset_global_step",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    # Resolved by `hooks` on first access: importing TensorFlow (when installed) only when a hook is wanted.
+    if name in ("StepCounterHook", "SummarySaverHook"):
+        from summaryd.client import hooks
+
+        return getattr(hooks, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

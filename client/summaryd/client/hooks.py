@@ -1,20 +1,28 @@
-"""`SummarySaverHook` and `StepCounterHook` with TensorFlow's semantics, for any training loop.
+"""`SummarySaverHook` and `StepCounterHook` with TensorFlow's semantics, for TensorFlow or any training loop.
 
 These follow `tf.compat.v1.train`'s hooks: the same constructor arguments and errors, the timer that fires on
 its first call, one `SessionLog.START` on the first `after_run`, summaries at the global step read after the
-run, and `end()` flushing the writer. Without TensorFlow, `MonitoredLoop` drives the same lifecycle (`begin`,
-`after_create_session`, `before_run`, `after_run`, `end`) around a plain Python step function; a `summary_op`
-is then a callable returning a `Summary`, its serialized bytes, or a mapping of tag to scalar.
+run, and `end()` flushing the writer (here: until the daemon has synced it).
+
+`SummarySaverHook` and `StepCounterHook` are resolved on first access (module `__getattr__`): when TensorFlow is
+installed they are the `tf.compat.v1.train.SessionRunHook` subclasses of `summaryd.client._tf`, which run inside
+`MonitoredTrainingSession`; otherwise they are `PlainSummarySaverHook` and `PlainStepCounterHook`. Importing this
+module never imports TensorFlow; only touching those two names does.
+
+Without TensorFlow, `MonitoredLoop` drives the same lifecycle (`begin`, `after_create_session`, `before_run`,
+`after_run`, `end`) around a plain Python step function; a `summary_op` is then a callable returning a
+`Summary`, its serialized bytes, or a mapping of tag to scalar.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import logging
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
 from types import TracebackType
-from typing import Any, ClassVar, NamedTuple
+from typing import TYPE_CHECKING, Any, ClassVar, NamedTuple
 
 from tensorboard.compat.proto.event_pb2 import SessionLog
 from tensorboard.compat.proto.summary_pb2 import Summary
@@ -28,11 +36,11 @@ clock: Callable[[], float] = time.time
 
 
 class SessionRunArgs(NamedTuple):
-    """What a hook asks the next run to compute (TensorFlow's `SessionRunArgs`)."""
+    """What a hook asks the next run to compute (TensorFlow's `SessionRunArgs`, fields in its order)."""
 
     fetches: Any
-    options: Any = None
     feed_dict: Any = None
+    options: Any = None
 
 
 class SessionRunValues(NamedTuple):
@@ -198,11 +206,24 @@ class SummaryWriterCache:
     _writers: ClassVar[dict[str, SummaryWriter]] = {}
 
     @classmethod
-    def get(cls, logdir: str) -> SummaryWriter:
+    def get(cls, logdir: str, graph: Any = None) -> SummaryWriter:
+        """The writer of run `logdir`, created on first use.
+
+        Args:
+            logdir: run path under the daemon's logdir.
+            graph: a TensorFlow `Graph`; a writer created by this call first logs its `graph_def` and
+                `meta_graph_def` events, as TensorFlow's cache does with the default graph (the TensorFlow hooks
+                pass it). Ignored when the writer exists.
+        """
         with cls._lock:
             writer = cls._writers.get(logdir)
             if writer is None:
                 writer = cls._writers[logdir] = SummaryWriter(logdir, framework="summaryd-hooks")
+                if graph is not None:
+                    from summaryd.client import _tf  # a graph means TensorFlow is imported already
+
+                    for event in _tf.graph_events(graph):
+                        writer.add_event(event)
             return writer
 
     @classmethod
@@ -269,21 +290,28 @@ def _summary_of(result: Any) -> Summary | bytes:
     )
 
 
-def _writer_for(summary_writer: Any, output_dir: str | None) -> SummaryWriter | None:
-    if summary_writer is not None:
-        if not isinstance(summary_writer, SummaryWriter):
-            raise TypeError(
-                f"summary_writer is a {type(summary_writer).__module__}.{type(summary_writer).__name__}; pass a "
-                "summaryd.client.SummaryWriter (or only output_dir, and the hooks share one writer per directory)"
-            )
-        return summary_writer
-    if output_dir:
-        return SummaryWriterCache.get(output_dir)
-    return None
+def _check_writer(summary_writer: Any) -> None:
+    """Refuse, when the hook is made, a writer that would not go through the daemon (TF's `FileWriter`, ...)."""
+    if summary_writer is not None and not isinstance(summary_writer, SummaryWriter):
+        kind = f"{type(summary_writer).__module__}.{type(summary_writer).__name__}"
+        local = " (it writes event files on this machine)" if kind.startswith("tensorflow.") else ""
+        raise TypeError(
+            f"summary_writer is a {kind}{local}; pass a summaryd.client.SummaryWriter, e.g. "
+            "summary_writer=SummaryWriter('<run>'), or only output_dir='<run>', and the hooks share one "
+            "writer per run through the daemon"
+        )
 
 
-class SummarySaverHook(SessionRunHook):
+def _writer_for(summary_writer: SummaryWriter | None, output_dir: str | None, graph: Any) -> SummaryWriter | None:
+    if summary_writer is None and output_dir:
+        return SummaryWriterCache.get(output_dir, graph)
+    return summary_writer
+
+
+class PlainSummarySaverHook(SessionRunHook):
     """Saves summaries every `save_steps` steps or `save_secs` seconds, through the summaryd daemon.
+
+    `summaryd.client.SummarySaverHook` is this class without TensorFlow, and a TensorFlow subclass of it with.
 
     Args:
         save_steps: save summaries every N steps. Exactly one of `save_secs` and `save_steps` should be set.
@@ -296,6 +324,7 @@ class SummarySaverHook(SessionRunHook):
 
     Raises:
         ValueError: unless exactly one of scaffold or summary_op is given, or exactly one of the intervals.
+        TypeError: for a `summary_writer` that is not a `summaryd.client.SummaryWriter` (TF's `FileWriter`).
     """
 
     def __init__(
@@ -314,14 +343,26 @@ class SummarySaverHook(SessionRunHook):
         self._output_dir = output_dir
         self._scaffold = scaffold
         self._timer = SecondOrStepTimer(every_secs=save_secs, every_steps=save_steps)
+        _check_writer(summary_writer)  # after TensorFlow's own argument checks, which come first there
         self._next_step: int | None = None
         self._request_summary = False
-        self._global_step: GlobalStep | None = None
+        self._global_step: Any = None
+
+    # What the TensorFlow subclass replaces: the graph written with a new writer, where the global step comes
+    # from, and the type of `before_run`'s answer.
+    def _graph(self) -> Any:
+        return None
+
+    def _find_global_step(self) -> Any:
+        return get_global_step()
+
+    def _run_args(self, fetches: Any) -> Any:
+        return SessionRunArgs(fetches)
 
     def begin(self) -> None:
-        self._summary_writer = _writer_for(self._summary_writer, self._output_dir)
+        self._summary_writer = _writer_for(self._summary_writer, self._output_dir, self._graph())
         self._next_step = None
-        self._global_step = get_global_step()
+        self._global_step = self._find_global_step()
         if self._global_step is None:
             raise RuntimeError("Global step should be created to use SummarySaverHook.")
 
@@ -333,14 +374,14 @@ class SummarySaverHook(SessionRunHook):
             return None
         return summary_op if isinstance(summary_op, list) else [summary_op]
 
-    def before_run(self, run_context: SessionRunContext) -> SessionRunArgs:
+    def before_run(self, run_context: SessionRunContext) -> Any:
         self._request_summary = self._next_step is None or self._timer.should_trigger_for_step(self._next_step)
         requests: dict[str, Any] = {"global_step": self._global_step}
         if self._request_summary:
             summary_op = self._get_summary_op()
             if summary_op is not None:
                 requests["summary"] = summary_op
-        return SessionRunArgs(requests)
+        return self._run_args(requests)
 
     def after_run(self, run_context: SessionRunContext, run_values: SessionRunValues) -> None:
         if not self._summary_writer:
@@ -362,11 +403,14 @@ class SummarySaverHook(SessionRunHook):
             self._summary_writer.flush(durable=True)
 
 
-class StepCounterHook(SessionRunHook):
+class PlainStepCounterHook(SessionRunHook):
     """Records `global_step/sec` every `every_n_steps` steps or `every_n_secs` seconds.
+
+    `summaryd.client.StepCounterHook` is this class without TensorFlow, and a TensorFlow subclass of it with.
 
     Raises:
         ValueError: unless exactly one of `every_n_steps` and `every_n_secs` is given.
+        TypeError: for a `summary_writer` that is not a `summaryd.client.SummaryWriter` (TF's `FileWriter`).
     """
 
     def __init__(
@@ -379,24 +423,36 @@ class StepCounterHook(SessionRunHook):
         if (every_n_steps is None) == (every_n_secs is None):
             raise ValueError("exactly one of every_n_steps and every_n_secs should be provided.")
         self._timer = SecondOrStepTimer(every_steps=every_n_steps, every_secs=every_n_secs)
+        _check_writer(summary_writer)
         self._summary_writer: Any = summary_writer
         self._output_dir = output_dir
         self._last_global_step: int | None = None
         self._steps_per_run = 1
-        self._global_step: GlobalStep | None = None
+        self._global_step: Any = None
         self._summary_tag = "global_step/sec"
+        self._stalls_logged = 0
 
     def _set_steps_per_run(self, steps_per_run: int) -> None:
         self._steps_per_run = steps_per_run
 
+    # Replaced by the TensorFlow subclass, as in `PlainSummarySaverHook`.
+    def _graph(self) -> Any:
+        return None
+
+    def _find_global_step(self) -> Any:
+        return get_global_step()
+
+    def _run_args(self, fetches: Any) -> Any:
+        return SessionRunArgs(fetches)
+
     def begin(self) -> None:
-        self._summary_writer = _writer_for(self._summary_writer, self._output_dir)
-        self._global_step = get_global_step()
+        self._summary_writer = _writer_for(self._summary_writer, self._output_dir, self._graph())
+        self._global_step = self._find_global_step()
         if self._global_step is None:
             raise RuntimeError("Global step should be created to use StepCounterHook.")
 
-    def before_run(self, run_context: SessionRunContext) -> SessionRunArgs:
-        return SessionRunArgs(self._global_step)
+    def before_run(self, run_context: SessionRunContext) -> Any:
+        return self._run_args(self._global_step)
 
     def _log_and_record(self, elapsed_steps: int, elapsed_time: float, global_step: int) -> None:
         steps_per_sec = elapsed_steps / elapsed_time if elapsed_time > 0 else float("inf")
@@ -413,7 +469,9 @@ class StepCounterHook(SessionRunHook):
                 elapsed_time, elapsed_steps = self._timer.update_last_triggered_step(global_step)
                 if elapsed_time is not None and elapsed_steps is not None:
                     self._log_and_record(elapsed_steps, elapsed_time, global_step)
-        if stale_global_step == self._last_global_step:
+        # Some optimizers do not advance the global step on every run, so this is only a hint (first 5 times).
+        if stale_global_step == self._last_global_step and self._stalls_logged < 5:
+            self._stalls_logged += 1
             log.warning(
                 "It seems that global step has not been increased. Current value (could be stable): %s",
                 stale_global_step,
@@ -424,3 +482,29 @@ class StepCounterHook(SessionRunHook):
         """Flush the writer and wait until the daemon confirms the rates are on disk and synced."""
         if self._summary_writer is not None:
             self._summary_writer.flush(durable=True)
+
+
+if TYPE_CHECKING:
+    SummarySaverHook = PlainSummarySaverHook
+    StepCounterHook = PlainStepCounterHook
+
+
+def _hook_classes() -> dict[str, type[SessionRunHook]]:
+    """The TensorFlow hook classes when TensorFlow is installed (importing it), else the plain ones."""
+    if importlib.util.find_spec("tensorflow") is not None:
+        try:
+            from summaryd.client import _tf
+        except ImportError as e:  # an installed but broken TensorFlow: the hooks still work without it
+            log.warning("TensorFlow is installed but does not import (%s); the hooks work without it", e)
+        else:
+            return {"SummarySaverHook": _tf.SummarySaverHook, "StepCounterHook": _tf.StepCounterHook}
+    return {"SummarySaverHook": PlainSummarySaverHook, "StepCounterHook": PlainStepCounterHook}
+
+
+def __getattr__(name: str) -> Any:
+    # `SummarySaverHook` and `StepCounterHook` are chosen on first access, so that importing this module (and
+    # `summaryd.client`) does not import TensorFlow; the choice is then kept in the module's namespace.
+    if name in ("SummarySaverHook", "StepCounterHook"):
+        globals().update(_hook_classes())
+        return globals()[name]
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
