@@ -308,7 +308,21 @@ def _writer_for(summary_writer: SummaryWriter | None, output_dir: str | None, gr
     return summary_writer
 
 
-class PlainSummarySaverHook(SessionRunHook):
+class _PlainHookBase(SessionRunHook):
+    """What the TensorFlow subclasses replace: the graph written with a new writer, where the global step comes
+    from, and the type of `before_run`'s answer."""
+
+    def _graph(self) -> Any:
+        return None
+
+    def _find_global_step(self) -> Any:
+        return get_global_step()
+
+    def _run_args(self, fetches: Any) -> Any:
+        return SessionRunArgs(fetches)
+
+
+class PlainSummarySaverHook(_PlainHookBase):
     """Saves summaries every `save_steps` steps or `save_secs` seconds, through the summaryd daemon.
 
     `summaryd.client.SummarySaverHook` is this class without TensorFlow, and a TensorFlow subclass of it with.
@@ -347,17 +361,6 @@ class PlainSummarySaverHook(SessionRunHook):
         self._next_step: int | None = None
         self._request_summary = False
         self._global_step: Any = None
-
-    # What the TensorFlow subclass replaces: the graph written with a new writer, where the global step comes
-    # from, and the type of `before_run`'s answer.
-    def _graph(self) -> Any:
-        return None
-
-    def _find_global_step(self) -> Any:
-        return get_global_step()
-
-    def _run_args(self, fetches: Any) -> Any:
-        return SessionRunArgs(fetches)
 
     def begin(self) -> None:
         self._summary_writer = _writer_for(self._summary_writer, self._output_dir, self._graph())
@@ -403,7 +406,7 @@ class PlainSummarySaverHook(SessionRunHook):
             self._summary_writer.flush(durable=True)
 
 
-class PlainStepCounterHook(SessionRunHook):
+class PlainStepCounterHook(_PlainHookBase):
     """Records `global_step/sec` every `every_n_steps` steps or `every_n_secs` seconds.
 
     `summaryd.client.StepCounterHook` is this class without TensorFlow, and a TensorFlow subclass of it with.
@@ -434,16 +437,6 @@ class PlainStepCounterHook(SessionRunHook):
 
     def _set_steps_per_run(self, steps_per_run: int) -> None:
         self._steps_per_run = steps_per_run
-
-    # Replaced by the TensorFlow subclass, as in `PlainSummarySaverHook`.
-    def _graph(self) -> Any:
-        return None
-
-    def _find_global_step(self) -> Any:
-        return get_global_step()
-
-    def _run_args(self, fetches: Any) -> Any:
-        return SessionRunArgs(fetches)
 
     def begin(self) -> None:
         self._summary_writer = _writer_for(self._summary_writer, self._output_dir, self._graph())
