@@ -45,10 +45,11 @@ class Daemon:
         return self.log_path.read_text(errors="replace")
 
 
-def wait_healthy(address: str, timeout: float = 20.0) -> None:
+def wait_healthy(address: str, timeout: float = 20.0, credentials: grpc.ChannelCredentials | None = None) -> None:
     """Poll the gRPC health service until it answers SERVING."""
     deadline = time.monotonic() + timeout
-    with grpc.insecure_channel(address) as channel:
+    channel = grpc.secure_channel(address, credentials) if credentials else grpc.insecure_channel(address)
+    with channel:
         stub = health_pb2_grpc.HealthStub(channel)
         while True:
             try:
@@ -61,7 +62,9 @@ def wait_healthy(address: str, timeout: float = 20.0) -> None:
             time.sleep(0.02)
 
 
-def start_daemon(tmp_path: Path, *extra: str, logdir: Path | None = None) -> Daemon:
+def start_daemon(
+    tmp_path: Path, *extra: str, logdir: Path | None = None, credentials: grpc.ChannelCredentials | None = None
+) -> Daemon:
     logdir = logdir or tmp_path / "runs"
     port_file = tmp_path / f"port-{time.monotonic_ns()}"
     log_path = tmp_path / f"daemon-{time.monotonic_ns()}.log"
@@ -90,7 +93,7 @@ def start_daemon(tmp_path: Path, *extra: str, logdir: Path | None = None) -> Dae
             raise RuntimeError(f"daemon did not start:\n{log_path.read_text()}")
         time.sleep(0.02)
     daemon = Daemon(proc, logdir, int(port_file.read_text()), log_path)
-    wait_healthy(daemon.address)
+    wait_healthy(daemon.address, credentials=credentials)
     return daemon
 
 
