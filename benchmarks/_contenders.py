@@ -1,0 +1,96 @@
+"""The writers compared: summaryd's client, torch's `SummaryWriter` and tensorboardX's, behind one small shape.
+
+Imported in the trial processes only; each peer is imported when its writer is opened, so a trial pays only
+for what it uses (and does so before the timed part starts).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+SUMMARYD = "summaryd"
+TORCH = "torch"
+TENSORBOARDX = "tensorboardX"
+
+
+@dataclass(frozen=True)
+class WriterSpec:
+    """Which writer to open, and where it writes.
+
+    `target` is the run path under the daemon's logdir for summaryd, a local log directory for the peers.
+    """
+
+    kind: str
+    target: str
+    address: str = ""
+    worker: str = ""
+    world_size: int = 1
+    close_timeout: float = 120.0
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> WriterSpec:
+        return cls(**data)
+
+
+@dataclass(frozen=True)
+class Closed:
+    """What a writer's `close()` said: -1 where the writer does not report delivery."""
+
+    delivered: int
+    undelivered: int
+    synced: bool
+
+
+@dataclass(frozen=True)
+class OpenWriter:
+    """`add_scalar` is the writer's own bound method (nothing in between); `close` returns when the writer has."""
+
+    add_scalar: Callable[[str, float, int], None]
+    close: Callable[[], Closed]
+
+
+def import_training_runtime() -> None:
+    """Import torch, as a training process would have, so that every contender runs with the same heap.
+
+    The size of the heap decides how long Python's full garbage collections take, which shows in the
+    slowest calls of every contender.
+    """
+    import torch  # noqa: F401
+
+
+def open_writer(spec: WriterSpec) -> OpenWriter:
+    if spec.kind == SUMMARYD:
+        return _summaryd(spec)
+    if spec.kind == TORCH:
+        from torch.utils.tensorboard import SummaryWriter as TorchWriter
+
+        torch_writer = TorchWriter(log_dir=spec.target)
+        return OpenWriter(torch_writer.add_scalar, _unreported(torch_writer.close))
+    if spec.kind == TENSORBOARDX:
+        from tensorboardX import SummaryWriter as XWriter  # type: ignore[import-untyped]
+
+        x_writer = XWriter(logdir=spec.target)
+        return OpenWriter(x_writer.add_scalar, _unreported(x_writer.close))
+    raise ValueError(f"unknown writer {spec.kind!r}")
+
+
+def _summaryd(spec: WriterSpec) -> OpenWriter:
+    from summaryd.client import SummaryWriter
+
+    writer = SummaryWriter(spec.target, spec.address, worker=spec.worker, world_size=spec.world_size)
+
+    def close() -> Closed:
+        report = writer.close(timeout=spec.close_timeout)
+        return Closed(report.delivered, report.undelivered, report.synced)
+
+    return OpenWriter(writer.add_scalar, close)
+
+
+def _unreported(close: Callable[[], object]) -> Callable[[], Closed]:
+    def closed() -> Closed:
+        close()
+        return Closed(-1, -1, False)
+
+    return closed

@@ -1,0 +1,108 @@
+"""Benchmark 3, the daemon's ceiling: pre-serialized batches over the raw gRPC stream, against raw framing.
+
+Both contenders take the same batches of serialized scalar `Event`s. The feeder opens a session with the
+generated stub, streams `WriteRequest`s on one `Write` stream until the last one is acknowledged, and closes
+the session (the daemon fsyncs). The raw limit frames the same records with the daemon's own `frame_all` and
+writes them to a file, one write per batch, then fsyncs: what the daemon would cost with no gRPC, no
+validation and no event loop.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+import uuid
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import grpc
+from tensorboard.compat.proto.event_pb2 import Event
+from tensorboard.compat.proto.summary_pb2 import Summary
+
+from summaryd.server.record_writer import frame_all
+from summaryd.v1 import summaryd_pb2 as pb
+from summaryd.v1 import summaryd_pb2_grpc as pb_grpc
+
+
+@dataclass(frozen=True)
+class CeilingParams:
+    target: str
+    """The daemon's address for the feeder, a file path for raw framing."""
+    batches: int
+    batch_events: int
+    run: str = ""
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> CeilingParams:
+        return cls(**data)
+
+
+@dataclass(frozen=True)
+class CeilingResult:
+    events: int
+    seconds: float
+    bytes: int
+
+
+def scalar_batch(size: int) -> list[bytes]:
+    """`size` serialized scalar events, as the client sends them."""
+    now = time.time()
+    return [
+        Event(
+            wall_time=now, step=step, summary=Summary(value=[Summary.Value(tag="loss", simple_value=step * 0.001)])
+        ).SerializeToString()
+        for step in range(size)
+    ]
+
+
+def prepare_feed(raw: Mapping[str, Any]) -> Callable[[], dict[str, Any]]:
+    params = CeilingParams.from_json(raw)
+    batch = scalar_batch(params.batch_events)
+    channel = grpc.insecure_channel(params.target, options=[("grpc.max_send_message_length", 64 * 1024 * 1024)])
+    stub = pb_grpc.SummariesStub(channel)
+    session_id = str(uuid.uuid4())
+    # Opened before the clock starts: the connection is up and the session known when the stream begins.
+    stub.OpenSession(pb.OpenSessionRequest(session_id=session_id, run=params.run, next_sequence=1), timeout=30)
+    total = params.batches * params.batch_events
+
+    def requests() -> Iterator[pb.WriteRequest]:
+        for index in range(params.batches):
+            first = index * params.batch_events + 1
+            yield pb.WriteRequest(session_id=session_id, first_sequence=first, events=batch)
+
+    def run() -> dict[str, Any]:
+        started = time.perf_counter()
+        acked = 0
+        for ack in stub.Write(requests(), timeout=600):
+            acked = ack.acked_sequence
+        closed = stub.CloseSession(pb.CloseSessionRequest(session_id=session_id), timeout=60)
+        seconds = time.perf_counter() - started
+        channel.close()
+        if acked != total or closed.events_written != total:
+            raise RuntimeError(f"the daemon acknowledged {acked} and wrote {closed.events_written} of {total}")
+        return asdict(CeilingResult(total, seconds, sum(map(len, batch)) * params.batches))
+
+    return run
+
+
+def prepare_framing(raw: Mapping[str, Any]) -> Callable[[], dict[str, Any]]:
+    params = CeilingParams.from_json(raw)
+    batch = scalar_batch(params.batch_events)
+
+    def run() -> dict[str, Any]:
+        started = time.perf_counter()
+        fd = os.open(params.target, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND, 0o644)
+        try:
+            for _ in range(params.batches):
+                view = memoryview(frame_all(batch))
+                while view:
+                    view = view[os.write(fd, view) :]
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        seconds = time.perf_counter() - started
+        total = params.batches * params.batch_events
+        return asdict(CeilingResult(total, seconds, sum(map(len, batch)) * params.batches))
+
+    return run
