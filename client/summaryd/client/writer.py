@@ -38,6 +38,17 @@ def _builders() -> Any:
     return _torch.builders() or _summaries
 
 
+def _simple_value_event(tag: str, value: float, global_step: int | None, walltime: float | None) -> bytes:
+    """A scalar as torch's `scalar()` builds it by default (`simple_value`), serialized in an `Event`."""
+    event = Event(
+        wall_time=time.time() if walltime is None else float(walltime),
+        step=0 if global_step is None else int(global_step),
+        summary=Summary(value=[Summary.Value(tag=tag, simple_value=value)]),
+    )
+    data: bytes = event.SerializeToString()
+    return data
+
+
 def _event_bytes(summary: Summary, step: int, wall_time: float) -> bytes:
     data: bytes = Event(wall_time=wall_time, step=step, summary=summary).SerializeToString()
     return data
@@ -247,10 +258,17 @@ class SummaryWriter:
         """Log one scalar (`new_style`: as a tensor; `double_precision`: a float64 one); the caller pays for a
         float conversion and a queue append."""
         value = _torch.to_float(scalar_value)
-        build = functools.partial(
-            _builders().scalar, tag, value, new_style=new_style, double_precision=double_precision
-        )
-        self._log(build, global_step, walltime)
+        if new_style or double_precision:
+            build = functools.partial(
+                _builders().scalar, tag, value, new_style=new_style, double_precision=double_precision
+            )
+            self._log(build, global_step, walltime)
+            return
+        # A `simple_value` event (exactly what torch's builder makes) costs ~1.5 µs to build here. Queueing the
+        # bytes rather than a closure keeps the queue free of objects the garbage collector must trace, which
+        # otherwise cost full collections of a training process's heap when the caller outruns the sender.
+        data = _simple_value_event(tag, value, global_step, walltime)
+        self._sender.submit(data, len(data))
 
     def add_scalars(
         self,
@@ -261,12 +279,11 @@ class SummaryWriter:
     ) -> None:
         """Log several scalars in one chart; each key goes to its own sub-run `<log_dir>/<main_tag>_<key>`, as
         torch does (in a multi-process job `<log_dir>/<main_tag>_<key>/<worker>`)."""
-        builders = _builders()
         walltime = time.time() if walltime is None else walltime
         for key, scalar_value in tag_scalar_dict.items():
             sender = self._sub_sender(f"{main_tag.replace('/', '_')}_{key}")
-            value = _torch.to_float(scalar_value)
-            self._log(functools.partial(builders.scalar, main_tag, value), global_step, walltime, sender=sender)
+            data = _simple_value_event(main_tag, _torch.to_float(scalar_value), global_step, walltime)
+            sender.submit(data, len(data))
 
     def add_tensor(
         self, tag: str, tensor: Tensor, global_step: int | None = None, walltime: float | None = None
