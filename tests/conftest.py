@@ -116,6 +116,12 @@ def daemon(tmp_path: Path) -> Iterator[Daemon]:
 
 
 @pytest.fixture(autouse=True)
+def _private_spool(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Spools of a test stay in its own folder, never in the user's cache."""
+    monkeypatch.setenv("SUMMARYD_SPOOL_DIR", str(tmp_path / "spool"))
+
+
+@pytest.fixture(autouse=True)
 def _fresh_client_state() -> Iterator[None]:
     """Each test starts without a global step or cached hook writers."""
     reset_global_step()

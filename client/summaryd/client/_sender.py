@@ -1,31 +1,46 @@
 """The background sender: a bounded queue the caller appends to, and one thread that ships it.
 
 The caller's thread only appends to a deque (`submit`). A named daemon thread, started on the first event,
-turns queued items into serialized events, batches them by size and time, numbers them, and streams them to
-the daemon over one gRPC write stream; an ack thread reads the daemon's acknowledgements. Unacknowledged
-batches are kept and resent after a reconnect (capped exponential backoff); the daemon drops what it already
-holds, so nothing is written twice. Nothing here raises into the caller: failures are counted, logged at a
-limited rate and reported by `flush`/`close`.
+turns queued items into serialized events, numbers them in batches (sequence numbers 1, 2, ... without
+gaps) and streams them to the daemon over one gRPC write stream; an ack thread reads the acknowledgements.
+
+Every numbered batch stays in the sender's *log* until the daemon acknowledges it, and is sent again after a
+reconnect; the daemon drops what it already holds (it remembers each session's last sequence number on disk,
+also across its own restart), so nothing is written twice and nothing acknowledged is lost. A batch of the
+log lives in memory or, *spilled*, in the session's spool on local disk (`_spool`): when the daemon has not
+acknowledged anything for `spool_after` seconds, when memory runs over `max_queue_bytes` (policy `spill`),
+and when `close()` runs out of time. Spilled batches are read back to be sent when the daemon returns; a
+spool left at exit is delivered later by `summaryd replay`.
+
+Nothing here raises into the caller: failures are counted, logged at a limited rate and reported by
+`flush`/`close`.
 """
 
 from __future__ import annotations
 
-import atexit
+import dataclasses
 import logging
 import os
-import queue
 import socket
 import threading
 import time
 import uuid
-import weakref
 from collections import Counter, deque
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal
 
+from summaryd.client import _grpc_import  # noqa: F401 - before gRPC is imported (its fork handlers)
+
+# isort: split
 import grpc
 
+from summaryd.client import _process
+from summaryd.client._courier import outbox_root
 from summaryd.client._environment import resolve_address
+from summaryd.client._spool import Spool, SpoolIdentity, default_root
+from summaryd.client._stream import WriteStream
 from summaryd.v1 import summaryd_pb2 as pb
 from summaryd.v1 import summaryd_pb2_grpc as pb_grpc
 
@@ -37,10 +52,16 @@ VERSION = "0.1.0"
 # expensive encodings such as PNG never run on the caller's thread).
 EventSource = bytes | Callable[[], bytes]
 
+Overflow = Literal["spill", "drop_oldest", "block"]
+OVERFLOW_POLICIES: tuple[Overflow, ...] = ("spill", "drop_oldest", "block")
+
 # Statuses after which retrying the same request cannot succeed.
 _PERMANENT = frozenset(
     {grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.PERMISSION_DENIED, grpc.StatusCode.UNAUTHENTICATED}
 )
+_WARN_EVERY = 10.0
+# Share of `close(timeout)` kept for spooling what the daemon did not acknowledge (at most a second).
+_SPOOL_RESERVE = 0.2
 
 
 @dataclass(frozen=True)
@@ -50,13 +71,18 @@ class DeliveryReport:
     delivered: int
     """Events the daemon acknowledged (written to the run's event file)."""
     undelivered: int
-    """Events accepted but not acknowledged when the call returned (still queued or in flight)."""
+    """Events accepted but not acknowledged when the call returned (queued, in flight, or spooled)."""
     dropped: Mapping[str, int] = field(default_factory=dict)
-    """Events given up, by reason: `queue_full`, `encode_error`, `rejected`, `closed`, `timeout`."""
+    """Events given up, by reason: `queue_full`, `encode_error`, `rejected`, `closed`, `timeout`,
+    `spool_failed`."""
     synced: bool = False
     """True when the daemon confirmed every delivered event is fsynced (after `close`)."""
     error: str | None = None
     """The last error the daemon or the connection reported, if any."""
+    spooled: int = 0
+    """Of `undelivered`, the events safe in the local spool: `summaryd replay <spool_path>` delivers them."""
+    spool_path: str | None = None
+    """The spool directory of this session, while it holds events."""
 
     @property
     def ok(self) -> bool:
@@ -66,64 +92,20 @@ class DeliveryReport:
 
 @dataclass(eq=False)
 class _Batch:
+    """Numbered events `first .. first + count - 1`, in memory (`events`) or in the spool (`span`)."""
+
     first: int
-    events: list[bytes]
+    count: int
     nbytes: int
+    events: list[bytes] | None
+    span: tuple[int, int] | None = None
+    done: int = 0  # leading events the daemon acknowledged already (an ack inside this batch)
     sent_at: float = 0.0
+    settled: bool = False
 
     @property
     def last(self) -> int:
-        return self.first + len(self.events) - 1
-
-
-class _Stream:
-    """One `Write` stream: requests go through a queue that gRPC consumes; a thread reads the acks."""
-
-    def __init__(
-        self,
-        stub: pb_grpc.SummariesStub,
-        on_ack: Callable[[int], None],
-        on_end: Callable[[_Stream, grpc.RpcError | None], None],
-    ) -> None:
-        self._outgoing: queue.SimpleQueue[pb.WriteRequest | None] = queue.SimpleQueue()
-        self._on_ack = on_ack
-        self._on_end = on_end
-        self.error: grpc.RpcError | None = None
-        self.ended = False
-        self.call = stub.Write(self._requests())
-        self._reader = threading.Thread(target=self._read, name="summaryd-acks", daemon=True)
-        self._reader.start()
-
-    def _requests(self) -> Iterator[pb.WriteRequest]:
-        while (request := self._outgoing.get()) is not None:
-            yield request
-
-    def send(self, request: pb.WriteRequest) -> None:
-        self._outgoing.put(request)
-
-    def _read(self) -> None:
-        error: grpc.RpcError | None = None
-        try:
-            for ack in self.call:
-                self._on_ack(ack.acked_sequence)
-        except grpc.RpcError as exc:
-            error = exc
-        self.error = error
-        self.ended = True
-        self._on_end(self, error)
-
-    def close(self, *, cancel: bool, timeout: float) -> None:
-        """End the stream (half-close, or cancel) and wait for the ack thread."""
-        self._outgoing.put(None)
-        if cancel:
-            self.call.cancel()
-        self._reader.join(timeout)
-        if self._reader.is_alive():
-            self.call.cancel()
-            self._reader.join(1.0)
-
-
-_live_senders: weakref.WeakSet[Sender] = weakref.WeakSet()
+        return self.first + self.count - 1
 
 
 class Sender:
@@ -134,12 +116,21 @@ class Sender:
         address: `host:port` of the daemon; default `SUMMARYD_ADDRESS`, else `localhost:6065`.
         worker: worker label; the events land in `<run>/<worker>`. Empty for a single process.
         world_size: number of workers of the job (shown in status).
-        max_queue_bytes: bound of the queue, in (estimated) bytes; beyond it new events are dropped and counted.
+        max_queue_bytes: bound of the events held in memory (queued and unacknowledged), in estimated bytes.
         max_batch_events, max_batch_bytes: the largest batch sent at once.
         linger_secs: how long a partial batch waits for more events before it is sent.
         rpc_timeout: deadline of each call, and how long a sent batch may wait for its ack.
         max_in_flight: batches sent but not yet acknowledged.
-        close_timeout: default of `close(timeout=...)`, also used at interpreter exit.
+        close_timeout: default of `close(timeout=...)`, also used at interpreter exit and on SIGTERM.
+        overflow: what happens when memory runs over `max_queue_bytes`: `spill` the oldest events to the spool
+            (the default; nothing is lost while the local disk takes it), `drop_oldest` queued events, or
+            `block` the caller until there is room (at most `block_secs`, then the new event is dropped).
+        spool_dir: spool root; default `SUMMARYD_SPOOL_DIR`, else `~/.cache/summaryd/spool`. None disables
+            spooling when given as `spool=False`.
+        spool: whether events may be spooled at all.
+        spool_after: seconds without any acknowledgement (daemon away or stuck) after which unacknowledged
+            events are moved to the spool, where they survive this process.
+        heartbeat_secs: longest silence on the stream; the daemon releases sessions it does not hear from.
     """
 
     def __init__(
@@ -158,7 +149,15 @@ class Sender:
         max_in_flight: int = 8,
         backoff_secs: tuple[float, float] = (0.05, 2.0),
         close_timeout: float = 5.0,
+        overflow: Overflow = "spill",
+        block_secs: float | None = None,
+        spool_dir: str | os.PathLike[str] | None = None,
+        spool: bool = True,
+        spool_after: float = 10.0,
+        heartbeat_secs: float = 10.0,
     ) -> None:
+        if overflow not in OVERFLOW_POLICIES:
+            raise ValueError(f"overflow={overflow!r}: choose one of {', '.join(OVERFLOW_POLICIES)}")
         self.run = run
         self.address = resolve_address(address)
         self.worker = worker
@@ -172,73 +171,184 @@ class Sender:
         self.max_in_flight = max_in_flight
         self.backoff_secs = backoff_secs
         self.close_timeout = close_timeout
+        self.overflow: Overflow = overflow if spool or overflow != "spill" else "drop_oldest"
+        self.block_secs = block_secs
+        self.spool_root = Path(spool_dir) if spool_dir is not None else default_root()
+        self.spool_enabled = spool
+        self.spool_after = spool_after
+        self.heartbeat_secs = heartbeat_secs
         self._init_state()
-        _live_senders.add(self)
+        _process.register(self)
 
     def _init_state(self) -> None:
         """Everything that belongs to one process; a forked child builds it anew (never the parent's channel)."""
         self._pid = os.getpid()
+        # In a child forked from a process that used gRPC: never use gRPC, write to an outbox instead.
+        self._outbox_pid = _process.outbox_owner()
         self.session_id = str(uuid.uuid4())
         self.run_dir: str | None = None
-        self._lock = threading.Lock()
+        # Re-entrant: the SIGTERM handler may close the sender while the interrupted caller holds the lock.
+        self._lock = threading.RLock()
         self._cond = threading.Condition(self._lock)
         self._wake = threading.Event()
         self._abandon = threading.Event()
+        # Held while an event is encoded on the sender thread; a fork waits for it (see `_process`).
+        self._encoding = threading.Lock()
+        # The caller's side: events not yet numbered.
         self._queue: deque[tuple[EventSource, int]] = deque()
         self._queued_bytes = 0
+        self._room_wanted = 0  # bytes a caller waits to queue (policies spill and block)
+        self._queued_at = 0.0
+        # The sender's side: numbered batches not yet acknowledged, oldest first; spilled ones form a prefix.
+        self._log: deque[_Batch] = deque()
+        self._held_bytes = 0
+        self._held_events = 0
+        self._next_sequence = 1
+        self._acked = 0
+        # The first `_in_flight` batches of the log were sent on the current stream (at most `max_in_flight`).
+        self._in_flight = 0
+        self._progress_at = time.monotonic()
+        # Counters.
         self._accepted = 0
         self._settled = 0
         self._delivered = 0
+        self._spooled = 0
         self._dropped: Counter[str] = Counter()
-        self._unacked: deque[_Batch] = deque()
-        self._next_sequence = 1
-        self._acked = 0
+        # Lifecycle.
         self._closing = False
         self._closed = False
+        self._spill_all = False
         self._synced = False
         self._failed: str | None = None
         self._last_error: str | None = None
-        self._last_warning = 0.0
-        self._thread: threading.Thread | None = None
-        self._channel: grpc.Channel | None = None
-        self._stream: _Stream | None = None
+        self._refused: str | None = None
+        self._warned: dict[str, float] = {}
         self._close_deadline = float("inf")
+        self._thread: threading.Thread | None = None
+        # Connection (sender thread only).
+        self._channel: grpc.Channel | None = None
+        self._stream: WriteStream | None = None
+        self._opening: grpc.Future[pb.OpenSessionResponse] | None = None
+        self._next_attempt = 0.0
+        self._backoff = self.backoff_secs[0]
+        self._connect_failed = False
+        self._lease = float("inf")
+        self._last_sent = 0.0
+        # Spool (sender thread only).
+        self._spool: Spool | None = None
+        self._spool_error: str | None = None
+        self._told_spool = False
+
+    # ---- process boundaries (see `_process`) -------------------------------------------------------------
+
+    def owned_here(self) -> bool:
+        return self._pid == os.getpid()
+
+    def pause_for_fork(self, timeout: float) -> bool:
+        return self._encoding.acquire(timeout=timeout)
+
+    def resume_after_fork(self) -> None:
+        self._encoding.release()
+
+    def forget_parent_after_fork(self) -> None:
+        """In a forked child: leave the parent's session, stream and spool alone and start afresh."""
+        if self.owned_here():
+            return
+        if self._spool is not None:
+            self._spool.forget()
+        _process.keep_forever(self._channel, self._stream, self._opening)
+        self._init_state()
 
     # ---- the caller's side -------------------------------------------------------------------------------
 
     def submit(self, source: EventSource, nbytes: int = 64) -> bool:
-        """Queue one event without blocking; False when it was dropped (counted and reported)."""
-        if self._pid != os.getpid():
-            self._init_state()
-        with self._lock:
+        """Queue one event without blocking (unless `overflow="block"`); False when it was dropped (counted)."""
+        if not self.owned_here():
+            self.forget_parent_after_fork()
+        with self._cond:
             if self._closing or self._failed is not None:
                 self._dropped["closed" if self._closing else "rejected"] += 1
                 return False
-            if self._queued_bytes + nbytes > self.max_queue_bytes:
+            if not self._make_room(nbytes):
                 self._dropped["queue_full"] += 1
-                self._warn(f"queue full ({self.max_queue_bytes} bytes): dropping new events for run {self.run!r}")
+                self._warn("queue_full", f"queue full ({self.max_queue_bytes} bytes): dropping events of {self.run!r}")
                 return False
+            if not self._queue:
+                self._queued_at = time.monotonic()
+                if not self._log:
+                    self._progress_at = self._queued_at
             self._queue.append((source, nbytes))
             self._queued_bytes += nbytes
             self._accepted += 1
-            full = len(self._queue) >= self.max_batch_events or self._queued_bytes >= self.max_batch_bytes
+            wake = len(self._queue) >= self.max_batch_events or self._queued_bytes >= self.max_batch_bytes
+            wake = wake or self._queued_bytes + self._held_bytes > self.max_queue_bytes
         if self._thread is None:
             self._start()
-        elif full:
+        elif wake:
             self._wake.set()
         return True
 
-    def _warn(self, message: str) -> None:
+    def _over_budget(self, nbytes: int = 0) -> bool:
+        return self._queued_bytes + self._held_bytes + max(nbytes, self._room_wanted) > self.max_queue_bytes
+
+    def _make_room(self, nbytes: int) -> bool:
+        """Apply the overflow policy for an event of `nbytes`; False when it must be dropped. Holds the lock."""
+        if not self._over_budget(nbytes):
+            return True
+        if self.overflow == "spill" and self._spool_error is None:
+            # The sender thread spills to disk; only events it has not even serialized yet are waited for,
+            # i.e. the caller slows down only when it outruns this machine's own encoding and disk.
+            self._room_wanted = nbytes
+            try:
+                while self._queued_bytes + nbytes > self.max_queue_bytes and self._sender_alive():
+                    self._wake.set()
+                    self._cond.wait(0.05)
+                    if self._spool_error is not None:
+                        break
+            finally:
+                self._room_wanted = 0
+            if self._spool_error is None:
+                return True
+        if self.overflow == "block":
+            deadline = None if self.block_secs is None else time.monotonic() + self.block_secs
+            self._room_wanted = nbytes
+            try:
+                while self._over_budget(nbytes) and self._sender_alive() and not self._closing:
+                    remaining = 0.1 if deadline is None else min(0.1, deadline - time.monotonic())
+                    if remaining <= 0:
+                        return False
+                    self._wake.set()
+                    self._cond.wait(remaining)
+            finally:
+                self._room_wanted = 0
+            return True
+        # drop_oldest (also `spill` once the spool failed): make room from the head of the queue.
+        dropped = 0
+        while self._queue and self._over_budget(nbytes):
+            _, estimate = self._queue.popleft()
+            self._queued_bytes -= estimate
+            self._settled += 1
+            dropped += 1
+        if dropped:
+            self._dropped["queue_full"] += dropped
+            self._warn("queue_full", f"queue over {self.max_queue_bytes} bytes: dropping the oldest of {self.run!r}")
+        return True
+
+    def _sender_alive(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    def _warn(self, reason: str, message: str) -> None:
         now = time.monotonic()
-        if now - self._last_warning > 10.0:
-            self._last_warning = now
-            log.warning(message)
+        if now - self._warned.get(reason, -_WARN_EVERY) >= _WARN_EVERY:
+            self._warned[reason] = now
+            log.warning("summaryd: %s", message)
 
     def _start(self) -> None:
         with self._lock:
             if self._thread is not None:
                 return
             self._thread = threading.Thread(target=self._run, name=f"summaryd-sender[{self.run}]", daemon=True)
+        _process.register_multiprocessing_exit()
         try:
             self._thread.start()
         except RuntimeError:  # the interpreter is shutting down
@@ -254,6 +364,8 @@ class Sender:
                 dropped=dict(self._dropped),
                 synced=self._synced,
                 error=self._failed or self._last_error,
+                spooled=self._spooled,
+                spool_path=str(self._spool.directory) if self._spool is not None and self._spooled else None,
             )
 
     def flush(self, timeout: float | None = None, *, durable: bool = False) -> DeliveryReport:
@@ -266,18 +378,19 @@ class Sender:
         with self._cond:
             target = self._accepted
             if self._thread is None and target > self._settled:
-                return self._report_locked()
+                return self.report()
         self._wake.set()
         with self._cond:
-            while self._settled < target and self._failed is None:
+            while self._settled + (self._spooled if self._outbox_pid else 0) < target and self._failed is None:
                 remaining = deadline - time.monotonic()
-                if remaining <= 0 or (self._thread is not None and not self._thread.is_alive()):
+                if remaining <= 0 or not self._sender_alive():
                     break
                 self._cond.wait(min(remaining, 0.1))
             done = self._settled >= target
-        if durable and done and self._channel is not None:
+        channel = self._channel
+        if durable and done and channel is not None:
             try:
-                pb_grpc.SummariesStub(self._channel).Flush(
+                pb_grpc.SummariesStub(channel).Flush(
                     pb.FlushRequest(session_id=self.session_id, durable=True),
                     timeout=max(0.01, deadline - time.monotonic()),
                 )
@@ -285,120 +398,317 @@ class Sender:
                 self._note_error(exc)
         return self.report()
 
-    def _report_locked(self) -> DeliveryReport:
-        return DeliveryReport(
-            delivered=self._delivered,
-            undelivered=self._accepted - self._settled,
-            dropped=dict(self._dropped),
-            synced=self._synced,
-            error=self._failed or self._last_error,
-        )
+    def begin_close(self, deadline: float) -> None:
+        """Stop taking events and start delivering the rest; `close()` waits for it."""
+        with self._cond:
+            if not self._closing:
+                self._closing = True
+                self._close_deadline = deadline
+            self._cond.notify_all()
+        self._wake.set()
 
     def close(self, timeout: float | None = None) -> DeliveryReport:
         """Deliver what is queued, have the daemon fsync it and release the session; safe to call twice.
 
-        Returns within about `timeout` seconds (default `close_timeout`) whatever the daemon does; the report
-        counts the events that could not be delivered.
+        Returns within about `timeout` seconds (default `close_timeout`) whatever the daemon does. What the
+        daemon did not acknowledge by then is in the spool (`report.spooled`, `report.spool_path`) unless
+        spooling is off or failed; the rest is counted as dropped (`timeout`).
         """
-        if self._pid != os.getpid():
-            self._init_state()
+        if not self.owned_here():
+            self.forget_parent_after_fork()
         timeout = self.close_timeout if timeout is None else timeout
         deadline = time.monotonic() + timeout
         with self._cond:
             if self._closed:
-                return self._report_locked()
-            self._closing = True
-            self._close_deadline = deadline
-            thread = self._thread
-            self._cond.notify_all()
-        self._wake.set()
+                return self.report()
+            deadline = min(deadline, self._close_deadline)
+        self.begin_close(deadline)
+        thread = self._thread
         if thread is not None:
-            thread.join(max(0.0, deadline - time.monotonic()))
+            # Deliver until shortly before the deadline, then spool what is left, then stop.
+            reserve = min(1.0, timeout * _SPOOL_RESERVE) if self._can_spool() else 0.0
+            thread.join(max(0.0, deadline - reserve - time.monotonic()))
+            if thread.is_alive():
+                with self._cond:
+                    self._spill_all = True
+                self._wake.set()
+                thread.join(max(0.0, deadline - time.monotonic()))
             if thread.is_alive():
                 self._abandon.set()
                 self._wake.set()
-                if self._stream is not None:
-                    self._stream.call.cancel()
+                stream = self._stream
+                if stream is not None:
+                    stream.call.cancel()
                 thread.join(1.0)
+        return self._closed_report()
+
+    def _closed_report(self) -> DeliveryReport:
         with self._cond:
             self._closed = True
             undelivered = self._accepted - self._settled
-            if undelivered:
-                self._dropped["timeout"] += undelivered
-                self._settled = self._accepted
+            unsafe = undelivered - self._spooled
+            if unsafe > 0:
+                self._dropped["timeout"] += unsafe
+                self._settled += unsafe
                 log.warning(
                     "summaryd: %d events for run %r were not delivered to %s (%s)",
-                    undelivered,
+                    unsafe,
                     self.run,
                     self.address,
                     self._failed or self._last_error or "timed out",
                 )
-            report = DeliveryReport(
-                delivered=self._delivered,
-                undelivered=undelivered,
-                dropped=dict(self._dropped),
-                synced=self._synced,
-                error=self._failed or self._last_error,
+            report = dataclasses.replace(self.report(), undelivered=undelivered)
+        if report.spooled and self._outbox_pid is not None:
+            log.debug("summaryd: %d events of run %r left to process %d", report.spooled, self.run, self._outbox_pid)
+        elif report.spooled:
+            log.warning(
+                "summaryd: %d events of run %r were not delivered; they are in the spool %s (see `summaryd replay`)",
+                report.spooled,
+                self.run,
+                report.spool_path,
             )
-        _live_senders.discard(self)
+        _process.unregister(self)
         return report
+
+    def _can_spool(self) -> bool:
+        return (self.spool_enabled or self._outbox_pid is not None) and self._spool_error is None
 
     # ---- the sender thread ---------------------------------------------------------------------------------
 
     def _run(self) -> None:
         try:
-            self._send_loop()
-            self._finish()
+            if self._send_loop():
+                self._finish()
         except Exception as exc:  # a bug here must not go unnoticed, nor reach the training loop
             log.exception("summaryd sender for run %r failed", self.run)
             with self._cond:
                 self._failed = f"sender failed: {exc!r}"
         finally:
-            if self._stream is not None:
-                self._stream.close(cancel=True, timeout=1.0)
-                self._stream = None
+            self._disconnect()
+            if self._opening is not None:
+                self._opening.cancel()
             if self._channel is not None:
                 self._channel.close()
                 self._channel = None
+            self._put_spool_away()
             with self._cond:
                 self._cond.notify_all()
 
-    def _send_loop(self) -> None:
-        backoff = self.backoff_secs[0]
-        while not self._abandon.is_set():
+    def _send_loop(self) -> bool:
+        """Run until everything is acknowledged after a close (True), or until told to stop (False)."""
+        while True:
             with self._cond:
                 if self._failed is not None:
-                    return
-                if self._closing and not self._queue and not self._unacked:
-                    return
-            if self._stream is None or self._stream.ended:
-                if not self._connect():
-                    self._abandon.wait(backoff)
-                    backoff = min(backoff * 2, self.backoff_secs[1])
-                    continue
-                backoff = self.backoff_secs[0]
-            stream = self._stream
-            assert stream is not None
+                    return False
+                if self._closing and not self._queue and not self._log:
+                    return True
+                if self._outbox_pid is not None and self._closing and not self._queue and not self._held_events:
+                    return False  # all in the outbox: the parent's courier delivers it
+            if self._abandon.is_set():
+                self._spill(everything=True)
+                return False
+            self._handle_refusal()
+            self._discard_spool_when_acknowledged()
+            self._poll_connection()
+            self._take_batches()
+            # Closing while the daemon is away: make everything safe on disk now, then keep trying to deliver
+            # until close() runs out of time.
+            self._spill(everything=self._spill_all or self._closing_while_unreachable())
+            self._send_ready()
+            self._keep_stream_alive()
+            self._wake.wait(self._next_wakeup())
+            self._wake.clear()
+
+    # ---- connection ----
+
+    def _poll_connection(self) -> None:
+        """Open (or resume) the session and a write stream without blocking this thread."""
+        if self._outbox_pid is not None or (self._stream is not None and not self._stream.ended):
+            return
+        if self._stream is not None:
+            failed = self._stream.error is not None
+            self._disconnect()
+            if failed:  # a daemon that refuses writes (disk full) is not hammered with resends
+                self._retry_later()
+        if self._opening is not None:
+            if not self._opening.done():
+                return
+            future, self._opening = self._opening, None
+            try:
+                answer = future.result()
+            except grpc.RpcError as exc:
+                self._connection_failed(exc)
+                return
+            except grpc.FutureCancelledError:
+                return
+            self._connected(answer)
+            return
+        if time.monotonic() < self._next_attempt:
+            return
+        if self._channel is None:
+            _process.note_grpc_used()
+            self._channel = grpc.insecure_channel(
+                self.address, options=[("grpc.max_send_message_length", 64 * 1024 * 1024)]
+            )
+        request = pb.OpenSessionRequest(
+            session_id=self.session_id,
+            run=self.run,
+            worker=self.worker,
+            world_size=self.world_size,
+            client=pb.ClientIdentity(
+                host=socket.gethostname(), pid=os.getpid(), framework=self.framework, version=VERSION
+            ),
+            next_sequence=self._acked + 1,
+        )
+        self._opening = pb_grpc.SummariesStub(self._channel).OpenSession.future(request, timeout=self.rpc_timeout)
+        self._opening.add_done_callback(lambda _: self._wake.set())
+
+    def _connected(self, answer: pb.OpenSessionResponse) -> None:
+        assert self._channel is not None
+        self.run_dir = answer.run_dir
+        self._lease = answer.lease_seconds or float("inf")
+        self._on_ack(answer.last_sequence)
+        self._stream = WriteStream(pb_grpc.SummariesStub(self._channel), self._on_ack, self._on_stream_end)
+        with self._lock:
+            self._in_flight = 0
+        self._last_sent = time.monotonic()
+        self._connect_failed = False
+        if self._spooled:
+            log.info("summaryd: %s is back; sending %d spooled events of %r", self.address, self._spooled, self.run)
+
+    def _connection_failed(self, exc: grpc.RpcError) -> None:
+        self._note_error(exc)
+        self._connect_failed = True
+        if exc.code() in _PERMANENT or exc.code() == grpc.StatusCode.FAILED_PRECONDITION:
+            self._give_up(f"{exc.code().name}: {exc.details()}")
+            return
+        self._retry_later()
+
+    def _retry_later(self) -> None:
+        """Capped exponential backoff; it starts again from the bottom once the daemon acknowledges."""
+        self._next_attempt = time.monotonic() + self._backoff
+        self._backoff = min(self._backoff * 2, self.backoff_secs[1])
+
+    def _disconnect(self) -> None:
+        if self._stream is not None:
+            self._stream.close(cancel=True, timeout=1.0)
+            self._stream = None
+        with self._lock:
+            self._in_flight = 0
+
+    def _closing_while_unreachable(self) -> bool:
+        return self._closing and self._stream is None and self._connect_failed
+
+    def _on_ack(self, acked: int) -> None:
+        """Runs on the ack thread: settle every batch up to `acked`."""
+        with self._cond:
+            if acked <= self._acked:
+                return
+            self._acked = acked
+            self._progress_at = time.monotonic()
+            self._backoff = self.backoff_secs[0]
+            while self._log and self._log[0].last <= acked:
+                batch = self._log.popleft()
+                batch.settled = True
+                self._in_flight = max(0, self._in_flight - 1)
+                self._count_delivered(batch, batch.count - batch.done)
+                if batch.events is not None:
+                    self._held_bytes -= batch.nbytes
+            if self._log and self._log[0].first <= acked:
+                head = self._log[0]
+                newly = acked - head.first + 1 - head.done
+                head.done += newly
+                self._count_delivered(head, newly)
+            self._cond.notify_all()
+        self._wake.set()
+
+    def _count_delivered(self, batch: _Batch, events: int) -> None:
+        self._delivered += events
+        self._settled += events
+        if batch.events is None:
+            self._spooled -= events
+        else:
+            self._held_events -= events
+
+    def _on_stream_end(self, stream: WriteStream, error: grpc.RpcError | None) -> None:
+        if error is None or (error.code() == grpc.StatusCode.CANCELLED and self._abandon.is_set()):
+            self._wake.set()
+            return
+        self._note_error(error)
+        if error.code() == grpc.StatusCode.INVALID_ARGUMENT:
             with self._cond:
-                waiting = len(self._queue) < self.max_batch_events and not self._closing
-            if waiting:
-                self._wake.wait(self.linger_secs)
-                self._wake.clear()
+                self._refused = error.details()
+        self._wake.set()
+
+    def _handle_refusal(self) -> None:
+        """The daemon refused the oldest unacknowledged batch and wrote none of it: drop it (the data itself is
+        bad, a resend cannot help) and number the rest on from the last acknowledged event."""
+        with self._cond:
+            reason, self._refused = self._refused, None
+            if reason is None:
+                return
+            if self._spooled:
+                self._unspill()
+            if self._log:
+                bad = self._log.popleft()
+                bad.settled = True
+                self._held_bytes -= bad.nbytes
+                self._held_events -= bad.count - bad.done
+                self._dropped["rejected"] += bad.count - bad.done
+                self._settled += bad.count - bad.done
+                log.error("summaryd: the daemon refused %d events of run %r: %s", bad.count, self.run, reason)
+            sequence = self._acked + 1
+            for batch in self._log:
+                batch.first, batch.done = sequence, 0
+                sequence += batch.count
+            self._next_sequence = sequence
+            self._cond.notify_all()
+
+    def _note_error(self, exc: BaseException) -> None:
+        text = f"{exc.code().name}: {exc.details()}" if isinstance(exc, grpc.RpcError) else repr(exc)
+        self._last_error = text
+        self._warn("daemon", f"daemon at {self.address} for run {self.run!r}: {text}")
+
+    def _give_up(self, reason: str) -> None:
+        """A permanent refusal (bad run path, no permission): drop everything, report it on close."""
+        log.error("summaryd: giving up on run %r: %s", self.run, reason)
+        with self._cond:
+            self._failed = reason
+            dropped = len(self._queue) + sum(b.count - b.done for b in self._log)
+            self._dropped["rejected"] += dropped
+            self._settled += dropped
+            self._queue.clear()
+            self._queued_bytes = 0
+            for batch in self._log:
+                batch.settled = True
+            self._log.clear()
+            self._held_bytes = self._held_events = self._spooled = self._in_flight = 0
+            self._cond.notify_all()
+        if self._spool is not None:
+            self._spool.discard()
+            self._spool = None
+
+    # ---- batches ----
+
+    def _take_batches(self) -> None:
+        """Number queued events into batches: as many as may be in flight, and all of them when spilling."""
+        while True:
+            with self._cond:
+                if not self._queue:
+                    return
+                spilling = self._must_spill()
+                if not spilling:
+                    if self._stream is None or self._in_flight >= self.max_in_flight:
+                        return
+                    lingering = time.monotonic() - self._queued_at < self.linger_secs
+                    small = len(self._queue) < self.max_batch_events and self._queued_bytes < self.max_batch_bytes
+                    if lingering and small and not self._closing:
+                        return
             batch = self._take_batch()
-            if batch is not None:
-                batch.sent_at = time.monotonic()
-                with self._cond:
-                    self._unacked.append(batch)
-                stream.send(
-                    pb.WriteRequest(session_id=self.session_id, first_sequence=batch.first, events=batch.events)
-                )
-            with self._cond:
-                while len(self._unacked) >= self.max_in_flight and not stream.ended and not self._abandon.is_set():
-                    self._cond.wait(0.1)
-                overdue = bool(self._unacked) and time.monotonic() - self._unacked[0].sent_at > self.rpc_timeout
-            if overdue and not stream.ended:
-                self._last_error = f"no acknowledgement within {self.rpc_timeout}s; reconnecting"
-                stream.call.cancel()
+            if batch is None:
+                return
+            if spilling:
+                self._spill_batch(batch)
 
     def _take_batch(self) -> _Batch | None:
         events: list[bytes] = []
@@ -409,11 +719,13 @@ class Sender:
                     break
                 source, estimate = self._queue.popleft()
                 self._queued_bytes -= estimate
+                self._queued_at = time.monotonic()
             if isinstance(source, bytes):
                 data = source
             else:
                 try:
-                    data = source()
+                    with self._encoding:
+                        data = source()
                 except Exception as exc:
                     log.warning("summaryd: could not encode an event for run %r: %s", self.run, exc)
                     with self._cond:
@@ -425,150 +737,230 @@ class Sender:
             nbytes += len(data)
         if not events:
             return None
-        with self._lock:
-            batch = _Batch(self._next_sequence, events, nbytes)
+        with self._cond:
+            batch = _Batch(self._next_sequence, len(events), nbytes, events)
             self._next_sequence += len(events)
+            self._log.append(batch)
+            self._held_bytes += nbytes
+            self._held_events += len(events)
+            self._cond.notify_all()
         return batch
 
-    def _connect(self) -> bool:
-        """Open (or resume) the session and a new write stream, then resend what is unacknowledged."""
-        if self._stream is not None:
-            self._stream.close(cancel=True, timeout=1.0)
-            self._stream = None
-        if self._channel is None:
-            self._channel = grpc.insecure_channel(
-                self.address, options=[("grpc.max_send_message_length", 64 * 1024 * 1024)]
-            )
-        stub = pb_grpc.SummariesStub(self._channel)
-        request = pb.OpenSessionRequest(
-            session_id=self.session_id,
-            run=self.run,
-            worker=self.worker,
-            world_size=self.world_size,
-            client=pb.ClientIdentity(
-                host=socket.gethostname(), pid=os.getpid(), framework=self.framework, version=VERSION
-            ),
-            next_sequence=self._acked + 1,
-        )
-        try:
-            # A future, so that an abandoning close() is not held up by a daemon that never answers.
-            future = stub.OpenSession.future(request, timeout=self.rpc_timeout)
-            while not future.done():
-                if self._abandon.wait(0.05):
-                    future.cancel()
-                    return False
-            answer = future.result()
-        except grpc.FutureCancelledError:
-            return False
-        except grpc.RpcError as exc:
-            self._note_error(exc)
-            if exc.code() in _PERMANENT or exc.code() == grpc.StatusCode.FAILED_PRECONDITION:
-                self._give_up(f"{exc.code().name}: {exc.details()}")
-            return False
-        self.run_dir = answer.run_dir
-        self._on_ack(answer.last_sequence)
-        self._stream = _Stream(stub, self._on_ack, self._on_stream_end)
-        with self._cond:
-            pending = list(self._unacked)
+    def _send_ready(self) -> None:
+        """Send unsent batches of the log, oldest first, while the in-flight window has room."""
+        stream = self._stream
+        if stream is None or stream.ended:
+            return
+        while True:
+            with self._lock:
+                # Sent batches are a prefix of the log, so the next one to send is right after them.
+                if self._in_flight >= min(self.max_in_flight, len(self._log)):
+                    return
+                batch = self._log[self._in_flight]
+                events, span = batch.events, batch.span
+            if events is None:
+                assert span is not None and self._spool is not None
+                events = self._spool.read(span)
+            batch.sent_at = self._last_sent = time.monotonic()
+            stream.send(pb.WriteRequest(session_id=self.session_id, first_sequence=batch.first, events=events))
+            with self._lock:
+                if not batch.settled:
+                    self._in_flight += 1
+
+    def _keep_stream_alive(self) -> None:
+        """Reconnect when an ack is overdue; send a heartbeat when the stream has been silent a while."""
+        stream = self._stream
+        if stream is None or stream.ended:
+            return
         now = time.monotonic()
-        for batch in pending:
-            batch.sent_at = now
-            self._stream.send(
-                pb.WriteRequest(session_id=self.session_id, first_sequence=batch.first, events=batch.events)
-            )
+        with self._lock:
+            head = self._log[0] if self._log and self._in_flight else None
+        if head is not None and now - head.sent_at > self.rpc_timeout:
+            self._last_error = f"no acknowledgement within {self.rpc_timeout}s; reconnecting"
+            stream.call.cancel()
+        elif now - self._last_sent >= self._heartbeat_interval():
+            self._last_sent = now
+            stream.send(pb.WriteRequest(session_id=self.session_id))
+
+    def _heartbeat_interval(self) -> float:
+        return min(self.heartbeat_secs, self._lease / 3)
+
+    def _next_wakeup(self) -> float:
+        now = time.monotonic()
+        waits = [self._heartbeat_interval() - (now - self._last_sent), 1.0]
+        with self._lock:
+            if self._queue:
+                waits.append(self.linger_secs - (now - self._queued_at))
+            if self._queue or self._log:
+                waits.append(self.spool_after - (now - self._progress_at))
+                waits.append(0.1)  # acks, overdue batches and the in-flight window
+        if self._stream is None and self._opening is None:
+            waits.append(self._next_attempt - now)
+        return max(0.001, min(waits))
+
+    # ---- spool ----
+
+    def _must_spill(self) -> bool:
+        """Holding the lock: whether unacknowledged events should go to disk now."""
+        if not self._can_spool():
+            return False
+        if self._spill_all or self._abandon.is_set() or self._outbox_pid is not None:
+            return True
+        if (self._queue or self._log) and time.monotonic() - self._progress_at >= self.spool_after:
+            return True
+        return self.overflow == "spill" and self._over_budget()
+
+    def _spill(self, *, everything: bool) -> None:
+        """Move every in-memory batch of the log to the spool, then number and spill the queue too, when
+        spilling is due (or `everything` is asked for, at close)."""
+        with self._lock:
+            due = everything or self._must_spill()
+            if not due or not self._can_spool():
+                return
+            # Spilled batches are a prefix of the log, the ones in memory the rest: take them from the end.
+            pending: list[_Batch] = []
+            for batch in reversed(self._log):
+                if batch.events is None:
+                    break
+                pending.append(batch)
+        for batch in reversed(pending):
+            if not self._spill_batch(batch):
+                return
+        while True:
+            with self._lock:
+                if not self._queue or not (everything or self._must_spill()):
+                    return
+            taken = self._take_batch()
+            if taken is None or not self._spill_batch(taken):
+                return
+
+    def _spill_batch(self, batch: _Batch) -> bool:
+        """Write one in-memory batch to the spool and free its memory; False when the spool failed."""
+        with self._lock:
+            if batch.events is None or batch.settled:
+                return True  # spilled already, or acknowledged meanwhile
+            events = batch.events
+        try:
+            if self._spool is None:
+                self._spool = self._open_spool(batch.first)
+            span = self._spool.append(events)
+        except OSError as exc:
+            self._spool_failed(exc)
+            return False
+        with self._cond:
+            if not batch.settled and batch.events is not None:
+                batch.events, batch.span = None, span
+                self._held_bytes -= batch.nbytes
+                self._held_events -= batch.count - batch.done
+                self._spooled += batch.count - batch.done
+            self._cond.notify_all()
         return True
 
-    def _on_ack(self, acked: int) -> None:
-        with self._cond:
-            if acked <= self._acked:
-                return
-            self._acked = acked
-            while self._unacked and self._unacked[0].last <= acked:
-                batch = self._unacked.popleft()
-                self._delivered += len(batch.events)
-                self._settled += len(batch.events)
-            if self._unacked and self._unacked[0].first <= acked:
-                # The daemon holds the head of this batch already (it was cut short before).
-                batch = self._unacked[0]
-                done = acked - batch.first + 1
-                del batch.events[:done]
-                batch.first = acked + 1
-                self._delivered += done
-                self._settled += done
-            self._cond.notify_all()
+    def _open_spool(self, first_sequence: int) -> Spool:
+        identity = SpoolIdentity(self.session_id, self.run, self.worker, self.world_size, self.address, self.framework)
+        if self._outbox_pid is not None:
+            return Spool(outbox_root(self.spool_root, self._outbox_pid), identity, first_sequence)
+        spool = Spool(self.spool_root, identity, first_sequence)
+        if not self._told_spool:
+            self._told_spool = True
+            if self._closing:
+                why = "closing before the daemon acknowledged them"
+            elif self._queued_bytes + self._held_bytes > self.max_queue_bytes:
+                why = f"more than max_queue_bytes={self.max_queue_bytes} waiting"
+            else:
+                why = f"no acknowledgement from {self.address} for {self.spool_after:.0f}s"
+            log.warning(
+                "summaryd: spooling events of run %r to %s (%s); they are sent when the daemon answers, and any "
+                "left when this process ends are delivered by: summaryd replay %s",
+                self.run,
+                spool.directory,
+                why,
+                spool.directory,
+            )
+        return spool
 
-    def _on_stream_end(self, stream: _Stream, error: grpc.RpcError | None) -> None:
-        if error is None or (error.code() == grpc.StatusCode.CANCELLED and self._abandon.is_set()):
-            self._wake.set()
+    def _spool_failed(self, exc: OSError) -> None:
+        with self._cond:
+            self._spool_error = f"{exc.strerror or exc}"
+            self._cond.notify_all()
+        log.error(
+            "summaryd: cannot spool events of run %r to %s (%s); keeping them in memory up to max_queue_bytes",
+            self.run,
+            self.spool_root,
+            self._spool_error,
+        )
+
+    def _unspill(self) -> None:
+        """Holding the lock: read every spilled batch back into memory and delete the spool (renumbering)."""
+        assert self._spool is not None
+        for batch in self._log:
+            if batch.events is None and batch.span is not None:
+                events = self._spool.read(batch.span)[batch.done :]
+                batch.first, batch.count, batch.done = batch.first + batch.done, len(events), 0
+                batch.events, batch.span, batch.nbytes = events, None, sum(map(len, events))
+                self._spooled -= len(events)
+                self._held_events += len(events)
+                self._held_bytes += batch.nbytes
+        self._spool.discard()
+        self._spool = None
+
+    def _put_spool_away(self) -> None:
+        """When the thread ends: delete a spool that is fully acknowledged, keep (sync) one that is not."""
+        spool = self._spool
+        if spool is None:
             return
-        self._note_error(error)
-        if error.code() == grpc.StatusCode.INVALID_ARGUMENT:
-            # The daemon refused the oldest unacknowledged batch and wrote none of it: drop it (the data
-            # itself is bad, a resend cannot help) and number the rest on from the last acknowledged event.
-            with self._cond:
-                if self._unacked:
-                    bad = self._unacked.popleft()
-                    self._dropped["rejected"] += len(bad.events)
-                    self._settled += len(bad.events)
-                    log.error(
-                        "summaryd: the daemon refused %d events of run %r: %s",
-                        len(bad.events),
-                        self.run,
-                        error.details(),
-                    )
-                sequence = self._acked + 1
-                for batch in self._unacked:
-                    batch.first = sequence
-                    sequence += len(batch.events)
-                self._next_sequence = sequence
-                self._cond.notify_all()
-        self._wake.set()
-
-    def _note_error(self, exc: BaseException) -> None:
-        if isinstance(exc, grpc.RpcError):
-            code = exc.code()
-            text = f"{code.name}: {exc.details()}"
+        with self._lock:
+            still_spooled = self._spooled > 0
+        if still_spooled:
+            spool.keep()
         else:
-            text = repr(exc)
-        self._last_error = text
-        self._warn(f"summaryd: daemon at {self.address} for run {self.run!r}: {text}")
+            spool.discard()
+            with self._lock:
+                self._spool = None
 
-    def _give_up(self, reason: str) -> None:
-        """A permanent refusal (bad run path, no permission): drop everything, report it on close."""
-        log.error("summaryd: giving up on run %r: %s", self.run, reason)
-        with self._cond:
-            self._failed = reason
-            dropped = len(self._queue) + sum(len(b.events) for b in self._unacked)
-            self._dropped["rejected"] += dropped
-            self._settled += dropped
-            self._queue.clear()
-            self._queued_bytes = 0
-            self._unacked.clear()
-            self._cond.notify_all()
+    def _discard_spool_when_acknowledged(self) -> None:
+        if self._spool is None:
+            return
+        with self._lock:
+            still_spooled = self._spooled > 0
+        if not still_spooled:
+            self._spool.discard()
+            self._spool = None
 
     def _finish(self) -> None:
-        """After the last ack of a closing sender: end the stream and close the session (the daemon fsyncs)."""
-        if not self._closing or self._failed is not None or self._abandon.is_set():
-            return
+        """After the last ack of a closing sender: end the stream and close the session (the daemon fsyncs).
+
+        A close that meets a restarting daemon is tried again until `close()`'s deadline: the daemon knows
+        the session from its store, and a close is harmless to repeat.
+        """
+        self._discard_spool_when_acknowledged()
         if self._stream is not None:
             self._stream.close(cancel=False, timeout=max(0.0, self._close_deadline - time.monotonic()))
             self._stream = None
-        if self._channel is None:
-            return
-        try:
-            pb_grpc.SummariesStub(self._channel).CloseSession(
-                pb.CloseSessionRequest(session_id=self.session_id),
-                timeout=max(0.01, self._close_deadline - time.monotonic()),
-            )
-            with self._cond:
-                self._synced = True
-        except grpc.RpcError as exc:
-            self._note_error(exc)
+        backoff = self.backoff_secs[0]
+        while self._channel is not None and not self._abandon.is_set():
+            try:
+                self._close_session()
+                with self._cond:
+                    self._synced = True
+                return
+            except grpc.RpcError as exc:
+                self._note_error(exc)
+                if exc.code() not in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
+                    return
+            except grpc.FutureCancelledError:
+                return
+            if self._abandon.wait(min(backoff, max(0.0, self._close_deadline - time.monotonic()))):
+                return
+            backoff = min(backoff * 2, self.backoff_secs[1])
 
-
-@atexit.register
-def _close_at_exit() -> None:
-    """Deliver what was logged when the program ends without `close()`."""
-    for sender in list(_live_senders):
-        if sender._pid == os.getpid():
-            sender.close()
+    def _close_session(self) -> None:
+        assert self._channel is not None
+        future = pb_grpc.SummariesStub(self._channel).CloseSession.future(
+            pb.CloseSessionRequest(session_id=self.session_id),
+            timeout=max(0.01, min(self.rpc_timeout, self._close_deadline - time.monotonic())),
+        )
+        while not future.done():
+            if self._abandon.wait(0.02):
+                future.cancel()
+        future.result()

@@ -80,12 +80,16 @@ def _merge(reports: list[DeliveryReport], unsupported: int = 0) -> DeliveryRepor
     if unsupported:
         dropped["unsupported"] = unsupported
     errors = [r.error for r in reports if r.error]
+    # Every sub-run spools below the same spool root; the main run's path is the one to show.
+    spool_paths = [r.spool_path for r in reports if r.spool_path]
     return DeliveryReport(
         delivered=sum(r.delivered for r in reports),
         undelivered=sum(r.undelivered for r in reports),
         dropped=dropped,
         synced=all(r.synced for r in reports),
         error=errors[-1] if errors else None,
+        spooled=sum(r.spooled for r in reports),
+        spool_path=spool_paths[0] if spool_paths else None,
     )
 
 
@@ -139,6 +143,9 @@ class SummaryWriter:
         self._framework = framework
         self._sender_options = sender_options
         self._sender = self._new_sender(self.log_dir)
+        # Import torch's builders now, on the constructing thread: a first import later, racing a fork of
+        # another thread (a DataLoader worker), could leave the child holding the import lock.
+        _builders()
         self._sub_senders: dict[str, Sender] = {}
         self._unsupported = 0
         self.purge_step: int | None = None  # torch's attribute, None once the START is sent

@@ -35,12 +35,14 @@ class OpenSessionRequest(_message.Message):
     def __init__(self, session_id: _Optional[str] = ..., run: _Optional[str] = ..., worker: _Optional[str] = ..., world_size: _Optional[int] = ..., client: _Optional[_Union[ClientIdentity, _Mapping]] = ..., next_sequence: _Optional[int] = ...) -> None: ...
 
 class OpenSessionResponse(_message.Message):
-    __slots__ = ("run_dir", "last_sequence")
+    __slots__ = ("run_dir", "last_sequence", "lease_seconds")
     RUN_DIR_FIELD_NUMBER: _ClassVar[int]
     LAST_SEQUENCE_FIELD_NUMBER: _ClassVar[int]
+    LEASE_SECONDS_FIELD_NUMBER: _ClassVar[int]
     run_dir: str
     last_sequence: int
-    def __init__(self, run_dir: _Optional[str] = ..., last_sequence: _Optional[int] = ...) -> None: ...
+    lease_seconds: float
+    def __init__(self, run_dir: _Optional[str] = ..., last_sequence: _Optional[int] = ..., lease_seconds: _Optional[float] = ...) -> None: ...
 
 class WriteRequest(_message.Message):
     __slots__ = ("session_id", "first_sequence", "events")

@@ -13,9 +13,13 @@ from __future__ import annotations
 
 import hashlib
 import hmac
-from collections.abc import Iterable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
+
+import grpc
+from grpc import aio
 
 MIN_TOKEN_LENGTH = 16
 
@@ -87,3 +91,128 @@ class TokenTable:
             if hmac.compare_digest(token, offered):
                 found = grant
         return found
+
+
+_SERVICE = "/summaryd.v1.Summaries/"
+# grpc-stubs type method handlers for the synchronous server only; the aio ones are used untyped.
+Handler = Any
+_UNAUTHENTICATED = (
+    "missing or unknown token: send metadata 'authorization: Bearer <token>' "
+    "(the client reads it from token= or SUMMARYD_TOKEN)"
+)
+
+
+def _aborting(handler: Handler, code: grpc.StatusCode, message: str) -> Handler:
+    """A handler of the same kind as `handler` that only refuses the call."""
+
+    async def refuse(request: Any, context: aio.ServicerContext[Any, Any]) -> Any:
+        await context.abort(code, message)
+
+    kwargs = {"request_deserializer": handler.request_deserializer, "response_serializer": handler.response_serializer}
+    if handler.unary_unary:
+        return grpc.unary_unary_rpc_method_handler(refuse, **kwargs)
+    if handler.unary_stream:
+        return grpc.unary_stream_rpc_method_handler(refuse, **kwargs)
+    if handler.stream_unary:
+        return grpc.stream_unary_rpc_method_handler(refuse, **kwargs)
+    return grpc.stream_stream_rpc_method_handler(refuse, **kwargs)
+
+
+class AuthInterceptor(aio.ServerInterceptor):  # type: ignore[type-arg]
+    """Checks bearer tokens on the summaryd service (health and reflection stay open for probes).
+
+    A token may open sessions only on runs under its prefixes (`PERMISSION_DENIED` otherwise), and a session is
+    bound to the token that opened it: writing, flushing or closing it with another token is refused too.
+    """
+
+    def __init__(self, tokens: TokenTable) -> None:
+        self.tokens = tokens
+        self._owners: dict[str, str] = {}
+
+    def reload(self, tokens: TokenTable) -> None:
+        """Swap in a re-read token file; sessions of removed tokens are refused from their next call on."""
+        self.tokens = tokens
+
+    async def intercept_service(
+        self,
+        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[Handler]],
+        details: grpc.HandlerCallDetails,
+    ) -> Handler:
+        handler = await continuation(details)
+        if handler is None or not details.method.startswith(_SERVICE):
+            return handler
+        metadata = dict(details.invocation_metadata or ())
+        authorization = metadata.get("authorization")
+        grant = self.tokens.grant_for(authorization if isinstance(authorization, str) else None)
+        if grant is None:
+            return _aborting(handler, grpc.StatusCode.UNAUTHENTICATED, _UNAUTHENTICATED)
+        method = details.method[len(_SERVICE) :]
+        if method == "OpenSession":
+            return self._guard_open(handler, grant)
+        if method in ("Flush", "CloseSession"):
+            return self._guard_unary(handler, grant, forget=method == "CloseSession")
+        if method == "Write":
+            return self._guard_write(handler, grant)
+        return handler
+
+    def _owned(self, session_id: str, grant: Grant) -> bool:
+        owner = self._owners.get(session_id)
+        return owner is None or hmac.compare_digest(owner, grant.fingerprint)
+
+    def _guard_open(self, handler: Handler, grant: Grant) -> Handler:
+        inner = handler.unary_unary
+
+        async def open_session(request: Any, context: aio.ServicerContext[Any, Any]) -> Any:
+            run_dir = "/".join(part for part in (request.run.rstrip("/"), request.worker) if part)
+            if not grant.allows(run_dir):
+                await context.abort(
+                    grpc.StatusCode.PERMISSION_DENIED,
+                    f"this token may not write run {run_dir!r}; ask for a token whose prefixes cover it",
+                )
+            if not self._owned(request.session_id, grant):
+                await context.abort(grpc.StatusCode.PERMISSION_DENIED, "the session belongs to another token")
+            answer = await inner(request, context)
+            self._owners[request.session_id] = grant.fingerprint
+            return answer
+
+        return grpc.unary_unary_rpc_method_handler(
+            open_session,
+            request_deserializer=handler.request_deserializer,
+            response_serializer=handler.response_serializer,
+        )
+
+    def _guard_unary(self, handler: Handler, grant: Grant, *, forget: bool) -> Handler:
+        inner = handler.unary_unary
+
+        async def guarded(request: Any, context: aio.ServicerContext[Any, Any]) -> Any:
+            if not self._owned(request.session_id, grant):
+                await context.abort(grpc.StatusCode.PERMISSION_DENIED, "the session belongs to another token")
+            answer = await inner(request, context)
+            if forget:
+                self._owners.pop(request.session_id, None)
+            return answer
+
+        return grpc.unary_unary_rpc_method_handler(
+            guarded,
+            request_deserializer=handler.request_deserializer,
+            response_serializer=handler.response_serializer,
+        )
+
+    def _guard_write(self, handler: Handler, grant: Grant) -> Handler:
+        inner = handler.stream_stream
+
+        async def write(requests: AsyncIterator[Any], context: aio.ServicerContext[Any, Any]) -> AsyncIterator[Any]:
+            async def checked() -> AsyncIterator[Any]:
+                async for request in requests:
+                    if request.session_id and not self._owned(request.session_id, grant):
+                        await context.abort(grpc.StatusCode.PERMISSION_DENIED, "the session belongs to another token")
+                    yield request
+
+            async for answer in inner(checked(), context):
+                yield answer
+
+        return grpc.stream_stream_rpc_method_handler(
+            write,
+            request_deserializer=handler.request_deserializer,
+            response_serializer=handler.response_serializer,
+        )

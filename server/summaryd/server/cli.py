@@ -1,4 +1,5 @@
-"""`summaryd` command line: `serve`, `status`, `health`; flags and `SUMMARYD_*` variables map onto `Config`."""
+"""`summaryd` command line: `serve`, `status`, `health`, `replay`; flags and `SUMMARYD_*` variables map onto
+`Config`."""
 
 from __future__ import annotations
 
@@ -75,6 +76,18 @@ def _build_parser() -> argparse.ArgumentParser:
         sub.add_argument("--timeout", type=float, default=5.0, help="seconds to wait for the answer")
         if name == "status":
             sub.add_argument("--json", action="store_true", help="print JSON for scripts")
+    replay = commands.add_parser(
+        "replay",
+        help="deliver spooled events a client left behind",
+        description="Deliver the events a client spooled while the daemon was away, exactly once: what the "
+        "daemon holds already is skipped, so replaying twice writes nothing twice. PATH is one spool "
+        "(a directory with manifest.json) or a spool root holding several (SUMMARYD_SPOOL_DIR, by default "
+        "~/.cache/summaryd/spool).",
+    )
+    replay.add_argument("path", metavar="PATH", help="a spool directory, or a directory of spools")
+    replay.add_argument("--address", default=None, help="daemon address (default: the one the client was logging to)")
+    replay.add_argument("--timeout", type=float, default=30.0, help="seconds each call may take")
+    replay.add_argument("--json", action="store_true", help="print one JSON object per spool")
     return parser
 
 
@@ -122,6 +135,20 @@ def _health(address: str, timeout: float) -> int:
     return 0 if answer.status == health_pb2.HealthCheckResponse.SERVING else 1
 
 
+def _replay(path: str, address: str | None, timeout: float, as_json: bool) -> int:
+    from pathlib import Path
+
+    from summaryd.client._replay import replay
+
+    results = replay(Path(path), address, timeout)
+    if not results:
+        print(f"{path}: no spool here (a spool is a directory holding manifest.json)", file=sys.stderr)
+        return 1
+    for result in results:
+        print(json.dumps(result.to_json()) if as_json else result.describe())
+    return 0 if all(r.ok for r in results) else 1
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the `summaryd` console script."""
     parser = _build_parser()
@@ -130,6 +157,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _status(args.address, args.timeout, args.json)
     if args.command == "health":
         return _health(args.address, args.timeout)
+    if args.command == "replay":
+        return _replay(args.path, args.address, args.timeout, args.json)
     try:
         config = config_from(args, os.environ)
     except ValueError as exc:
@@ -139,10 +168,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
     from summaryd.server.server import run
+    from summaryd.server.state import StateLockedError
 
     log = logging.getLogger("summaryd")
     log.debug("config %s", dataclasses.asdict(config))
-    run(config)
+    try:
+        run(config)
+    except StateLockedError as exc:
+        log.error("%s", exc)
+        return 1
     return 0
 
 

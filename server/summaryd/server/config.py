@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import os
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -26,6 +27,17 @@ class Config:
     io_threads: int = _option(4, "threads that write and sync event files, off the event loop", "N")
     log_level: str = _option("info", "logging level: debug, info, warning, error", "LEVEL")
     port_file: str = _option("", "after binding, write the port to this file (useful with --listen HOST:0)", "FILE")
+    state_dir: str = _option(
+        "", "where the daemon keeps its durable session state (default LOGDIR/.summaryd); one daemon per state", "DIR"
+    )
+    session_lease: float = _option(
+        60.0,
+        "seconds a session may stay silent (clients send heartbeats) before it is released and its file closed",
+        "SECS",
+    )
+    session_retention_days: float = _option(
+        30.0, "days the daemon remembers an idle session's sequence numbers (for resume and replay)", "DAYS"
+    )
 
     @property
     def host(self) -> str:
@@ -48,6 +60,15 @@ class Config:
             raise ValueError("--shutdown-timeout must be positive")
         if self.io_threads < 1:
             raise ValueError("--io-threads must be at least 1")
+        if self.session_lease <= 0:
+            raise ValueError("--session-lease must be positive")
+        if self.session_retention_days <= 0:
+            raise ValueError("--session-retention-days must be positive")
+
+    @property
+    def state_path(self) -> str:
+        """The state directory: `state_dir`, else `.summaryd` inside the logdir."""
+        return self.state_dir or os.path.join(self.logdir, ".summaryd")
 
 
 def fields() -> list[dataclasses.Field[Any]]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import os
 import socket
@@ -15,7 +16,7 @@ _counter = itertools.count(1)
 _PREFIX = "events.out.tfevents."
 
 
-def _next_name(dir_fd: int) -> str:
+def next_name(dir_fd: int) -> str:
     """A file name that sorts after every event file already in the directory.
 
     TensorBoard reads a run's files in name order and never returns to an earlier one, so a new file must
@@ -31,6 +32,24 @@ def _next_name(dir_fd: int) -> str:
         stamp += 1
 
 
+def append_whole(fd: int, blob: bytes, size: int) -> int:
+    """Append `blob` to the file `fd` of `size` bytes completely, or cut the file back to `size` and raise.
+
+    Returns the new size. A partial record would hide everything after it from TensorBoard (and a partial
+    journal line would end the journal), so a failed write (ENOSPC, EIO) leaves the file as it was.
+    """
+    view = memoryview(blob)
+    written = 0
+    try:
+        while written < len(view):
+            written += os.write(fd, view[written:])
+    except OSError:
+        if written:
+            os.ftruncate(fd, size)
+        raise
+    return size + written
+
+
 class EventFile:
     """An open event file; every `append` writes whole records straight to the OS (page cache).
 
@@ -38,29 +57,33 @@ class EventFile:
     daemon holds no event data that a crash could lose before the next flush. `sync` makes it durable.
     """
 
-    def __init__(self, dir_fd: int) -> None:
-        self.name = _next_name(dir_fd)
+    def __init__(self, dir_fd: int, name: str | None = None) -> None:
+        self.name = name or next_name(dir_fd)
         flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND | os.O_CLOEXEC | os.O_NOFOLLOW
         self._fd = os.open(self.name, flags, 0o644, dir_fd=dir_fd)
         self.size = 0
         self.synced_size = 0
         self._closed = False
         header = Event(wall_time=time.time(), file_version="brain.Event:2").SerializeToString()
-        self.append(frame(header))
+        try:
+            self.append(frame(header))
+        except OSError:
+            # No header, no file: a file without `file_version` first is not one TensorBoard should see.
+            os.close(self._fd)
+            self._closed = True
+            with contextlib.suppress(OSError):
+                os.unlink(self.name, dir_fd=dir_fd)
+            raise
 
     def append(self, blob: bytes) -> None:
         """Write `blob` (whole framed records) completely, or leave the file as it was and raise."""
-        view = memoryview(blob)
-        written = 0
-        try:
-            while written < len(view):
-                written += os.write(self._fd, view[written:])
-        except OSError:
-            # A partial record would hide everything after it from TensorBoard: cut it off again.
-            if written:
-                os.ftruncate(self._fd, self.size)
-            raise
-        self.size += written
+        self.size = append_whole(self._fd, blob, self.size)
+
+    def truncate(self, size: int) -> None:
+        """Cut the file back to `size` bytes (a batch whose journal line could not be written)."""
+        os.ftruncate(self._fd, size)
+        self.size = size
+        self.synced_size = min(self.synced_size, size)
 
     def sync(self) -> None:
         """fsync the file if anything was written since the last sync."""

@@ -3,70 +3,157 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import Executor
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 from summaryd.server.event_check import check_and_frame
-from summaryd.server.event_file import EventFile
+from summaryd.server.event_file import EventFile, next_name
+from summaryd.server.journal import FileJournal
 from summaryd.server.runpath import open_run_dir
+from summaryd.server.session_store import SessionRecord, SessionStore
 
 log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+
+async def run_to_completion(executor: Executor, function: Callable[[], T]) -> T:
+    """Run blocking file I/O on the executor and return its result.
+
+    Even when the awaiting task is cancelled (a client hung up), the caller's locks stay held until the
+    thread has finished: releasing them earlier would let a second write interleave with this one.
+    """
+    future = asyncio.get_running_loop().run_in_executor(executor, function)
+    try:
+        return await asyncio.shield(future)
+    except asyncio.CancelledError:
+        with contextlib.suppress(Exception):
+            await future
+        raise
 
 
 @dataclass(eq=False)
 class RunWriter:
-    """Appends batches to a run's event file; file I/O runs on the executor, one batch at a time, in order."""
+    """Appends batches to a run's event file; file I/O runs on the executor, one batch at a time, in order.
+
+    Every batch is journaled (`journal.FileJournal`) right after it is written, before it is acknowledged;
+    `marks` holds each session's last sequence number in the current file, for the session store.
+    """
 
     run_dir: str
     dir_fd: int
     executor: Executor
+    journal_dir_fd: int
+    store: SessionStore
     file: EventFile | None = None
+    journal: FileJournal | None = None
+    marks: dict[str, int] = field(default_factory=dict)
     sessions: int = 0
     events_written: int = 0
     bytes_written: int = 0
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
 
-    async def write(self, events: Sequence[bytes]) -> None:
-        """Check, frame and append one batch; returns when it is in the page cache."""
-        loop = asyncio.get_running_loop()
+    async def write(self, session_id: str, last: int, events: Sequence[bytes]) -> None:
+        """Check, frame and append one batch of `session_id` ending at sequence `last`; returns when the batch
+        and its journal line are in the page cache."""
         async with self.lock:
-            await loop.run_in_executor(self.executor, self._write_blocking, events)
+            await run_to_completion(self.executor, lambda: self._write_blocking(session_id, last, events))
         self.events_written += len(events)
 
-    def _write_blocking(self, events: Sequence[bytes]) -> None:
+    def _write_blocking(self, session_id: str, last: int, events: Sequence[bytes]) -> None:
         blob = check_and_frame(events)
         if self.file is None:
-            self.file = EventFile(self.dir_fd)
-            log.info("run %s: writing %s", self.run_dir, self.file.name)
+            self._open_file()
+        assert self.file is not None and self.journal is not None
+        before = self.file.size
         self.file.append(blob)
+        try:
+            self.journal.batch(session_id, last, self.file.size)
+        except OSError:
+            # Not journaled means not acknowledged: take the records back out so that file and journal agree.
+            self.file.truncate(before)
+            raise
+        self.marks[session_id] = last
         self.bytes_written += len(blob)
+        try:
+            self.journal.compact_if_large(self.marks, self.file.size)
+        except OSError:
+            log.exception("run %s: compacting the journal failed; it keeps growing", self.run_dir)
+
+    def _open_file(self) -> None:
+        # The journal comes first: an event file never exists without the journal that recovery reads.
+        name = next_name(self.dir_fd)
+        journal = FileJournal(self.journal_dir_fd, self.run_dir, name)
+        try:
+            self.file = EventFile(self.dir_fd, name)
+            journal.whole_through(self.file.size)
+        except BaseException:
+            journal.remove()
+            if self.file is not None:
+                with contextlib.suppress(OSError):
+                    self.file.close()
+                with contextlib.suppress(OSError):
+                    os.unlink(name, dir_fd=self.dir_fd)
+                self.file = None
+            raise
+        self.journal = journal
+        self.marks = {}
+        log.info("run %s: writing %s", self.run_dir, name)
 
     async def sync(self) -> None:
-        """fsync the active file (a no-op when nothing new was written)."""
-        loop = asyncio.get_running_loop()
+        """fsync the active file and its journal (a no-op when nothing new was written)."""
         async with self.lock:
-            if self.file is not None:
-                await loop.run_in_executor(self.executor, self.file.sync)
+            await run_to_completion(self.executor, self._sync_blocking)
+
+    def _sync_blocking(self) -> None:
+        if self.file is not None and self.journal is not None:
+            self.file.sync()
+            self.journal.sync()
 
     async def close(self) -> None:
-        """Sync and close the file and the directory descriptor."""
-        loop = asyncio.get_running_loop()
+        """Sync and close the file, record its sessions in the store, then close the directory descriptor."""
         async with self.lock:
-            await loop.run_in_executor(self.executor, self._close_blocking)
+            await run_to_completion(self.executor, self._close_blocking)
 
     def _close_blocking(self) -> None:
         try:
-            if self.file is not None:
-                self.file.close()
-                log.info("run %s: closed %s", self.run_dir, self.file.name)
+            self._close_file()
         finally:
-            self.file = None
             if self.dir_fd >= 0:
                 os.close(self.dir_fd)
                 self.dir_fd = -1
+
+    def _close_file(self) -> None:
+        if self.file is None or self.journal is None:
+            return
+        file, journal, self.file, self.journal = self.file, self.journal, None, None
+        records = [SessionRecord(sid, self.run_dir, last) for sid, last in self.marks.items()]
+        try:
+            # The store learns the sequence numbers in memory even if its disk is full; the journal stays
+            # until they are also on disk, so that the next start-up can recover them otherwise.
+            self.store.record(records)
+            recorded = True
+        except OSError:
+            log.exception("run %s: recording sequence numbers failed; the journal keeps them", self.run_dir)
+            recorded = False
+        try:
+            file.close()
+            os.fsync(self.dir_fd)
+            if recorded:
+                self.store.sync()
+        except OSError:
+            journal.close()
+            raise
+        if recorded:
+            journal.remove()
+        else:
+            journal.close()
+        log.info("run %s: closed %s", self.run_dir, file.name)
 
 
 class RunRegistry:
@@ -77,11 +164,13 @@ class RunRegistry:
     next session gets a new file that sorts last, which TensorBoard reads as a restart.
     """
 
-    def __init__(self, logdir: str, executor: Executor) -> None:
+    def __init__(self, logdir: str, executor: Executor, journal_dir_fd: int, store: SessionStore) -> None:
         os.makedirs(logdir, exist_ok=True)
         self.logdir = os.path.realpath(logdir)
-        self._logdir_fd = os.open(self.logdir, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        self.logdir_fd = os.open(self.logdir, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        self.store = store
         self._executor = executor
+        self._journal_dir_fd = journal_dir_fd
         self._runs: dict[str, RunWriter] = {}
         self._lock = asyncio.Lock()
 
@@ -89,15 +178,18 @@ class RunRegistry:
     def runs(self) -> list[RunWriter]:
         return list(self._runs.values())
 
+    @property
+    def executor(self) -> Executor:
+        return self._executor
+
     async def acquire(self, parts: list[str]) -> RunWriter:
         """Return the run's writer, opening the directory (inside the logdir only) when needed."""
         run_dir = "/".join(parts)
-        loop = asyncio.get_running_loop()
         async with self._lock:
             writer = self._runs.get(run_dir)
             if writer is None:
-                dir_fd = await loop.run_in_executor(self._executor, open_run_dir, self._logdir_fd, parts)
-                writer = RunWriter(run_dir, dir_fd, self._executor)
+                dir_fd = await run_to_completion(self._executor, lambda: open_run_dir(self.logdir_fd, parts))
+                writer = RunWriter(run_dir, dir_fd, self._executor, self._journal_dir_fd, self.store)
                 self._runs[run_dir] = writer
             writer.sessions += 1
             return writer
@@ -109,7 +201,10 @@ class RunRegistry:
             if writer.sessions > 0:
                 return
             self._runs.pop(writer.run_dir, None)
-        await writer.close()
+        try:
+            await writer.close()
+        except OSError:
+            log.exception("run %s: closing the event file failed; recovery will finish it", writer.run_dir)
 
     async def close_all(self) -> None:
         """Sync and close every file (shutdown)."""
@@ -120,4 +215,4 @@ class RunRegistry:
                 await writer.close()
             except OSError:
                 log.exception("run %s: closing the event file failed", writer.run_dir)
-        os.close(self._logdir_fd)
+        os.close(self.logdir_fd)

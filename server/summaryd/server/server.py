@@ -18,6 +18,7 @@ from grpc_reflection.v1alpha import reflection
 from summaryd.server.config import Config
 from summaryd.server.runs import RunRegistry
 from summaryd.server.service import SummariesService
+from summaryd.server.state import StateDir
 from summaryd.v1 import summaryd_pb2 as pb
 from summaryd.v1 import summaryd_pb2_grpc as pb_grpc
 
@@ -48,13 +49,35 @@ class Server:
     async def serve(self) -> None:
         config = self.config
         executor = ThreadPoolExecutor(max_workers=config.io_threads, thread_name_prefix="summaryd-io")
-        registry = RunRegistry(config.logdir, executor)
-        service = SummariesService(registry)
+        loop = asyncio.get_running_loop()
+        # Before anything is served: take the state directory's lock and repair what a killed daemon left.
+        state = await loop.run_in_executor(executor, StateDir, config.state_path, config.session_retention_days * 86400)
+        try:
+            registry = RunRegistry(config.logdir, executor, state.journal_dir_fd, state.store)
+            report = await loop.run_in_executor(executor, state.recover, registry.logdir_fd)
+            if report.files:
+                log.warning(
+                    "recovered %d event files left open by a stopped daemon: %d bytes cut, %d files deleted, "
+                    "%d sessions' sequence numbers restored",
+                    report.files,
+                    report.cut_bytes,
+                    report.deleted_files,
+                    report.sessions,
+                )
+            await self._serve(registry, SummariesService(registry, state.store, config.session_lease), executor)
+        finally:
+            state.close()
+
+    async def _serve(self, registry: RunRegistry, service: SummariesService, executor: ThreadPoolExecutor) -> None:
+        config = self.config
         health_servicer = health_aio.HealthServicer()
         server = aio.server(
             options=[
                 ("grpc.max_receive_message_length", config.max_message_bytes),
                 ("grpc.so_reuseport", 0),
+                # Find connections whose peer vanished (a killed client's host) so that their sessions can expire.
+                ("grpc.keepalive_time_ms", int(max(config.session_lease / 2, 1.0) * 1000)),
+                ("grpc.keepalive_timeout_ms", 20_000),
             ]
         )
         pb_grpc.add_SummariesServicer_to_server(service, server)
@@ -74,10 +97,23 @@ class Server:
                 f.write(f"{self.port}\n")
         log.info("summaryd serving %s on %s (port %d)", registry.logdir, config.host, self.port)
         self._started.set()
+        leases = asyncio.create_task(self._expire_sessions(service), name="summaryd-leases")
         try:
             await self._stop.wait()
         finally:
+            leases.cancel()
+            await asyncio.gather(leases, return_exceptions=True)
             await self._shutdown(server, service, registry, health_servicer, executor)
+
+    async def _expire_sessions(self, service: SummariesService) -> None:
+        """Release sessions whose lease ran out, checking a few times per lease."""
+        interval = min(max(self.config.session_lease / 4, 0.05), 5.0)
+        while True:
+            await asyncio.sleep(interval)
+            try:
+                await service.expire_idle_sessions()
+            except Exception:
+                log.exception("releasing idle sessions failed")
 
     async def _shutdown(
         self,
@@ -101,13 +137,16 @@ class Server:
             log.warning("requests still running after %.1fs; cancelling them", deadline / 2)
         await server.stop(grace=0)
         # Flush and sync every file; sessions are released (clients resume them after a restart).
-        await service.close_all_sessions()
         try:
-            await asyncio.wait_for(registry.close_all(), timeout=deadline / 2)
+            await asyncio.wait_for(self._close_files(service, registry), timeout=deadline / 2)
         except TimeoutError:
             log.error("syncing event files did not finish within the shutdown deadline")
         executor.shutdown(wait=True)
         log.info("stopped")
+
+    async def _close_files(self, service: SummariesService, registry: RunRegistry) -> None:
+        await service.release_all()
+        await registry.close_all()
 
 
 def run(config: Config) -> None:

@@ -1,4 +1,9 @@
-"""The `summaryd.v1.Summaries` servicer: validation at the edge, one clear status per failure."""
+"""The `summaryd.v1.Summaries` servicer: validation at the edge, one clear status per failure.
+
+Everything that changes a session or a file (a batch, a flush, a close, a release) runs to its end even if
+the RPC that asked for it is cancelled (`_complete`): a client that hangs up half-way must not leave a batch
+written but not counted, which would write it twice when the client sends it again.
+"""
 
 from __future__ import annotations
 
@@ -6,32 +11,54 @@ import asyncio
 import errno
 import logging
 import time
-from collections.abc import AsyncIterator
-from typing import Any
+from collections.abc import AsyncIterator, Coroutine
+from typing import Any, NoReturn, TypeVar
 
 import grpc
 from grpc import aio
 
 from summaryd.server.errors import EventError, RunPathError
 from summaryd.server.runpath import validate_run, validate_worker
-from summaryd.server.runs import RunRegistry
-from summaryd.server.sessions import Session, SessionTable
+from summaryd.server.runs import RunRegistry, run_to_completion
+from summaryd.server.session_store import SessionRecord, SessionStore
+from summaryd.server.sessions import Ending, SequenceGapError, Session, SessionEndedError, SessionTable
+from summaryd.server.state import RESERVED_RUN
 from summaryd.v1 import summaryd_pb2 as pb
 from summaryd.v1 import summaryd_pb2_grpc as pb_grpc
 
 log = logging.getLogger(__name__)
 
 Context = aio.ServicerContext[Any, Any]
+T = TypeVar("T")
 
 VERSION = "0.1.0"
 _MAX_SESSION_ID = 128
+_DISK_FULL = frozenset({errno.ENOSPC, errno.EDQUOT})
+
+
+def _io_status(exc: OSError, run_dir: str, what: str) -> tuple[grpc.StatusCode, str]:
+    """The status for a failed file operation: a full disk is RESOURCE_EXHAUSTED, anything else UNAVAILABLE."""
+    if exc.errno in _DISK_FULL:
+        return grpc.StatusCode.RESOURCE_EXHAUSTED, (
+            f"the disk holding run {run_dir!r} is full ({exc.strerror}); {what}: keep the events and send them "
+            "again once space is freed"
+        )
+    return grpc.StatusCode.UNAVAILABLE, f"the daemon cannot write run {run_dir!r} ({exc.strerror}); {what}"
+
+
+def _retrieve(task: asyncio.Task[Any]) -> None:
+    # An RPC cancelled while its work went on no longer awaits the result; its error is logged, not lost.
+    if not task.cancelled() and task.exception() is not None:
+        log.debug("work of a cancelled call failed: %r", task.exception())
 
 
 class SummariesService(pb_grpc.SummariesServicer):
-    """Sessions, the write stream, flush, close and status over one run registry."""
+    """Sessions, the write stream, flush, close and status over one run registry and session store."""
 
-    def __init__(self, registry: RunRegistry) -> None:
+    def __init__(self, registry: RunRegistry, store: SessionStore, lease: float) -> None:
         self.registry = registry
+        self.store = store
+        self.lease = lease
         self.sessions = SessionTable()
         self._draining = False
         # Write handlers waiting for their client's next message: cancelled at once when draining.
@@ -41,38 +68,81 @@ class SummariesService(pb_grpc.SummariesServicer):
         self._quiet = asyncio.Event()
         self._quiet.set()
 
+    # ---- lifecycle -------------------------------------------------------------------------------------
+
     def start_draining(self) -> None:
         """Stop taking new sessions and end every write stream that is not in the middle of a batch."""
         self._draining = True
         for task in list(self._idle_streams):
             task.cancel()
 
-    def _enter(self) -> None:
-        self._busy += 1
-        self._quiet.clear()
-
-    def _leave(self) -> None:
-        self._busy -= 1
-        if self._busy == 0:
-            self._quiet.set()
-
     async def wait_quiet(self) -> None:
         """Return once no batch, flush or close is being carried out."""
         await self._quiet.wait()
 
-    async def _session(self, session_id: str, context: Context) -> Session:
-        session = self.sessions.get(session_id)
-        if session is not None:
-            return session
-        if not session_id:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "session_id is empty; open a session first")
-        if self.sessions.closed_at(session_id) is not None:
-            await context.abort(
-                grpc.StatusCode.FAILED_PRECONDITION,
-                f"session {session_id} was closed; open a new session with a new id",
+    async def _complete(self, work: Coroutine[Any, Any, T]) -> T:
+        """Carry `work` out to its end even if the calling RPC is cancelled; shutdown waits for it."""
+        self._busy += 1
+        self._quiet.clear()
+
+        async def tracked() -> T:
+            try:
+                return await work
+            finally:
+                self._busy -= 1
+                if self._busy == 0:
+                    self._quiet.set()
+
+        task = asyncio.ensure_future(tracked())
+        task.add_done_callback(_retrieve)
+        return await asyncio.shield(task)
+
+    async def expire_idle_sessions(self) -> None:
+        """Release every session not heard from (no batch, no heartbeat) within the lease.
+
+        Its file is synced and closed once no other session holds it; the session itself stays resumable.
+        """
+        now = time.monotonic()
+        for session in self.sessions:
+            if session.idle_for(now) > self.lease:
+                await self._complete(self._release(session, now))
+
+    async def release_all(self) -> None:
+        """Release every session (shutdown); clients resume them when the daemon is back."""
+        for session in self.sessions:
+            await self._complete(self._release(session, None))
+
+    async def _release(self, session: Session, expired_at: float | None) -> None:
+        async with session.lock:
+            if session.ending is not None:
+                return
+            if expired_at is not None and session.idle_for(expired_at) <= self.lease:
+                return  # a batch or heartbeat arrived meanwhile
+            # Into the store before leaving the table, so that a resume always finds where it stood.
+            await self._remember(session, closed=False)
+            self.sessions.remove(session, "released")
+        for task in list(session.streams):
+            task.cancel()
+        await self.registry.release(session.run)
+        if expired_at is not None:
+            log.info(
+                "session %s released after %.0fs without a batch or heartbeat: run %s, client pid %d, "
+                "%d events written",
+                session.session_id,
+                self.lease,
+                session.run.run_dir,
+                session.client.pid,
+                session.events_written,
             )
-        await context.abort(grpc.StatusCode.NOT_FOUND, f"no session {session_id}; call OpenSession first")
-        raise AssertionError("unreachable")  # abort() raises
+
+    async def _remember(self, session: Session, *, closed: bool) -> None:
+        record = SessionRecord(session.session_id, session.run.run_dir, session.acked, closed=closed)
+        try:
+            await run_to_completion(self.registry.executor, lambda: self.store.record([record], sync=closed))
+        except OSError:
+            log.exception("session %s: the session store could not be written", session.session_id)
+
+    # ---- OpenSession -----------------------------------------------------------------------------------
 
     async def OpenSession(self, request: pb.OpenSessionRequest, context: Context) -> pb.OpenSessionResponse:
         if self._draining:
@@ -83,6 +153,27 @@ class SummariesService(pb_grpc.SummariesServicer):
                 grpc.StatusCode.INVALID_ARGUMENT,
                 f"session_id must be 1..{_MAX_SESSION_ID} printable characters (a UUID)",
             )
+        parts = await self._run_parts(request, context)
+        run_dir = "/".join(parts)
+        session = self.sessions.get(session_id)
+        if session is None:
+            record = self.store.get(session_id)
+            if record is not None and record.closed:
+                await self._abort_closed(session_id, context)
+            if record is not None and record.run_dir != run_dir:
+                await self._abort_run_switch(session_id, record.run_dir, run_dir, context)
+            try:
+                session = await self._complete(self._start_session(request, parts, record))
+            except RunPathError as exc:
+                await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+            except OSError as exc:
+                await context.abort(*_io_status(exc, run_dir, "the run directory could not be opened"))
+        elif session.run.run_dir != run_dir:
+            await self._abort_run_switch(session_id, session.run.run_dir, run_dir, context)
+        session.touch()
+        return pb.OpenSessionResponse(run_dir=run_dir, last_sequence=session.acked, lease_seconds=self.lease)
+
+    async def _run_parts(self, request: pb.OpenSessionRequest, context: Context) -> list[str]:
         try:
             parts = validate_run(request.run)
             if request.worker:
@@ -90,49 +181,46 @@ class SummariesService(pb_grpc.SummariesServicer):
                 parts = [*parts, request.worker]
         except RunPathError as exc:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
-        run_dir = "/".join(parts)
-        session = self.sessions.get(session_id)
-        if session is not None:
-            if session.run.run_dir != run_dir:
-                await context.abort(
-                    grpc.StatusCode.FAILED_PRECONDITION,
-                    f"session {session_id} writes to {session.run.run_dir!r}, not {run_dir!r}; "
-                    "use a new session id for another run",
-                )
-            session.touch()
-            return pb.OpenSessionResponse(run_dir=run_dir, last_sequence=session.acked)
-        if self.sessions.closed_at(session_id) is not None:
+        if parts[0] == RESERVED_RUN:
             await context.abort(
-                grpc.StatusCode.FAILED_PRECONDITION,
-                f"session {session_id} was closed; open a new session with a new id",
+                grpc.StatusCode.INVALID_ARGUMENT,
+                f"run path {request.run!r}: {RESERVED_RUN!r} is where the daemon keeps its state; name the run "
+                "otherwise",
             )
-        try:
-            writer = await self.registry.acquire(parts)
-        except RunPathError as exc:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
-        except OSError as exc:
-            await context.abort(grpc.StatusCode.UNAVAILABLE, f"cannot create run directory {run_dir!r}: {exc.strerror}")
+        return parts
+
+    async def _start_session(
+        self, request: pb.OpenSessionRequest, parts: list[str], record: SessionRecord | None
+    ) -> Session:
+        """A session this daemon does not hold live: new, or resumed where the session store says it stands."""
+        session_id = request.session_id
+        writer = await self.registry.acquire(parts)
         # Another OpenSession of the same id may have won the race while the directory was opened.
         raced = self.sessions.get(session_id)
         if raced is not None:
             await self.registry.release(writer)
-            return pb.OpenSessionResponse(run_dir=run_dir, last_sequence=raced.acked)
+            return raced
         client = pb.ClientIdentity()
         client.CopyFrom(request.client)
         session = Session(session_id, writer, request.worker, request.world_size, client)
-        # A client resuming a session this daemon never saw (it restarted) continues its numbering.
-        session.acked = max(request.next_sequence, 1) - 1
+        # A client that saw more acknowledged than the store remembers (the state directory was lost)
+        # continues its own numbering rather than being stuck.
+        session.acked = max(record.last if record else 0, request.next_sequence - 1, 0)
         self.sessions.add(session)
         log.info(
-            "session %s opened: run %s, client %s pid %d (%s %s)",
+            "session %s %s: run %s at sequence %d, client %s pid %d (%s %s)",
             session_id,
-            run_dir,
+            "resumed" if record is not None else "opened",
+            writer.run_dir,
+            session.acked,
             client.host or "?",
             client.pid,
             client.framework or "?",
             client.version or "?",
         )
-        return pb.OpenSessionResponse(run_dir=run_dir, last_sequence=session.acked)
+        return session
+
+    # ---- Write -----------------------------------------------------------------------------------------
 
     async def Write(
         self, request_iterator: AsyncIterator[pb.WriteRequest], context: Context
@@ -150,119 +238,108 @@ class SummariesService(pb_grpc.SummariesServicer):
                 if request is None:
                     return
                 if session is None:
-                    session = await self._session(request.session_id, context)
-                    session.streams += 1
+                    session = await self._live_session(request.session_id, context)
+                    session.streams.add(task)
                 elif request.session_id and request.session_id != session.session_id:
                     await context.abort(
                         grpc.StatusCode.INVALID_ARGUMENT, "a write stream carries one session; open another stream"
                     )
-                self._enter()
-                try:
-                    acked = await self._write(session, request, context)
-                finally:
-                    self._leave()
+                acked = await self._write_batch(session, request, context)
                 yield pb.WriteAck(acked_sequence=acked)
                 if self._draining:
                     return
         finally:
             log.debug("write stream of session %s ended", session.session_id if session else "?")
             if session is not None:
-                session.streams -= 1
+                session.streams.discard(task)
 
-    async def _write(self, session: Session, request: pb.WriteRequest, context: Context) -> int:
-        count = len(request.events)
-        first = request.first_sequence
-        async with session.lock:
-            session.touch()
-            if session.closed:
-                await context.abort(
-                    grpc.StatusCode.FAILED_PRECONDITION,
-                    f"session {session.session_id} was closed; open a new session with a new id",
-                )
-            if count == 0:
-                return session.acked
-            if first < 1:
-                await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "first_sequence starts at 1")
-            last = first + count - 1
-            if last <= session.acked:
-                session.duplicates_dropped += count
-                return session.acked
-            if first > session.acked + 1:
-                await context.abort(
-                    grpc.StatusCode.FAILED_PRECONDITION,
-                    f"sequence gap: the daemon holds up to {session.acked}, the batch starts at {first}; "
-                    f"resend from {session.acked + 1}",
-                )
-            skip = session.acked + 1 - first
-            session.duplicates_dropped += skip
-            events = request.events[skip:] if skip else request.events
-            try:
-                await session.run.write(events)
-            except EventError as exc:
-                await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"batch from sequence {first}: {exc}")
-            except OSError as exc:
-                log.error("run %s: write failed: %s", session.run.run_dir, exc)
-                await context.abort(
-                    grpc.StatusCode.RESOURCE_EXHAUSTED if exc.errno == errno.ENOSPC else grpc.StatusCode.UNAVAILABLE,
-                    f"the daemon could not write run {session.run.run_dir!r}: {exc.strerror}; "
-                    "the batch was not written",
-                )
-            session.events_written += len(events)
-            session.acked = last
-            return last
+    async def _write_batch(self, session: Session, request: pb.WriteRequest, context: Context) -> int:
+        try:
+            return await self._complete(session.apply(request.first_sequence, request.events))
+        except EventError as exc:
+            first = request.first_sequence
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"batch from sequence {first}: {exc}")
+        except ValueError as exc:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+        except SequenceGapError as exc:
+            await context.abort(
+                grpc.StatusCode.FAILED_PRECONDITION,
+                f"sequence gap: the daemon holds up to {exc.held}, the batch starts at {exc.first}; "
+                f"resend from {exc.held + 1}",
+            )
+        except SessionEndedError as exc:
+            await self._abort_ended(exc.session_id, exc.ending, context)
+        except OSError as exc:
+            log.error("run %s: write failed: %s", session.run.run_dir, exc)
+            await context.abort(*_io_status(exc, session.run.run_dir, "the batch was not written"))
+        raise AssertionError("unreachable")  # abort() raises
+
+    # ---- Flush, CloseSession ---------------------------------------------------------------------------
 
     async def Flush(self, request: pb.FlushRequest, context: Context) -> pb.FlushResponse:
-        session = await self._session(request.session_id, context)
+        session = await self._live_session(request.session_id, context)
         session.touch()
-        self._enter()
         try:
-            return await self._flush(session, request.durable, context)
-        finally:
-            self._leave()
+            acked = await self._complete(self._flush(session, request.durable))
+        except OSError as exc:
+            await context.abort(*_io_status(exc, session.run.run_dir, "fsync failed"))
+        return pb.FlushResponse(acked_sequence=acked)
 
-    async def _flush(self, session: Session, durable: bool, context: Context) -> pb.FlushResponse:
+    async def _flush(self, session: Session, durable: bool) -> int:
         async with session.lock:
             # Writes go straight to the OS, so acknowledged events are visible already; durable adds fsync.
             if durable:
-                await self._sync(session, context)
-            return pb.FlushResponse(acked_sequence=session.acked)
-
-    async def _sync(self, session: Session, context: Context) -> None:
-        try:
-            await session.run.sync()
-        except OSError as exc:
-            await context.abort(
-                grpc.StatusCode.UNAVAILABLE, f"fsync of run {session.run.run_dir!r} failed: {exc.strerror}"
-            )
+                await session.run.sync()
+            return session.acked
 
     async def CloseSession(self, request: pb.CloseSessionRequest, context: Context) -> pb.CloseSessionResponse:
         session = self.sessions.get(request.session_id)
-        if session is None:
-            acked = self.sessions.closed_at(request.session_id)
-            if acked is not None:  # a retried close: it already succeeded
-                return pb.CloseSessionResponse(acked_sequence=acked)
-            session = await self._session(request.session_id, context)
-        self._enter()
         try:
-            return await self._close(session, context)
-        finally:
-            self._leave()
+            if session is not None:
+                acked, written = await self._complete(self._close(session))
+                return pb.CloseSessionResponse(acked_sequence=acked, events_written=written)
+            closed_at = await self._complete(self._close_record(request.session_id))
+        except OSError as exc:
+            run_dir = session.run.run_dir if session else "?"
+            await context.abort(*_io_status(exc, run_dir, "fsync failed; the session stays open"))
+        if closed_at is None:
+            await self._live_session(request.session_id, context)  # aborts with the reason
+        return pb.CloseSessionResponse(acked_sequence=closed_at)
 
-    async def _close(self, session: Session, context: Context) -> pb.CloseSessionResponse:
+    async def _close(self, session: Session) -> tuple[int, int]:
         async with session.lock:
-            if session.closed:
-                return pb.CloseSessionResponse(acked_sequence=session.acked, events_written=session.events_written)
-            await self._sync(session, context)
-            self.sessions.remove(session)
-        await self.registry.release(session.run)
-        log.info(
-            "session %s closed: run %s, %d events written, %d duplicates dropped",
-            session.session_id,
-            session.run.run_dir,
-            session.events_written,
-            session.duplicates_dropped,
-        )
-        return pb.CloseSessionResponse(acked_sequence=session.acked, events_written=session.events_written)
+            ending = session.ending
+            if ending is None:
+                await session.run.sync()
+                await self._remember(session, closed=True)
+                self.sessions.remove(session, "closed")
+        if ending is None:
+            await self.registry.release(session.run)
+            log.info(
+                "session %s closed: run %s, %d events written, %d duplicates dropped",
+                session.session_id,
+                session.run.run_dir,
+                session.events_written,
+                session.duplicates_dropped,
+            )
+        elif ending == "released":  # released while the close waited: close what the store holds
+            await self._close_record(session.session_id)
+        return session.acked, session.events_written
+
+    async def _close_record(self, session_id: str) -> int | None:
+        """Close a session that is not live (released, or closed already); None when the store never saw it."""
+        record = self.store.get(session_id)
+        if record is None:
+            return None
+        if not record.closed:
+            for run in self.registry.runs:
+                if run.run_dir == record.run_dir:
+                    await run.sync()  # its file may still be open for other sessions
+            closed = SessionRecord(session_id, record.run_dir, record.last, closed=True)
+            await run_to_completion(self.registry.executor, lambda: self.store.record([closed], sync=True))
+        return record.last
+
+    # ---- GetStatus -------------------------------------------------------------------------------------
 
     async def GetStatus(self, request: pb.GetStatusRequest, context: Context) -> pb.GetStatusResponse:
         now = time.monotonic()
@@ -284,12 +361,47 @@ class SummariesService(pb_grpc.SummariesServicer):
                 acked_sequence=s.acked,
                 events_written=s.events_written,
                 duplicates_dropped=s.duplicates_dropped,
-                idle_seconds=now - s.last_seen,
-                streaming=s.streams > 0,
+                idle_seconds=s.idle_for(now),
+                streaming=bool(s.streams),
             )
         return response
 
-    async def close_all_sessions(self) -> None:
-        """Release every session (shutdown); the registry then syncs and closes the files."""
-        for session in self.sessions:
-            self.sessions.remove(session)
+    # ---- statuses --------------------------------------------------------------------------------------
+
+    async def _live_session(self, session_id: str, context: Context) -> Session:
+        session = self.sessions.get(session_id)
+        if session is not None:
+            return session
+        if not session_id:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "session_id is empty; open a session first")
+        record = self.store.get(session_id)
+        if record is not None and record.closed:
+            await self._abort_closed(session_id, context)
+        if record is not None:
+            await self._abort_ended(session_id, "released", context)
+        await context.abort(grpc.StatusCode.NOT_FOUND, f"no session {session_id}; call OpenSession first")
+        raise AssertionError("unreachable")  # abort() raises
+
+    async def _abort_closed(self, session_id: str, context: Context) -> NoReturn:
+        await context.abort(
+            grpc.StatusCode.FAILED_PRECONDITION,
+            f"session {session_id} was closed; open a new session with a new id",
+        )
+        raise AssertionError("unreachable")
+
+    async def _abort_ended(self, session_id: str, ending: Ending, context: Context) -> NoReturn:
+        if ending == "closed":
+            await self._abort_closed(session_id, context)
+        await context.abort(
+            grpc.StatusCode.UNAVAILABLE,
+            f"session {session_id} was released (idle past its {self.lease:.0f}s lease, or the daemon restarted); "
+            "call OpenSession again to resume it",
+        )
+        raise AssertionError("unreachable")
+
+    async def _abort_run_switch(self, session_id: str, held: str, asked: str, context: Context) -> NoReturn:
+        await context.abort(
+            grpc.StatusCode.FAILED_PRECONDITION,
+            f"session {session_id} writes to {held!r}, not {asked!r}; use a new session id for another run",
+        )
+        raise AssertionError("unreachable")

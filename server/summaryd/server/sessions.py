@@ -1,20 +1,45 @@
-"""The session table: each client session's run, identity and the sequence numbers it has written."""
+"""Live sessions: each client session's run, identity, and the sequence numbers it has written.
+
+A session lives from `OpenSession` until it is closed by its client, released after its lease ran out, or
+released at shutdown. Only a close is final; a released session resumes when its client opens it again (the
+session store remembers where it stood, also across a restart).
+"""
 
 from __future__ import annotations
 
 import asyncio
 import time
-from collections import OrderedDict
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
+from typing import Literal
 
 from summaryd.server.runs import RunWriter
 from summaryd.v1 import summaryd_pb2 as pb
 
+Ending = Literal["closed", "released"]
+
+
+class SessionEndedError(Exception):
+    """A batch arrived on a stream of a session that has just been closed or released."""
+
+    def __init__(self, session_id: str, ending: Ending) -> None:
+        super().__init__(session_id, ending)
+        self.session_id = session_id
+        self.ending = ending
+
+
+class SequenceGapError(Exception):
+    """A batch starts beyond the next sequence number the daemon expects."""
+
+    def __init__(self, held: int, first: int) -> None:
+        super().__init__(held, first)
+        self.held = held
+        self.first = first
+
 
 @dataclass(eq=False)
 class Session:
-    """One client session. `acked` is the highest contiguous sequence number written to the event file."""
+    """One live client session. `acked` is the highest contiguous sequence number written (and journaled)."""
 
     session_id: str
     run: RunWriter
@@ -24,23 +49,61 @@ class Session:
     acked: int = 0
     events_written: int = 0
     duplicates_dropped: int = 0
-    streams: int = 0
-    closed: bool = False
+    ending: Ending | None = None
     last_seen: float = field(default_factory=time.monotonic)
+    # The write streams of this session (a reconnecting client may briefly have two).
+    streams: set[asyncio.Task[object]] = field(default_factory=set)
     # Serialises the sequence check and the write, so two streams of one session cannot interleave.
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
 
     def touch(self) -> None:
         self.last_seen = time.monotonic()
 
+    def idle_for(self, now: float) -> float:
+        return now - self.last_seen
+
+    async def apply(self, first: int, events: Sequence[bytes]) -> int:
+        """Write what is new in a batch whose first event has sequence `first`; return the new `acked`.
+
+        A batch the daemon holds already is dropped, one that overlaps is cut to its new part; an empty batch
+        is a heartbeat that only renews the lease. The caller must not cancel this half-way (the service
+        runs it to completion): the file write and `acked` move together.
+
+        Raises:
+            ValueError: `first` is 0 on a non-empty batch.
+            SequenceGapError: the batch starts beyond `acked + 1`.
+            SessionEndedError: the session was closed or released meanwhile.
+            EventError, OSError: from the run writer; nothing of the batch was written.
+        """
+        async with self.lock:
+            self.touch()
+            if self.ending is not None:
+                raise SessionEndedError(self.session_id, self.ending)
+            if not events:
+                return self.acked
+            if first < 1:
+                raise ValueError("first_sequence starts at 1")
+            last = first + len(events) - 1
+            if last <= self.acked:
+                self.duplicates_dropped += len(events)
+                return self.acked
+            if first > self.acked + 1:
+                raise SequenceGapError(self.acked, first)
+            skip = self.acked + 1 - first
+            self.duplicates_dropped += skip
+            new = events[skip:] if skip else events
+            await self.run.write(self.session_id, last, new)
+            self.events_written += len(new)
+            self.acked = last
+            self.touch()
+            return last
+
 
 class SessionTable:
-    """Live sessions by id, plus a bounded memory of closed ids so that a late resend is refused clearly."""
+    """Live sessions by id."""
 
-    def __init__(self, remember_closed: int = 65536) -> None:
+    def __init__(self) -> None:
         self._live: dict[str, Session] = {}
-        self._closed: OrderedDict[str, int] = OrderedDict()
-        self._remember_closed = remember_closed
 
     def __len__(self) -> int:
         return len(self._live)
@@ -51,16 +114,9 @@ class SessionTable:
     def get(self, session_id: str) -> Session | None:
         return self._live.get(session_id)
 
-    def closed_at(self, session_id: str) -> int | None:
-        """The last sequence number of a session closed earlier, or None when it was never closed."""
-        return self._closed.get(session_id)
-
     def add(self, session: Session) -> None:
         self._live[session.session_id] = session
 
-    def remove(self, session: Session) -> None:
-        session.closed = True
+    def remove(self, session: Session, ending: Ending) -> None:
+        session.ending = ending
         self._live.pop(session.session_id, None)
-        self._closed[session.session_id] = session.acked
-        while len(self._closed) > self._remember_closed:
-            self._closed.popitem(last=False)

@@ -1,0 +1,222 @@
+"""The client's spool: events the daemon has not acknowledged, kept on local disk while it is away.
+
+One directory per session, itself a valid TensorBoard logdir (`tensorboard --logdir <it>` shows the run):
+
+    <spool root>/<session id>/
+        manifest.json             session id, run, worker, the daemon's address, and `first_sequence`: the
+                                  sequence number of the event file's first event (they follow without gaps)
+        lock                      held (flock) by the process that owns the session, and by `summaryd replay`
+        <run>[/<worker>]/events.out.tfevents.<secs>.<host>.<pid>.spool
+                                  `file_version`, then the events in sequence order, as TFRecords
+
+The sender appends whole batches and never rewrites; what a crash tears off the end is not there for replay
+either (it was never on disk whole). `summaryd replay` records what it delivered in `manifest.json`
+(`delivered_through`); the daemon's own session store is what makes a second replay write nothing twice.
+The spool root is `SUMMARYD_SPOOL_DIR`, else `$XDG_CACHE_HOME/summaryd/spool` (`~/.cache/summaryd/spool`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+import shutil
+import socket
+import struct
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import google_crc32c
+from tensorboard.compat.proto.event_pb2 import Event
+
+MANIFEST = "manifest.json"
+LOCK = "lock"
+FORMAT = "summaryd-spool/1"
+
+_LENGTH = struct.Struct("<Q")
+_CRC = struct.Struct("<I")
+
+
+def default_root(environ: dict[str, str] | os._Environ[str] = os.environ) -> Path:
+    """`SUMMARYD_SPOOL_DIR`, else the user's cache directory."""
+    if environ.get("SUMMARYD_SPOOL_DIR"):
+        return Path(environ["SUMMARYD_SPOOL_DIR"])
+    cache = environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(cache) / "summaryd" / "spool"
+
+
+def _masked_crc(data: bytes) -> int:
+    crc: int = google_crc32c.value(data)
+    return (((crc >> 15) | (crc << 17)) + 0xA282EAD8) & 0xFFFFFFFF
+
+
+def frame(data: bytes) -> bytes:
+    """One TFRecord: length, masked CRC-32C of the length, data, masked CRC-32C of the data."""
+    header = _LENGTH.pack(len(data))
+    return b"".join((header, _CRC.pack(_masked_crc(header)), data, _CRC.pack(_masked_crc(data))))
+
+
+def _records(data: bytes) -> Iterator[tuple[bytes, int]]:
+    offset = 0
+    while offset + 12 <= len(data):
+        header = data[offset : offset + 8]
+        (length,) = _LENGTH.unpack(header)
+        if _CRC.unpack_from(data, offset + 8)[0] != _masked_crc(header):
+            return
+        end = offset + 12 + length + 4
+        if end > len(data):
+            return
+        record = data[offset + 12 : offset + 12 + length]
+        if _CRC.unpack_from(data, offset + 12 + length)[0] != _masked_crc(record):
+            return
+        yield record, end
+        offset = end
+
+
+def whole_records(data: bytes) -> Iterator[bytes]:
+    """The records of an event file's bytes, up to the first torn or corrupt one."""
+    for record, _ in _records(data):
+        yield record
+
+
+def read_records(data: bytes) -> tuple[list[bytes], int]:
+    """The whole records at the start of `data` and how many bytes they take (a file still being appended to
+    may end in a record that is not whole yet)."""
+    records, consumed = [], 0
+    for record, consumed in _records(data):  # noqa: B007 - the last end is the answer
+        records.append(record)
+    return records, consumed
+
+
+@dataclass(frozen=True)
+class SpoolIdentity:
+    """Whose events a spool holds and where they were going."""
+
+    session_id: str
+    run: str
+    worker: str
+    world_size: int
+    address: str
+    framework: str
+
+
+class SpoolLockedError(RuntimeError):
+    """Another process (the one still logging, or another replay) holds the spool."""
+
+
+def lock(directory: Path) -> int:
+    """Take the spool's lock without waiting; return its descriptor (closing it releases the lock)."""
+    fd = os.open(directory / LOCK, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "?"
+        os.close(fd)
+        raise SpoolLockedError(f"{directory} is in use by process {holder} (still logging, or replaying)") from None
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+    return fd
+
+
+def write_manifest(directory: Path, manifest: dict[str, Any]) -> None:
+    """Replace the manifest atomically (write, sync, rename)."""
+    temporary = directory / (MANIFEST + ".tmp")
+    with open(temporary, "w") as f:
+        json.dump(manifest, f, indent=2, sort_keys=True)
+        f.write("\n")
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(temporary, directory / MANIFEST)
+
+
+class Spool:
+    """The spool of one session, open for appending by the sender thread that owns it."""
+
+    def __init__(self, root: Path, identity: SpoolIdentity, first_sequence: int) -> None:
+        self.directory = root / identity.session_id
+        self.first_sequence = first_sequence
+        run_dir = Path(identity.run) / identity.worker if identity.worker else Path(identity.run)
+        host = socket.gethostname().replace("/", "_") or "localhost"
+        self.file = run_dir / f"events.out.tfevents.{int(time.time()):010d}.{host}.{os.getpid()}.spool"
+        (self.directory / run_dir).mkdir(parents=True, exist_ok=True)
+        self._lock_fd = lock(self.directory)
+        try:
+            path = self.directory / self.file
+            self._fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND | os.O_CLOEXEC, 0o644)
+            self.size = 0
+            header = Event(wall_time=time.time(), file_version="brain.Event:2").SerializeToString()
+            self._append(frame(header))
+            write_manifest(
+                self.directory,
+                {
+                    "format": FORMAT,
+                    "session_id": identity.session_id,
+                    "run": identity.run,
+                    "worker": identity.worker,
+                    "world_size": identity.world_size,
+                    "address": identity.address,
+                    "framework": identity.framework,
+                    "host": socket.gethostname(),
+                    "pid": os.getpid(),
+                    "created": time.time(),
+                    "file": self.file.as_posix(),
+                    "first_sequence": first_sequence,
+                },
+            )
+        except BaseException:
+            self.discard()
+            raise
+
+    def _append(self, blob: bytes) -> None:
+        written = 0
+        try:
+            while written < len(blob):
+                written += os.write(self._fd, blob[written:])
+        except OSError:
+            if written:
+                os.ftruncate(self._fd, self.size)
+            raise
+        self.size += written
+
+    def append(self, events: Sequence[bytes]) -> tuple[int, int]:
+        """Append one batch whole (or nothing, and raise); return the byte span it occupies."""
+        start = self.size
+        self._append(b"".join(frame(e) for e in events))
+        return start, self.size
+
+    def read(self, span: tuple[int, int]) -> list[bytes]:
+        """The events of a batch appended earlier."""
+        start, end = span
+        with open(self.directory / self.file, "rb") as f:
+            f.seek(start)
+            return list(whole_records(f.read(end - start)))
+
+    def keep(self) -> None:
+        """The process is ending with events still spooled: make them durable and let `summaryd replay` in."""
+        with contextlib.suppress(OSError):
+            os.fsync(self._fd)
+        self._close_fds()
+
+    def discard(self) -> None:
+        """Everything spooled was acknowledged: delete the spool (the manifest first, so a half-deleted spool
+        is never replayed)."""
+        with contextlib.suppress(OSError):
+            os.unlink(self.directory / MANIFEST)
+        self._close_fds()
+        shutil.rmtree(self.directory, ignore_errors=True)
+
+    def forget(self) -> None:
+        """In a forked child: close the inherited descriptors, touch nothing on disk (the parent owns it)."""
+        self._close_fds()
+
+    def _close_fds(self) -> None:
+        for name in ("_fd", "_lock_fd"):
+            fd = getattr(self, name, -1)
+            if fd >= 0:
+                with contextlib.suppress(OSError):
+                    os.close(fd)
+                setattr(self, name, -1)

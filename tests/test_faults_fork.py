@@ -1,0 +1,135 @@
+"""fork() under a live client: a torch DataLoader with forked workers, while the parent streams all along.
+
+Each worker process logs through the writer it inherited: it gets its own session (the parent's session,
+channel and threads are left alone in the child), delivers at its exit, and the parent's stream goes on
+undisturbed, in order and complete (issue 5, acceptance 4).
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+import logging
+import os
+import re
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from conftest import Daemon, assert_whole_records, event_files, read_events
+from summaryd.client import Sender, _process
+
+# The training process: a thread logs `train/loss` without pause; each epoch forks fresh DataLoader workers
+# (fork start method), whose dataset logs `loader/item` through the inherited writer.
+TRAINING = textwrap.dedent(
+    """
+    import json, os, sys, threading, time
+    import torch
+    from torch.utils.data import DataLoader, Dataset
+    from summaryd.client import SummaryWriter
+
+    epochs = int(sys.argv[1])
+    writer = SummaryWriter("forked", worker="", close_timeout=30)
+
+    class Items(Dataset):
+        epoch = 0
+        def __len__(self):
+            return 8
+        def __getitem__(self, index):
+            writer.add_scalar("loader/item", index, self.epoch * 8 + index)
+            return torch.tensor([index], dtype=torch.float32)
+
+    stop, logged = threading.Event(), [0]
+    def train():
+        while not stop.is_set():
+            writer.add_scalar("train/loss", logged[0], logged[0])
+            logged[0] += 1
+            time.sleep(0.0005)
+    trainer = threading.Thread(target=train, daemon=True)
+    trainer.start()
+    items = Items()
+    try:
+        for epoch in range(epochs):
+            items.epoch = epoch
+            loader = DataLoader(items, batch_size=2, num_workers=2, multiprocessing_context="fork")
+            assert sorted(int(x) for batch in loader for x in batch.flatten()) == list(range(8))
+    finally:
+        stop.set()
+        trainer.join()
+    report = writer.close()
+    print(json.dumps({"pid": os.getpid(), "logged": logged[0], "ok": report.ok, "synced": report.synced,
+                      "delivered": report.delivered}))
+    """
+)
+
+
+def run_training(daemon: Daemon, tmp_path: Path, epochs: int, **env: str) -> dict[str, int]:
+    """One training process, bounded by a timeout (a hang fails the test instead of stalling it)."""
+    environ = {**os.environ, "SUMMARYD_ADDRESS": daemon.address, "SUMMARYD_SPOOL_DIR": str(tmp_path / "spool"), **env}
+    done = subprocess.run(
+        [sys.executable, "-c", TRAINING, str(epochs)],
+        env=environ,
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=60 + 10 * epochs,
+    )
+    assert done.returncode == 0, "\n".join(line for line in done.stderr.splitlines() if "fork_posix" not in line)
+    report: dict[str, int] = json.loads(done.stdout.strip().splitlines()[-1])
+    assert report["ok"] and report["synced"], report
+    return report
+
+
+def check_run(daemon: Daemon, parents: list[dict[str, int]], epochs: int) -> None:
+    """Every parent's `train/loss` once and in order; each worker's items once; a session per worker."""
+    train: dict[float, list[int]] = collections.defaultdict(list)
+    items: collections.Counter[int] = collections.Counter()
+    for path in event_files(daemon.logdir / "forked"):
+        assert_whole_records(path)
+        for event in read_events(path):
+            for value in event.summary.value:
+                if value.tag == "train/loss":
+                    train[event.wall_time > 0].append(event.step)
+                else:
+                    items[event.step] += 1
+    assert sum(len(steps) for steps in train.values()) == sum(p["logged"] for p in parents)
+    assert sum(p["delivered"] for p in parents) == sum(p["logged"] for p in parents)
+    assert sorted(items) == list(range(epochs * 8)) and set(items.values()) == {len(parents)}
+    log = daemon.log()
+    parent_pids = {p["pid"] for p in parents}
+    opened = re.findall(r"session (\S+) opened: run forked at sequence 0, client \S+ pid (\d+)", log)
+    children = [sid for sid, pid in opened if int(pid) not in parent_pids]
+    assert len([sid for sid, pid in opened if int(pid) in parent_pids]) == len(parents), "a parent changed session"
+    assert len(children) == 2 * epochs * len(parents), "each forked worker logs in a session of its own"
+    closed = set(re.findall(r"session (\S+) closed: run forked", log))
+    assert set(children) <= closed, "a worker exited without closing its session"
+
+
+def test_dataloader_workers_forked_20_times_under_a_live_stream(daemon: Daemon, tmp_path: Path) -> None:
+    """20 epochs, each forking two fresh workers while the parent's stream is busy: no hang, nothing lost."""
+    report = run_training(daemon, tmp_path, epochs=20)
+    check_run(daemon, [report], epochs=20)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_fork_20_processes_in_a_row(daemon: Daemon, tmp_path: Path) -> None:
+    """The same as 20 fresh training processes in a row, which fork while their first connection is young."""
+    reports = [run_training(daemon, tmp_path, epochs=2) for _ in range(20)]
+    check_run(daemon, reports, epochs=2)
+
+
+def test_grpc_fork_support_draws_a_warning(monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    """gRPC's own fork support deadlocks children of a streaming client; a fork with it on says so, once."""
+    sender = Sender("warned", address="127.0.0.1:1")
+    monkeypatch.setenv("GRPC_ENABLE_FORK_SUPPORT", "true")
+    monkeypatch.setattr(_process, "_warned_fork_support", False)
+    with caplog.at_level(logging.WARNING, logger="summaryd.client"):
+        for _ in range(2):
+            _process._before_fork()
+            _process._after_fork_in_parent()
+    assert sum("unset GRPC_ENABLE_FORK_SUPPORT" in r.getMessage() for r in caplog.records) == 1
+    sender.close(timeout=0)
