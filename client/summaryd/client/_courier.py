@@ -30,6 +30,7 @@ from typing import Any
 
 import grpc
 
+from summaryd.client._channel import ChannelSettings, open_channel
 from summaryd.client._replay import open_request, send_events
 from summaryd.client._spool import MANIFEST, SpoolLockedError, lock, read_records, write_manifest
 from summaryd.v1 import summaryd_pb2 as pb
@@ -131,8 +132,7 @@ class Courier:
     def _stub(self, address: str) -> pb_grpc.SummariesStub:
         channel = self._channels.get(address)
         if channel is None:
-            options = [("grpc.max_send_message_length", 64 * 1024 * 1024)]
-            channel = self._channels[address] = grpc.insecure_channel(address, options=options)
+            channel = self._channels[address] = open_channel(address, ChannelSettings.from_environment())
         return pb_grpc.SummariesStub(channel)
 
     def _deliver(self, outbox: _Outbox) -> bool:

@@ -21,6 +21,7 @@ from typing import Any
 
 import grpc
 
+from summaryd.client._channel import ChannelSettings, open_channel
 from summaryd.client._spool import FORMAT, MANIFEST, SpoolLockedError, lock, whole_records, write_manifest
 from summaryd.v1 import summaryd_pb2 as pb
 from summaryd.v1 import summaryd_pb2_grpc as pb_grpc
@@ -122,7 +123,7 @@ def _replay_locked(directory: Path, address: str | None, timeout: float, result:
     if int(manifest.get("delivered_through", 0)) >= result.last_sequence:
         result.already, result.held, result.synced = True, len(events), True
         return
-    with grpc.insecure_channel(result.address, options=[("grpc.max_send_message_length", 64 * 1024 * 1024)]) as ch:
+    with open_channel(result.address, ChannelSettings.from_environment()) as ch:
         stub = pb_grpc.SummariesStub(ch)
         held_through = _resume(stub, manifest, first, result, timeout)
         if held_through is None:  # the session was closed: the daemon holds all it ever will

@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Literal
 
 from summaryd.client import _grpc_import  # noqa: F401 - before gRPC is imported (its fork handlers)
+from summaryd.client._channel import ChannelSettings, open_channel
 
 # isort: split
 import grpc
@@ -155,11 +156,19 @@ class Sender:
         spool: bool = True,
         spool_after: float = 10.0,
         heartbeat_secs: float = 10.0,
+        token: str | None = None,
+        tls_ca: str | None = None,
+        tls_cert: str | None = None,
+        tls_key: str | None = None,
     ) -> None:
         if overflow not in OVERFLOW_POLICIES:
             raise ValueError(f"overflow={overflow!r}: choose one of {', '.join(OVERFLOW_POLICIES)}")
         self.run = run
         self.address = resolve_address(address)
+        # Token and TLS: arguments, else SUMMARYD_TOKEN / SUMMARYD_TLS_*; checked here, not on the sender thread.
+        self.channel_settings = ChannelSettings.from_environment(
+            token=token, tls_ca=tls_ca, tls_cert=tls_cert, tls_key=tls_key
+        )
         self.worker = worker
         self.world_size = world_size
         self.framework = framework
@@ -547,9 +556,7 @@ class Sender:
             return
         if self._channel is None:
             _process.note_grpc_used()
-            self._channel = grpc.insecure_channel(
-                self.address, options=[("grpc.max_send_message_length", 64 * 1024 * 1024)]
-            )
+            self._channel = open_channel(self.address, self.channel_settings)
         request = pb.OpenSessionRequest(
             session_id=self.session_id,
             run=self.run,

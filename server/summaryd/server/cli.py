@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from summaryd.server.config import Config, fields
+from summaryd.server.logs import configure_logging
 
 ENV_PREFIX = "SUMMARYD_"
 DEFAULT_ADDRESS = "localhost:6065"
@@ -24,6 +25,15 @@ def _env_name(name: str) -> str:
 
 def _add_config_flags(parser: argparse.ArgumentParser) -> None:
     for f in fields():
+        if isinstance(f.default, bool):
+            parser.add_argument(
+                "--" + f.name.replace("_", "-"),
+                dest=f.name,
+                action="store_true",
+                default=None,
+                help=f"{f.metadata['help']} (env {_env_name(f.name)}=1)",
+            )
+            continue
         kind = f.type if isinstance(f.type, type) else {"str": str, "int": int, "float": float}[str(f.type)]
         parser.add_argument(
             "--" + f.name.replace("_", "-"),
@@ -44,7 +54,11 @@ def config_from(args: argparse.Namespace, environ: dict[str, str] | os._Environ[
             values[f.name] = flag
             continue
         env = environ.get(_env_name(f.name))
-        if env is not None:
+        if env is not None and isinstance(f.default, bool):
+            if env.lower() not in ("1", "true", "yes", "on", "0", "false", "no", "off", ""):
+                raise ValueError(f"{_env_name(f.name)}={env!r}: use 1/true/yes/on or 0/false/no/off")
+            values[f.name] = env.lower() in ("1", "true", "yes", "on")
+        elif env is not None:
             kind: type = type(f.default)
             try:
                 values[f.name] = kind(env)
@@ -163,10 +177,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         config = config_from(args, os.environ)
     except ValueError as exc:
         parser.error(str(exc))
-    logging.basicConfig(
-        level=config.log_level.upper(),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )
+    configure_logging(config.log_level, config.log_format)
     from summaryd.server.server import run
     from summaryd.server.state import StateLockedError
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import ipaddress
 import os
 from dataclasses import dataclass, field
 from typing import Any
@@ -39,6 +40,16 @@ class Config:
         30.0, "days the daemon remembers an idle session's sequence numbers (for resume and replay)", "DAYS"
     )
 
+    token_file: str = _option(
+        "", "file of bearer tokens and the run prefixes each may write; re-read on SIGHUP (see Security)", "FILE"
+    )
+    tls_cert: str = _option("", "PEM certificate chain of the server; with --tls-key serves TLS", "FILE")
+    tls_key: str = _option("", "PEM private key of --tls-cert", "FILE")
+    tls_client_ca: str = _option("", "PEM CA bundle; when set, clients must present a certificate it signed", "FILE")
+    insecure: bool = _option(False, "allow a non-loopback --listen without token or TLS (anyone may write)")
+    metrics_listen: str = _option("", "serve Prometheus metrics over HTTP on HOST:PORT (off when empty)", "HOST:PORT")
+    log_format: str = _option("text", "log lines as 'text' or 'json' (one object a line, for log shippers)", "FORMAT")
+
     @property
     def host(self) -> str:
         return self.listen.rsplit(":", 1)[0].strip("[]")
@@ -64,6 +75,28 @@ class Config:
             raise ValueError("--session-lease must be positive")
         if self.session_retention_days <= 0:
             raise ValueError("--session-retention-days must be positive")
+        if bool(self.tls_cert) != bool(self.tls_key):
+            raise ValueError("TLS needs both --tls-cert and --tls-key")
+        if self.tls_client_ca and not self.tls_cert:
+            raise ValueError("--tls-client-ca needs --tls-cert and --tls-key (mutual TLS is TLS first)")
+        if self.log_format not in ("text", "json"):
+            raise ValueError(f"--log-format {self.log_format!r}: use 'text' or 'json'")
+        if not (self.is_loopback or self.token_file or self.tls_cert or self.insecure):
+            raise ValueError(
+                f"--listen {self.listen} reaches beyond this machine, but anyone could write to it: give "
+                "--token-file and/or --tls-cert/--tls-key, or --insecure to accept that"
+            )
+
+    @property
+    def is_loopback(self) -> bool:
+        """True when `listen` only accepts connections from this machine."""
+        host = self.host
+        if host == "localhost":
+            return True
+        try:
+            return ipaddress.ip_address(host).is_loopback
+        except ValueError:
+            return False  # a host name that may resolve anywhere
 
     @property
     def state_path(self) -> str:

@@ -10,11 +10,13 @@ import sys
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
+import grpc
 from grpc import aio
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1.health import aio as health_aio  # type: ignore[attr-defined]  # stubs predate aio
 from grpc_reflection.v1alpha import reflection
 
+from summaryd.server.auth import AuthInterceptor, TokenTable
 from summaryd.server.config import Config
 from summaryd.server.runs import RunRegistry
 from summaryd.server.service import SummariesService
@@ -33,8 +35,22 @@ class Server:
     def __init__(self, config: Config) -> None:
         self.config = config
         self.port: int | None = None
+        self.auth: AuthInterceptor | None = None
         self._stop = asyncio.Event()
         self._started = asyncio.Event()
+
+    def reload_tokens(self) -> None:
+        """Re-read `--token-file` (SIGHUP); a file that does not parse leaves the old tokens in force."""
+        if self.auth is None:
+            log.warning("SIGHUP: no --token-file to re-read")
+            return
+        try:
+            tokens = TokenTable.load(self.config.token_file)
+        except (OSError, ValueError) as exc:
+            log.error("SIGHUP: keeping the old tokens: %s", exc)
+            return
+        self.auth.reload(tokens)
+        log.info("SIGHUP: %d tokens from %s", len(tokens), self.config.token_file)
 
     def request_shutdown(self) -> None:
         """Ask for the graceful shutdown (what SIGTERM does)."""
@@ -71,14 +87,24 @@ class Server:
     async def _serve(self, registry: RunRegistry, service: SummariesService, executor: ThreadPoolExecutor) -> None:
         config = self.config
         health_servicer = health_aio.HealthServicer()
+        interceptors = []
+        if config.token_file:
+            self.auth = AuthInterceptor(TokenTable.load(config.token_file))
+            interceptors.append(self.auth)
+            log.info("clients need a bearer token (%d in %s)", len(self.auth.tokens), config.token_file)
+        if not (config.is_loopback or config.token_file or config.tls_cert):
+            log.warning(
+                "listening on %s without token or TLS (--insecure): anyone who reaches it can write", config.listen
+            )
         server = aio.server(
+            interceptors=interceptors,
             options=[
                 ("grpc.max_receive_message_length", config.max_message_bytes),
                 ("grpc.so_reuseport", 0),
                 # Find connections whose peer vanished (a killed client's host) so that their sessions can expire.
                 ("grpc.keepalive_time_ms", int(max(config.session_lease / 2, 1.0) * 1000)),
                 ("grpc.keepalive_timeout_ms", 20_000),
-            ]
+            ],
         )
         pb_grpc.add_SummariesServicer_to_server(service, server)
         health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
@@ -86,7 +112,10 @@ class Server:
             (SERVICE_NAME, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name, reflection.SERVICE_NAME),
             server,
         )
-        self.port = server.add_insecure_port(config.listen)
+        if config.tls_cert:
+            self.port = server.add_secure_port(config.listen, _server_credentials(config))
+        else:
+            self.port = server.add_insecure_port(config.listen)
         if self.port == 0:
             raise OSError(f"cannot listen on {config.listen}")
         await server.start()
@@ -167,10 +196,22 @@ def run(config: Config) -> None:
         loop = asyncio.get_running_loop()
         for signum in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(signum, on_signal, signum)
+        loop.add_signal_handler(signal.SIGHUP, server.reload_tokens)
         await server.serve()
 
     with asyncio.Runner(loop_factory=_loop_factory()) as runner:
         runner.run(main())
+
+
+def _server_credentials(config: Config) -> grpc.ServerCredentials:
+    """TLS with the configured certificate; with `--tls-client-ca`, clients must present a certificate too."""
+    with open(config.tls_key, "rb") as key, open(config.tls_cert, "rb") as cert:
+        pair = (key.read(), cert.read())
+    client_ca = None
+    if config.tls_client_ca:
+        with open(config.tls_client_ca, "rb") as ca:
+            client_ca = ca.read()
+    return grpc.ssl_server_credentials([pair], root_certificates=client_ca, require_client_auth=client_ca is not None)
 
 
 def _loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:

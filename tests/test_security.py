@@ -1,0 +1,287 @@
+"""Auth, TLS and safe defaults: tokens with run prefixes, TLS and mutual TLS, and the non-loopback refusal."""
+
+from __future__ import annotations
+
+import datetime
+import ipaddress
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import grpc
+import pytest
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import NameOID
+from tensorboard.compat.proto.event_pb2 import Event
+from tensorboard.compat.proto.summary_pb2 import Summary
+
+from conftest import Daemon, event_files, read_events, start_daemon
+from summaryd.client import SummaryWriter
+from summaryd.v1 import summaryd_pb2 as pb
+from summaryd.v1 import summaryd_pb2_grpc as pb_grpc
+
+ALICE = "alice-token-0123456789abcdef"  # may write team-a/ and shared/eval
+ROOT_TOKEN = "root-token-0123456789abcdef"  # may write everything
+
+
+def _token_file(path: Path, *lines: str) -> Path:
+    path.write_text("# token prefixes\n" + "\n".join(lines) + "\n")
+    return path
+
+
+@pytest.fixture
+def guarded(tmp_path: Path) -> Iterator[Daemon]:
+    tokens = _token_file(tmp_path / "tokens", f"{ALICE} team-a/ shared/eval", f"{ROOT_TOKEN} *")
+    daemon = start_daemon(tmp_path, "--token-file", str(tokens))
+    try:
+        yield daemon
+    finally:
+        daemon.terminate()
+
+
+def _open(address: str, run: str, token: str | None, session_id: str | None = None) -> str:
+    session_id = session_id or str(uuid.uuid4())
+    metadata = [("authorization", f"Bearer {token}")] if token else None
+    with grpc.insecure_channel(address) as channel:
+        pb_grpc.SummariesStub(channel).OpenSession(
+            pb.OpenSessionRequest(session_id=session_id, run=run), timeout=10, metadata=metadata
+        )
+    return session_id
+
+
+def _code(call: object) -> grpc.StatusCode:
+    with pytest.raises(grpc.RpcError) as caught:
+        call()  # type: ignore[operator]
+    return caught.value.code()  # type: ignore[no-any-return]
+
+
+def test_missing_and_wrong_tokens_are_unauthenticated(guarded: Daemon) -> None:
+    assert _code(lambda: _open(guarded.address, "team-a/x", None)) == grpc.StatusCode.UNAUTHENTICATED
+    assert _code(lambda: _open(guarded.address, "team-a/x", "not-a-real-token-xxxxxx")) == (
+        grpc.StatusCode.UNAUTHENTICATED
+    )
+    assert ALICE not in guarded.log() and ROOT_TOKEN not in guarded.log(), "tokens must never be logged"
+
+
+def test_token_outside_its_prefixes_is_permission_denied(guarded: Daemon) -> None:
+    assert _code(lambda: _open(guarded.address, "team-b/x", ALICE)) == grpc.StatusCode.PERMISSION_DENIED
+    assert _code(lambda: _open(guarded.address, "shared/evaluation", ALICE)) == grpc.StatusCode.PERMISSION_DENIED
+    assert not (guarded.logdir / "team-b").exists()
+
+
+def test_right_token_writes_and_sessions_are_bound_to_their_token(guarded: Daemon) -> None:
+    session = _open(guarded.address, "team-a/run1", ALICE)
+    _open(guarded.address, "shared/eval/r", ALICE)
+    event = Event(wall_time=1.0, step=1, summary=Summary(value=[Summary.Value(tag="t", simple_value=2.0)]))
+    request = pb.WriteRequest(session_id=session, first_sequence=1, events=[event.SerializeToString()])
+    with grpc.insecure_channel(guarded.address) as channel:
+        stub = pb_grpc.SummariesStub(channel)
+        other = [("authorization", f"Bearer {ROOT_TOKEN}")]
+        assert _code(lambda: list(stub.Write(iter([request]), timeout=10, metadata=other))) == (
+            grpc.StatusCode.PERMISSION_DENIED
+        )
+        own = [("authorization", f"Bearer {ALICE}")]
+        assert [a.acked_sequence for a in stub.Write(iter([request]), timeout=10, metadata=own)] == [1]
+        stub.CloseSession(pb.CloseSessionRequest(session_id=session), timeout=10, metadata=own)
+    [path] = event_files(guarded.logdir / "team-a" / "run1")
+    assert [e.step for e in read_events(path) if e.HasField("summary")] == [1]
+
+
+def test_the_client_sends_its_token(guarded: Daemon, monkeypatch: pytest.MonkeyPatch) -> None:
+    """SummaryWriter takes the token from SUMMARYD_TOKEN; without it everything is refused and reported."""
+    monkeypatch.setenv("SUMMARYD_TOKEN", ALICE)
+    with SummaryWriter("team-a/client", address=guarded.address, worker="") as writer:
+        writer.add_scalar("x", 1.0, 1)
+    assert writer.close().delivered == 1
+    monkeypatch.delenv("SUMMARYD_TOKEN")
+    writer = SummaryWriter("team-a/anonymous", address=guarded.address, worker="")
+    writer.add_scalar("x", 1.0, 1)
+    report = writer.close(timeout=5)
+    assert report.delivered == 0 and report.error is not None and "UNAUTHENTICATED" in report.error
+
+
+def test_health_needs_no_token(guarded: Daemon) -> None:
+    from conftest import wait_healthy
+
+    wait_healthy(guarded.address)
+
+
+def test_token_file_is_reread_on_sighup(guarded: Daemon, tmp_path: Path) -> None:
+    _open(guarded.address, "team-a/before", ALICE)
+    _token_file(tmp_path / "tokens", f"{ROOT_TOKEN} *")
+    os.kill(guarded.proc.pid, signal.SIGHUP)
+    deadline = time.monotonic() + 10
+    while True:
+        try:
+            _open(guarded.address, "team-a/after", ALICE)
+        except grpc.RpcError as exc:
+            assert exc.code() == grpc.StatusCode.UNAUTHENTICATED
+            break
+        assert time.monotonic() < deadline, "SIGHUP did not reload the token file"
+        time.sleep(0.05)
+    _open(guarded.address, "anything", ROOT_TOKEN)
+
+
+@dataclass
+class Pki:
+    ca: Path
+    server_cert: Path
+    server_key: Path
+    client_cert: Path
+    client_key: Path
+
+
+def _write_key(path: Path, key: ec.EllipticCurvePrivateKey) -> Path:
+    path.write_bytes(
+        key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
+    )
+    return path
+
+
+def _issue(
+    name: str,
+    issuer_key: ec.EllipticCurvePrivateKey,
+    issuer: x509.Name,
+    key: ec.EllipticCurvePrivateKey,
+    *,
+    ca: bool = False,
+    server: bool = False,
+) -> x509.Certificate:
+    now = datetime.datetime.now(datetime.UTC)
+    builder = (
+        x509.CertificateBuilder()
+        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, name)]))
+        .issuer_name(issuer)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=5))
+        .not_valid_after(now + datetime.timedelta(days=1))
+        .add_extension(x509.BasicConstraints(ca=ca, path_length=None), critical=True)
+    )
+    if server:
+        builder = builder.add_extension(
+            x509.SubjectAlternativeName([x509.DNSName("localhost"), x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]),
+            critical=False,
+        )
+    return builder.sign(issuer_key, hashes.SHA256())
+
+
+@pytest.fixture(scope="module")
+def pki(tmp_path_factory: pytest.TempPathFactory) -> Pki:
+    """A throw-away CA with a server certificate for 127.0.0.1 and a client certificate."""
+    root = tmp_path_factory.mktemp("pki")
+    ca_key = ec.generate_private_key(ec.SECP256R1())
+    ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "summaryd test CA")])
+    ca_cert = _issue("summaryd test CA", ca_key, ca_name, ca_key, ca=True)
+    server_key, client_key = ec.generate_private_key(ec.SECP256R1()), ec.generate_private_key(ec.SECP256R1())
+    pem = serialization.Encoding.PEM
+    (root / "ca.pem").write_bytes(ca_cert.public_bytes(pem))
+    (root / "server.pem").write_bytes(_issue("127.0.0.1", ca_key, ca_name, server_key, server=True).public_bytes(pem))
+    (root / "client.pem").write_bytes(_issue("trainer", ca_key, ca_name, client_key).public_bytes(pem))
+    return Pki(
+        root / "ca.pem",
+        root / "server.pem",
+        _write_key(root / "server.key", server_key),
+        root / "client.pem",
+        _write_key(root / "client.key", client_key),
+    )
+
+
+def _credentials(pki: Pki, *, client_cert: bool) -> grpc.ChannelCredentials:
+    return grpc.ssl_channel_credentials(
+        root_certificates=pki.ca.read_bytes(),
+        private_key=pki.client_key.read_bytes() if client_cert else None,
+        certificate_chain=pki.client_cert.read_bytes() if client_cert else None,
+    )
+
+
+def _tls_open(address: str, pki: Pki, *, client_cert: bool) -> None:
+    with grpc.secure_channel(address, _credentials(pki, client_cert=client_cert)) as channel:
+        pb_grpc.SummariesStub(channel).OpenSession(
+            pb.OpenSessionRequest(session_id=str(uuid.uuid4()), run="tls"), timeout=10
+        )
+
+
+def test_tls(tmp_path: Path, pki: Pki, monkeypatch: pytest.MonkeyPatch) -> None:
+    daemon = start_daemon(
+        tmp_path,
+        "--tls-cert",
+        str(pki.server_cert),
+        "--tls-key",
+        str(pki.server_key),
+        credentials=_credentials(pki, client_cert=False),
+    )
+    try:
+        _tls_open(daemon.address, pki, client_cert=False)
+        assert _code(lambda: _open(daemon.address, "plain", None)) == grpc.StatusCode.UNAVAILABLE
+        monkeypatch.setenv("SUMMARYD_TLS_CA", str(pki.ca))
+        with SummaryWriter("over-tls", address=daemon.address, worker="") as writer:
+            writer.add_scalar("x", 1.0, 1)
+        assert writer.close().delivered == 1
+    finally:
+        daemon.terminate()
+
+
+def test_mutual_tls_refuses_a_client_without_certificate(tmp_path: Path, pki: Pki) -> None:
+    daemon = start_daemon(
+        tmp_path,
+        "--tls-cert",
+        str(pki.server_cert),
+        "--tls-key",
+        str(pki.server_key),
+        "--tls-client-ca",
+        str(pki.ca),
+        credentials=_credentials(pki, client_cert=True),
+    )
+    try:
+        assert _code(lambda: _tls_open(daemon.address, pki, client_cert=False)) == grpc.StatusCode.UNAVAILABLE
+        _tls_open(daemon.address, pki, client_cert=True)
+    finally:
+        daemon.terminate()
+
+
+def test_non_loopback_without_auth_is_refused(tmp_path: Path) -> None:
+    """Binding beyond loopback with neither token nor TLS: exit 2 before listening, saying what to do."""
+    result = subprocess.run(
+        [sys.executable, "-m", "summaryd.server", "serve", "--logdir", str(tmp_path / "runs"), "--listen", "0.0.0.0:0"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
+    )
+    assert result.returncode == 2
+    assert "--token-file" in result.stderr and "--tls-cert" in result.stderr and "--insecure" in result.stderr
+
+
+def test_insecure_non_loopback_starts_with_a_warning(tmp_path: Path) -> None:
+    """With --insecure it serves and warns. Run in a private network namespace, where 0.0.0.0 reaches only lo."""
+    port_file = tmp_path / "port"
+    script = (
+        "ip link set lo up && exec "
+        + sys.executable
+        + " -m summaryd.server serve --logdir "
+        + str(tmp_path / "runs")
+        + " --listen 0.0.0.0:0 --insecure --port-file "
+        + str(port_file)
+    )
+    log_path = tmp_path / "daemon.log"
+    with open(log_path, "wb") as log:
+        proc = subprocess.Popen(["unshare", "--net", "sh", "-c", script], stdout=log, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + 30
+        while not (port_file.exists() and port_file.read_text().strip()):
+            assert proc.poll() is None and time.monotonic() < deadline, log_path.read_text()
+            time.sleep(0.05)
+        assert "WARNING" in log_path.read_text() and "--insecure" in log_path.read_text()
+    finally:
+        os.kill(proc.pid, signal.SIGTERM)
+        proc.wait(30)
+    assert proc.returncode == 0
