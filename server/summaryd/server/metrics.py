@@ -3,9 +3,16 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from typing import TYPE_CHECKING, Any
 
+import grpc
+from grpc import aio
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+
+if TYPE_CHECKING:
+    from summaryd.server.service import SummariesService
 
 log = logging.getLogger(__name__)
 
@@ -23,21 +30,17 @@ class Metrics:
             "summaryd_events_received", "Events received from clients, duplicates included.", ["run"], registry=r
         )
         self.events_written = Counter("summaryd_events_written", "Events written to event files.", ["run"], registry=r)
+        self.bytes_received = Counter(
+            "summaryd_bytes_received", "Bytes of events received from clients.", ["run"], registry=r
+        )
         self.bytes_written = Counter(
             "summaryd_bytes_written", "Bytes written to event files (framed records).", ["run"], registry=r
         )
         self.batches = Counter("summaryd_batches", "Write batches received.", registry=r)
         self.acks = Counter("summaryd_acks", "Acknowledgements sent to clients.", registry=r)
-        self.duplicates = Counter(
-            "summaryd_duplicates_dropped", "Events dropped because the daemon already held them.", registry=r
-        )
-        self.sessions_opened = Counter("summaryd_sessions_opened", "Sessions opened (not resumed).", registry=r)
-        self.sessions_closed = Counter("summaryd_sessions_closed", "Sessions closed by their client.", registry=r)
         self.errors = Counter(
             "summaryd_errors", "Requests answered with an error, by gRPC status.", ["code"], registry=r
         )
-        self.sessions = Gauge("summaryd_sessions", "Live sessions.", registry=r)
-        self.open_files = Gauge("summaryd_open_files", "Event files open for writing.", registry=r)
         self.write_queue = Gauge(
             "summaryd_write_queue_batches", "Batches waiting for or being written by the I/O threads.", registry=r
         )
@@ -61,3 +64,77 @@ class Metrics:
             thread.join(5)
 
         return stop
+
+
+class ServiceCollector:
+    """Figures read from the service at scrape time: live sessions, open files and dropped duplicates."""
+
+    def __init__(self, service: SummariesService) -> None:
+        self._service = service
+
+    def collect(self) -> Iterator[Metric]:
+        sessions = self._service.sessions
+        live = list(sessions)
+        yield GaugeMetricFamily("summaryd_sessions", "Live sessions.", value=len(live))
+        open_files = sum(1 for run in self._service.registry.runs if run.file is not None)
+        yield GaugeMetricFamily("summaryd_open_files", "Event files open for writing.", value=open_files)
+        duplicates = sessions.ended_duplicates + sum(s.duplicates_dropped for s in live)
+        yield CounterMetricFamily(
+            "summaryd_duplicates_dropped", "Events dropped because the daemon already held them.", value=duplicates
+        )
+
+
+class MetricsInterceptor(aio.ServerInterceptor):  # type: ignore[type-arg]
+    """Counts what crosses the wire: batches and events received (per run), acks, and errors by status."""
+
+    def __init__(self, metrics: Metrics, run_of: Callable[[str], str | None]) -> None:
+        self._metrics = metrics
+        self._run_of = run_of
+
+    async def intercept_service(self, continuation: Callable[[Any], Awaitable[Any]], details: Any) -> Any:
+        handler = await continuation(details)
+        if handler is None or not details.method.startswith("/summaryd.v1.Summaries/"):
+            return handler
+        metrics = self._metrics
+        kwargs = {
+            "request_deserializer": handler.request_deserializer,
+            "response_serializer": handler.response_serializer,
+        }
+        if handler.stream_stream:
+            inner_stream = handler.stream_stream
+
+            async def write(requests: AsyncIterator[Any], context: Any) -> AsyncIterator[Any]:
+                async def counted() -> AsyncIterator[Any]:
+                    run: str | None = None
+                    async for request in requests:
+                        metrics.batches.inc()
+                        if run is None and request.session_id:
+                            run = self._run_of(request.session_id)
+                        metrics.events_received.labels(run or "?").inc(len(request.events))
+                        metrics.bytes_received.labels(run or "?").inc(sum(len(e) for e in request.events))
+                        yield request
+
+                try:
+                    async for answer in inner_stream(counted(), context):
+                        metrics.acks.inc()
+                        yield answer
+                except BaseException:
+                    self._count_error(context)
+                    raise
+
+            return grpc.stream_stream_rpc_method_handler(write, **kwargs)
+        inner = handler.unary_unary
+
+        async def unary(request: Any, context: Any) -> Any:
+            try:
+                return await inner(request, context)
+            except BaseException:
+                self._count_error(context)
+                raise
+
+        return grpc.unary_unary_rpc_method_handler(unary, **kwargs)
+
+    def _count_error(self, context: Any) -> None:
+        code = context.code()
+        name = code.name if isinstance(code, grpc.StatusCode) else "CANCELLED" if code is None else str(code)
+        self._metrics.errors.labels(name).inc()

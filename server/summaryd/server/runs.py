@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import logging
 import os
+import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import Executor
 from dataclasses import dataclass, field
@@ -14,6 +15,7 @@ from typing import TypeVar
 from summaryd.server.event_check import check_and_frame
 from summaryd.server.event_file import EventFile, next_name
 from summaryd.server.journal import FileJournal
+from summaryd.server.metrics import Metrics
 from summaryd.server.runpath import open_run_dir
 from summaryd.server.session_store import SessionRecord, SessionStore
 
@@ -57,13 +59,27 @@ class RunWriter:
     events_written: int = 0
     bytes_written: int = 0
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    metrics: Metrics | None = None
 
     async def write(self, session_id: str, last: int, events: Sequence[bytes]) -> None:
         """Check, frame and append one batch of `session_id` ending at sequence `last`; returns when the batch
         and its journal line are in the page cache."""
-        async with self.lock:
-            await run_to_completion(self.executor, lambda: self._write_blocking(session_id, last, events))
+        metrics = self.metrics
+        if metrics is not None:
+            metrics.write_queue.inc()
+        try:
+            async with self.lock:
+                started = time.perf_counter()
+                size_before = self.bytes_written
+                await run_to_completion(self.executor, lambda: self._write_blocking(session_id, last, events))
+        finally:
+            if metrics is not None:
+                metrics.write_queue.dec()
         self.events_written += len(events)
+        if metrics is not None:
+            metrics.write_seconds.observe(time.perf_counter() - started)
+            metrics.events_written.labels(self.run_dir).inc(len(events))
+            metrics.bytes_written.labels(self.run_dir).inc(self.bytes_written - size_before)
 
     def _write_blocking(self, session_id: str, last: int, events: Sequence[bytes]) -> None:
         blob = check_and_frame(events)
@@ -112,8 +128,11 @@ class RunWriter:
 
     def _sync_blocking(self) -> None:
         if self.file is not None and self.journal is not None:
+            started = time.perf_counter()
             self.file.sync()
             self.journal.sync()
+            if self.metrics is not None:
+                self.metrics.fsync_seconds.observe(time.perf_counter() - started)
 
     async def close(self) -> None:
         """Sync and close the file, record its sessions in the store, then close the directory descriptor."""
@@ -164,7 +183,10 @@ class RunRegistry:
     next session gets a new file that sorts last, which TensorBoard reads as a restart.
     """
 
-    def __init__(self, logdir: str, executor: Executor, journal_dir_fd: int, store: SessionStore) -> None:
+    def __init__(
+        self, logdir: str, executor: Executor, journal_dir_fd: int, store: SessionStore, metrics: Metrics | None = None
+    ) -> None:
+        self.metrics = metrics
         os.makedirs(logdir, exist_ok=True)
         self.logdir = os.path.realpath(logdir)
         self.logdir_fd = os.open(self.logdir, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
@@ -189,7 +211,9 @@ class RunRegistry:
             writer = self._runs.get(run_dir)
             if writer is None:
                 dir_fd = await run_to_completion(self._executor, lambda: open_run_dir(self.logdir_fd, parts))
-                writer = RunWriter(run_dir, dir_fd, self._executor, self._journal_dir_fd, self.store)
+                writer = RunWriter(
+                    run_dir, dir_fd, self._executor, self._journal_dir_fd, self.store, metrics=self.metrics
+                )
                 self._runs[run_dir] = writer
             writer.sessions += 1
             return writer

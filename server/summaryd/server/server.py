@@ -9,6 +9,7 @@ import signal
 import sys
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from typing import Any
 
 import grpc
 from grpc import aio
@@ -18,6 +19,7 @@ from grpc_reflection.v1alpha import reflection
 
 from summaryd.server.auth import AuthInterceptor, TokenTable
 from summaryd.server.config import Config
+from summaryd.server.metrics import Metrics, MetricsInterceptor, ServiceCollector
 from summaryd.server.runs import RunRegistry
 from summaryd.server.service import SummariesService
 from summaryd.server.state import StateDir
@@ -36,6 +38,8 @@ class Server:
         self.config = config
         self.port: int | None = None
         self.auth: AuthInterceptor | None = None
+        self.metrics = Metrics()
+        self.metrics_port: int | None = None
         self._stop = asyncio.Event()
         self._started = asyncio.Event()
 
@@ -69,7 +73,7 @@ class Server:
         # Before anything is served: take the state directory's lock and repair what a killed daemon left.
         state = await loop.run_in_executor(executor, StateDir, config.state_path, config.session_retention_days * 86400)
         try:
-            registry = RunRegistry(config.logdir, executor, state.journal_dir_fd, state.store)
+            registry = RunRegistry(config.logdir, executor, state.journal_dir_fd, state.store, self.metrics)
             report = await loop.run_in_executor(executor, state.recover, registry.logdir_fd)
             if report.files:
                 log.warning(
@@ -87,7 +91,8 @@ class Server:
     async def _serve(self, registry: RunRegistry, service: SummariesService, executor: ThreadPoolExecutor) -> None:
         config = self.config
         health_servicer = health_aio.HealthServicer()
-        interceptors = []
+        self.metrics.registry.register(ServiceCollector(service))
+        interceptors: list[Any] = [MetricsInterceptor(self.metrics, _run_of(service))]
         if config.token_file:
             self.auth = AuthInterceptor(TokenTable.load(config.token_file))
             interceptors.append(self.auth)
@@ -125,6 +130,10 @@ class Server:
             with open(config.port_file, "w") as f:
                 f.write(f"{self.port}\n")
         log.info("summaryd serving %s on %s (port %d)", registry.logdir, config.host, self.port)
+        stop_metrics = None
+        if config.metrics_listen:
+            stop_metrics = self.metrics.serve(config.metrics_listen)
+            self.metrics_port = self.metrics.port
         self._started.set()
         leases = asyncio.create_task(self._expire_sessions(service), name="summaryd-leases")
         try:
@@ -133,6 +142,8 @@ class Server:
             leases.cancel()
             await asyncio.gather(leases, return_exceptions=True)
             await self._shutdown(server, service, registry, health_servicer, executor)
+            if stop_metrics is not None:
+                stop_metrics()
 
     async def _expire_sessions(self, service: SummariesService) -> None:
         """Release sessions whose lease ran out, checking a few times per lease."""
@@ -201,6 +212,14 @@ def run(config: Config) -> None:
 
     with asyncio.Runner(loop_factory=_loop_factory()) as runner:
         runner.run(main())
+
+
+def _run_of(service: SummariesService) -> Callable[[str], str | None]:
+    def run_of(session_id: str) -> str | None:
+        session = service.sessions.get(session_id)
+        return session.run.run_dir if session is not None else None
+
+    return run_of
 
 
 def _server_credentials(config: Config) -> grpc.ServerCredentials:

@@ -104,6 +104,9 @@ class SessionTable:
 
     def __init__(self) -> None:
         self._live: dict[str, Session] = {}
+        # Counts of sessions that have ended, so that totals (metrics) never go backwards.
+        self.ended_duplicates = 0
+        self.ended_events = 0
 
     def __len__(self) -> int:
         return len(self._live)
@@ -119,4 +122,6 @@ class SessionTable:
 
     def remove(self, session: Session, ending: Ending) -> None:
         session.ending = ending
-        self._live.pop(session.session_id, None)
+        if self._live.pop(session.session_id, None) is not None:
+            self.ended_duplicates += session.duplicates_dropped
+            self.ended_events += session.events_written
