@@ -125,12 +125,19 @@ def _status(address: str, timeout: float, as_json: bool) -> int:
             f"{run.sessions:>8}"
         )
     print()
-    print(f"{'SESSION':<36} {'RUN':<30} {'HOST':<16} {'PID':>7} {'EVENTS':>9} {'ACKED':>9} {'IDLE':>7}")
+    print(
+        f"{'SESSION':<36} {'RUN':<30} {'WORKER':<10} {'HOST':<16} {'PID':>7} {'EVENTS':>9} {'ACKED':>9} "
+        f"{'LAST SEEN':>9}"
+    )
     for s in status.sessions:
         print(
-            f"{s.session_id:<36} {s.run_dir:<30} {s.client.host:<16} {s.client.pid:>7} {s.events_written:>9} "
-            f"{s.acked_sequence:>9} {s.idle_seconds:>6.1f}s"
+            f"{s.session_id:<36} {s.run_dir:<30} {s.worker or '-':<10} {s.client.host:<16} {s.client.pid:>7} "
+            f"{s.events_written:>9} {s.acked_sequence:>9} {s.idle_seconds:>7.1f}s"
         )
+    print(
+        f"\n{len(status.runs)} runs, {len(status.sessions)} sessions, "
+        f"{sum(1 for run in status.runs if run.event_file)} open files"
+    )
     return 0
 
 
