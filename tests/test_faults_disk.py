@@ -16,7 +16,7 @@ from pathlib import Path
 import grpc
 import pytest
 from tensorboard.compat.proto.event_pb2 import Event
-from tensorboard.compat.proto.summary_pb2 import Summary
+from tensorboard.compat.proto.summary_pb2 import Summary, SummaryMetadata
 
 from conftest import Daemon, assert_whole_records, event_files, read_events, start_daemon
 from summaryd.client import SummaryWriter
@@ -100,7 +100,8 @@ def test_a_full_disk_is_resource_exhausted_and_nothing_is_lost(
         stub = pb_grpc.SummariesStub(channel)
         session = str(uuid.uuid4())
         stub.OpenSession(pb.OpenSessionRequest(session_id=session, run="full/probe"), timeout=10)
-        big = Event(wall_time=1.0, step=0, summary=Summary(value=[Summary.Value(tag="x" * 200_000)]))
+        padding = Summary.Value(tag="x", metadata=SummaryMetadata(summary_description="x" * 200_000))
+        big = Event(wall_time=1.0, step=0, summary=Summary(value=[padding]))
         request = pb.WriteRequest(session_id=session, first_sequence=1, events=[big.SerializeToString()])
         with pytest.raises(grpc.RpcError) as refused:
             list(stub.Write(iter([request]), timeout=10))

@@ -88,8 +88,11 @@ def test_right_token_writes_and_sessions_are_bound_to_their_token(guarded: Daemo
         assert _code(lambda: list(stub.Write(iter([request]), timeout=10, metadata=other))) == (
             grpc.StatusCode.PERMISSION_DENIED
         )
+        put = pb.PutFileRequest(session_id=session, path="projector_config.pbtxt", content=b"")
+        assert _code(lambda: stub.PutFile(put, timeout=10, metadata=other)) == grpc.StatusCode.PERMISSION_DENIED
         own = [("authorization", f"Bearer {ALICE}")]
         assert [a.acked_sequence for a in stub.Write(iter([request]), timeout=10, metadata=own)] == [1]
+        stub.PutFile(put, timeout=10, metadata=own)
         stub.CloseSession(pb.CloseSessionRequest(session_id=session), timeout=10, metadata=own)
     [path] = event_files(guarded.logdir / "team-a" / "run1")
     assert [e.step for e in read_events(path) if e.HasField("summary")] == [1]

@@ -4,8 +4,8 @@ writer (local files) and on ours (through a real daemon), gives the same TensorB
 Both logdirs are read with TensorBoard's own loader and compared event by event: the same runs (relative
 layout), and in each run the same events in the same order — steps, tags, summary kinds, plugin metadata and
 payloads, PNG, GIF and WAV bytes included. Only wall times and file names may differ, plus the differences the
-README lists: torch's own `file_version` records (the daemon writes that record itself), and the projector
-files of `add_embedding`, which the daemon does not store yet.
+README lists: torch's own `file_version` records (the daemon writes that record itself). The projector files
+of `add_embedding` are compared byte for byte (tests/test_torch_embedding.py covers them in depth).
 """
 
 from __future__ import annotations
@@ -176,7 +176,7 @@ def test_every_method_gives_the_same_tensorboard_data_as_torch(daemon: Daemon, t
         exercise(ours, inputs)
         report = ours.flush()
     assert report.delivered > 0 and report.undelivered == 0
-    assert dict(report.dropped) == {"unsupported": 1}  # add_embedding, the README's listed difference
+    assert not any(report.dropped.values())
 
     expected, actual = runs(tmp_path / "torch"), runs(daemon.logdir)
     assert (
@@ -206,9 +206,10 @@ def test_every_method_gives_the_same_tensorboard_data_as_torch(daemon: Daemon, t
     video = next(v for e in main for v in e.summary.value if v.tag == "video")
     assert video.image.encoded_image_string.startswith(b"GIF8")  # moviepy 1.x encoded it, for both writers
 
-    # The difference the README lists: torch wrote the projector's files, the daemon has none of them.
-    assert (tmp_path / "torch" / "exp" / "projector_config.pbtxt").is_file()
-    assert not list(daemon.logdir.rglob("*.tsv")) and not list(daemon.logdir.rglob("*.pbtxt"))
+    # add_embedding: the projector's files, beside the event files, the same bytes as torch's.
+    for name in ("projector_config.pbtxt", "00001/e/tensors.tsv", "00001/e/metadata.tsv", "00001/e/sprite.png"):
+        torch_file, our_file = tmp_path / "torch" / "exp" / name, daemon.logdir / "exp" / name
+        assert our_file.read_bytes() == torch_file.read_bytes(), name
 
 
 def test_torch_purge_step_records_differ_only_by_file_version(daemon: Daemon, tmp_path: Path) -> None:

@@ -75,7 +75,7 @@ class DeliveryReport:
     """Events accepted but not acknowledged when the call returned (queued, in flight, or spooled)."""
     dropped: Mapping[str, int] = field(default_factory=dict)
     """Events given up, by reason: `queue_full`, `encode_error`, `rejected`, `closed`, `timeout`,
-    `spool_failed`."""
+    `spool_failed`; and from `SummaryWriter`, `files` (projector files not uploaded)."""
     synced: bool = False
     """True when the daemon confirmed every delivered event is fsynced (after `close`)."""
     error: str | None = None

@@ -20,10 +20,12 @@ from datetime import datetime
 from types import TracebackType
 from typing import Any
 
+from google.protobuf import text_format
 from tensorboard.compat.proto.event_pb2 import Event, SessionLog, TaggedRunMetadata
 from tensorboard.compat.proto.summary_pb2 import Summary
+from tensorboard.plugins.projector.projector_config_pb2 import EmbeddingInfo, ProjectorConfig
 
-from summaryd.client import _summaries, _torch
+from summaryd.client import _files, _summaries, _torch
 from summaryd.client._environment import detect_worker
 from summaryd.client._sender import DeliveryReport, Sender
 
@@ -72,13 +74,17 @@ def _check_dataformats(array: Any, dataformats: str) -> None:
         raise ValueError(f"image of shape {tuple(array.shape)} does not match dataformats {dataformats!r}")
 
 
-def _merge(reports: list[DeliveryReport], unsupported: int = 0) -> DeliveryReport:
+def _remaining(deadline: float | None) -> float | None:
+    return None if deadline is None else max(0.0, deadline - time.monotonic())
+
+
+def _merge(reports: list[DeliveryReport], files: int = 0) -> DeliveryReport:
     dropped: dict[str, int] = {}
     for report in reports:
         for reason, count in report.dropped.items():
             dropped[reason] = dropped.get(reason, 0) + count
-    if unsupported:
-        dropped["unsupported"] = unsupported
+    if files:
+        dropped["files"] = files
     errors = [r.error for r in reports if r.error]
     # Every sub-run spools below the same spool root; the main run's path is the one to show.
     spool_paths = [r.spool_path for r in reports if r.spool_path]
@@ -147,7 +153,8 @@ class SummaryWriter:
         # another thread (a DataLoader worker), could leave the child holding the import lock.
         _builders()
         self._sub_senders: dict[str, Sender] = {}
-        self._unsupported = 0
+        self._projector_config = ProjectorConfig()
+        self._uploader: _files.FileUploader | None = None
         self.purge_step: int | None = None  # torch's attribute, None once the START is sent
         if purge_step is not None:
             start = Event(wall_time=time.time(), step=purge_step, session_log=SessionLog(status=SessionLog.START))
@@ -467,16 +474,51 @@ class SummaryWriter:
         tag: str = "default",
         metadata_header: Sequence[str] | None = None,
     ) -> None:
-        """Not shipped: the projector reads files beside the event file (`projector_config.pbtxt`, `tensors.tsv`,
-        ...) and the daemon stores only events. The call is dropped, warned about once per writer and counted
-        as `dropped["unsupported"]` by `flush()` and `close()`."""
-        if not self._unsupported:
-            log.warning(
-                "summaryd: add_embedding is not supported yet (the daemon stores only event files); "
-                "the embedding %r was dropped",
-                tag,
-            )
-        self._unsupported += 1
+        """Log data for the embedding projector: torch's files (`<step %05d>/<tag>/tensors.tsv`, `metadata.tsv`,
+        `sprite.png`, and the run's `projector_config.pbtxt`), uploaded beside the run's event files.
+
+        The caller pays for copies and the config's text; the TSV and PNG encoding and the upload happen on a
+        background thread. An upload that fails is counted as `dropped["files"]` by `flush()` and `close()`.
+        """
+        array = _torch.to_numpy(mat)
+        step = 0 if global_step is None else global_step
+        subdir = f"{str(step).zfill(5)}/{_files.encode_tag(tag)}"
+        rows: list[Any] | None = None
+        header: list[str] | None = None
+        if metadata is not None:
+            if array.shape[0] != len(metadata):
+                raise AssertionError("#labels should equal with #data points")
+            if metadata_header:
+                header = [str(h) for h in metadata_header]
+                rows = [[str(e) for e in row] for row in metadata]
+                if len(header) != len(rows[0]):
+                    raise AssertionError("len of header must be equal to the number of columns in metadata")
+            else:
+                rows = [str(x) for x in metadata]
+        images = None
+        if label_img is not None:
+            images = _torch.to_numpy(label_img)
+            if array.shape[0] != images.shape[0]:
+                raise AssertionError("#images should equal with #data points")
+        if array.ndim != 2:
+            raise AssertionError("mat should be 2D, where mat.size(0) is the number of data points")
+        info = EmbeddingInfo(tensor_name=f"{tag}:{str(step).zfill(5)}", tensor_path=f"{subdir}/tensors.tsv")
+        if rows is not None:
+            info.metadata_path = f"{subdir}/metadata.tsv"
+        if images is not None:
+            info.sprite.image_path = f"{subdir}/sprite.png"
+            info.sprite.single_image_dim.extend([images.shape[3], images.shape[2]])
+        self._projector_config.embeddings.append(info)
+        # The whole config every time (as torch rewrites it): a resent or reordered upload never loses an entry.
+        config = text_format.MessageToString(self._projector_config).encode()
+
+        def encode() -> list[tuple[str, bytes]]:
+            files = _files.embedding_files(subdir, array, rows, images, header)
+            return [*files, ("projector_config.pbtxt", config)]
+
+        if self._uploader is None:
+            self._uploader = _files.FileUploader(self._sender)
+        self._uploader.submit(encode)
 
     # ---- PR curves, custom scalars, meshes, hyperparameters -----------------------------------------------
 
@@ -587,21 +629,33 @@ class SummaryWriter:
     # ---- lifecycle -----------------------------------------------------------------------------------------
 
     def flush(self, timeout: float | None = None, *, durable: bool = False) -> DeliveryReport:
-        """Wait until everything logged so far is in the run's event file (with `durable`, fsynced too)."""
+        """Wait until everything logged so far is in the run's event file (with `durable`, fsynced too), and the
+        projector's files are uploaded."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        if self._uploader is not None:
+            self._uploader.wait(self._sender.rpc_timeout * 2 if deadline is None else timeout)
         senders = [self._sender, *self._sub_senders.values()]
-        return _merge([s.flush(timeout, durable=durable) for s in senders], self._unsupported)
+        reports = [s.flush(_remaining(deadline), durable=durable) for s in senders]
+        return _merge(reports, self._files_failed())
 
     def close(self, timeout: float | None = None) -> DeliveryReport:
         """Deliver everything, have the daemon fsync it, and release the session; safe to call twice.
 
         Returns within about `timeout` seconds (default the sender's `close_timeout`); the report says how
-        many events could not be delivered.
+        many events could not be delivered. Pending projector uploads are finished first (within the timeout).
         """
         senders = [self._sender, *self._sub_senders.values()]
+        deadline = time.monotonic() + (self._sender.close_timeout if timeout is None else timeout)
+        if self._uploader is None:  # closed from the start: a later add_embedding is counted, not sent
+            self._uploader = _files.FileUploader(self._sender)
+        self._uploader.close(max(0.0, deadline - time.monotonic()))
         if timeout is None:
-            return _merge([s.close() for s in senders], self._unsupported)
-        deadline = time.monotonic() + timeout
-        return _merge([s.close(max(0.0, deadline - time.monotonic())) for s in senders], self._unsupported)
+            return _merge([s.close() for s in senders], self._files_failed())
+        reports = [s.close(max(0.0, deadline - time.monotonic())) for s in senders]
+        return _merge(reports, self._files_failed())
+
+    def _files_failed(self) -> int:
+        return 0 if self._uploader is None else self._uploader.failed
 
     def __enter__(self) -> SummaryWriter:
         return self

@@ -139,3 +139,17 @@ class GetStatusResponse(_message.Message):
     sessions: _containers.RepeatedCompositeFieldContainer[SessionStatus]
     version: str
     def __init__(self, logdir: _Optional[str] = ..., runs: _Optional[_Iterable[_Union[RunStatus, _Mapping]]] = ..., sessions: _Optional[_Iterable[_Union[SessionStatus, _Mapping]]] = ..., version: _Optional[str] = ...) -> None: ...
+
+class PutFileRequest(_message.Message):
+    __slots__ = ("session_id", "path", "content")
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    PATH_FIELD_NUMBER: _ClassVar[int]
+    CONTENT_FIELD_NUMBER: _ClassVar[int]
+    session_id: str
+    path: str
+    content: bytes
+    def __init__(self, session_id: _Optional[str] = ..., path: _Optional[str] = ..., content: _Optional[bytes] = ...) -> None: ...
+
+class PutFileResponse(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...

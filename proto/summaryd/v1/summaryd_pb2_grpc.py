@@ -59,6 +59,11 @@ class SummariesStub:
                 request_serializer=summaryd_dot_v1_dot_summaryd__pb2.GetStatusRequest.SerializeToString,
                 response_deserializer=summaryd_dot_v1_dot_summaryd__pb2.GetStatusResponse.FromString,
                 _registered_method=True)
+        self.PutFile = channel.unary_unary(
+                '/summaryd.v1.Summaries/PutFile',
+                request_serializer=summaryd_dot_v1_dot_summaryd__pb2.PutFileRequest.SerializeToString,
+                response_deserializer=summaryd_dot_v1_dot_summaryd__pb2.PutFileResponse.FromString,
+                _registered_method=True)
 
 
 class SummariesServicer:
@@ -99,6 +104,14 @@ class SummariesServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def PutFile(self, request, context):
+        """Writes one file beside the session's event files (the projector's `projector_config.pbtxt`, `tensors.tsv`,
+        `metadata.tsv`, `sprite.png`), replacing it whole: a resend is harmless.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_SummariesServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -126,6 +139,11 @@ def add_SummariesServicer_to_server(servicer, server):
                     servicer.GetStatus,
                     request_deserializer=summaryd_dot_v1_dot_summaryd__pb2.GetStatusRequest.FromString,
                     response_serializer=summaryd_dot_v1_dot_summaryd__pb2.GetStatusResponse.SerializeToString,
+            ),
+            'PutFile': grpc.unary_unary_rpc_method_handler(
+                    servicer.PutFile,
+                    request_deserializer=summaryd_dot_v1_dot_summaryd__pb2.PutFileRequest.FromString,
+                    response_serializer=summaryd_dot_v1_dot_summaryd__pb2.PutFileResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -263,6 +281,33 @@ class Summaries:
             '/summaryd.v1.Summaries/GetStatus',
             summaryd_dot_v1_dot_summaryd__pb2.GetStatusRequest.SerializeToString,
             summaryd_dot_v1_dot_summaryd__pb2.GetStatusResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def PutFile(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/summaryd.v1.Summaries/PutFile',
+            summaryd_dot_v1_dot_summaryd__pb2.PutFileRequest.SerializeToString,
+            summaryd_dot_v1_dot_summaryd__pb2.PutFileResponse.FromString,
             options,
             channel_credentials,
             insecure,

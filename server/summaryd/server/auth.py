@@ -149,7 +149,7 @@ class AuthInterceptor(aio.ServerInterceptor):  # type: ignore[type-arg]
         method = details.method[len(_SERVICE) :]
         if method == "OpenSession":
             return self._guard_open(handler, grant)
-        if method in ("Flush", "CloseSession"):
+        if method in ("Flush", "CloseSession", "PutFile"):
             return self._guard_unary(handler, grant, forget=method == "CloseSession")
         if method == "Write":
             return self._guard_write(handler, grant)

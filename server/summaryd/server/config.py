@@ -8,6 +8,12 @@ import os
 from dataclasses import dataclass, field
 from typing import Any
 
+from summaryd.server.limits import DEFAULT as _LIMITS
+from summaryd.server.limits import Limits, flag
+
+# How far beyond --max-message-bytes a message still reaches the service (which refuses it naming the flag).
+MESSAGE_SLACK_BYTES = 4 * 1024 * 1024
+
 
 def _option(default: Any, help: str, metavar: str | None = None) -> Any:
     return field(default=default, metadata={"help": help, "metavar": metavar})
@@ -23,7 +29,28 @@ class Config:
         10.0, "seconds a SIGTERM/SIGINT may take to drain streams and sync files before exiting", "SECS"
     )
     max_message_bytes: int = _option(
-        64 * 1024 * 1024, "largest gRPC message (one batch of events) a client may send", "BYTES"
+        _LIMITS.max_message_bytes,
+        f"largest gRPC message (one batch of events) a client may send; gRPC itself drops any message more than "
+        f"{MESSAGE_SLACK_BYTES // 2**20} MiB larger",
+        "BYTES",
+    )
+    max_batch_events: int = _option(_LIMITS.max_batch_events, "most events one write batch may carry", "N")
+    max_event_bytes: int = _option(_LIMITS.max_event_bytes, "largest serialized event a client may send", "BYTES")
+    max_tag_bytes: int = _option(_LIMITS.max_tag_bytes, "longest summary tag (UTF-8 bytes) an event may carry", "BYTES")
+    max_run_path_bytes: int = _option(
+        _LIMITS.max_run_path_bytes, "longest run path (UTF-8 bytes) a client may name", "BYTES"
+    )
+    max_run_depth: int = _option(_LIMITS.max_run_depth, "most directories a run path may have", "N")
+    max_sessions: int = _option(_LIMITS.max_sessions, "most live sessions, over all clients", "N")
+    max_sessions_per_peer: int = _option(
+        _LIMITS.max_sessions_per_peer, "most live sessions opened from one client address (host)", "N"
+    )
+    max_open_runs: int = _option(_LIMITS.max_open_runs, "most runs with an open event file at once", "N")
+    stream_idle_timeout: float = _option(
+        _LIMITS.stream_idle_timeout,
+        "seconds a write stream may send nothing before it is ended (clients send heartbeats at a third of the "
+        "lease at most); must exceed a third of --session-lease",
+        "SECS",
     )
     io_threads: int = _option(4, "threads that write and sync event files, off the event loop", "N")
     log_level: str = _option("info", "logging level: debug, info, warning, error", "LEVEL")
@@ -75,6 +102,16 @@ class Config:
             raise ValueError("--session-lease must be positive")
         if self.session_retention_days <= 0:
             raise ValueError("--session-retention-days must be positive")
+        for limit in dataclasses.fields(Limits):
+            if getattr(self, limit.name) <= 0:
+                raise ValueError(f"{flag(limit.name)} must be positive")
+        if self.max_event_bytes > self.max_message_bytes:
+            raise ValueError("--max-event-bytes cannot exceed --max-message-bytes (a batch carries whole events)")
+        if self.stream_idle_timeout <= self.session_lease / 3:
+            raise ValueError(
+                f"--stream-idle-timeout {self.stream_idle_timeout:g} must exceed a third of --session-lease "
+                f"({self.session_lease / 3:g}s), the longest a client waits between heartbeats"
+            )
         if bool(self.tls_cert) != bool(self.tls_key):
             raise ValueError("TLS needs both --tls-cert and --tls-key")
         if self.tls_client_ca and not self.tls_cert:
@@ -97,6 +134,18 @@ class Config:
             return ipaddress.ip_address(host).is_loopback
         except ValueError:
             return False  # a host name that may resolve anywhere
+
+    @property
+    def transport_message_bytes(self) -> int:
+        """gRPC's own cap on a received message: a little above `max_message_bytes`, so that the service sees a
+        message slightly over the limit and refuses it naming `--max-message-bytes`; gRPC cuts off anything
+        larger with its own RESOURCE_EXHAUSTED."""
+        return self.max_message_bytes + MESSAGE_SLACK_BYTES
+
+    @property
+    def limits(self) -> Limits:
+        """The limits on what clients control."""
+        return Limits(**{f.name: getattr(self, f.name) for f in dataclasses.fields(Limits)})
 
     @property
     def state_path(self) -> str:

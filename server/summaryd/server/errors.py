@@ -13,3 +13,7 @@ class EventError(ValueError):
     def __init__(self, index: int, reason: str) -> None:
         super().__init__(f"event {index} of the batch {reason}")
         self.index = index
+
+
+class LimitError(Exception):
+    """A client asked for more than a configured limit allows (sessions, open runs); RESOURCE_EXHAUSTED."""

@@ -33,23 +33,28 @@ def _check_component(part: str, what: str) -> None:
             )
 
 
-def validate_run(run: str) -> list[str]:
-    """Check a client's run path and return its components.
+def validate_run(run: str, max_bytes: int = MAX_RUN_PATH_BYTES, max_depth: int = MAX_DEPTH) -> list[str]:
+    """Check a client's run path (at most `max_bytes` long and `max_depth` directories deep); return its parts.
 
     Raises:
         RunPathError: with a message that says what to change.
     """
     if not run:
         raise RunPathError("run path is empty; name the run, e.g. 'exp1'")
-    if len(run.encode()) > MAX_RUN_PATH_BYTES:
-        raise RunPathError(f"run path is longer than {MAX_RUN_PATH_BYTES} bytes")
+    size = len(run.encode())
+    if size > max_bytes:
+        raise RunPathError(
+            f"run path is {size} bytes, over the limit of {max_bytes} bytes (--max-run-path-bytes); name a shorter run"
+        )
     if run.startswith("/"):
         raise RunPathError(f"run path {run!r} is absolute; give a path relative to the daemon's logdir")
     if unicodedata.normalize("NFC", run) != run:
         raise RunPathError(f"run path {run!r} is not in Unicode normal form NFC")
     parts = run.rstrip("/").split("/")
-    if len(parts) > MAX_DEPTH:
-        raise RunPathError(f"run path {run!r} is deeper than {MAX_DEPTH} directories")
+    if len(parts) > max_depth:
+        raise RunPathError(
+            f"run path {run!r} is deeper than {max_depth} directories ({len(parts)}), the limit (--max-run-depth)"
+        )
     for part in parts:
         _check_component(part, f"run path {run!r}")
     return parts

@@ -15,6 +15,7 @@ from typing import TypeVar
 from summaryd.server.event_check import check_and_frame
 from summaryd.server.event_file import EventFile, next_name
 from summaryd.server.journal import FileJournal
+from summaryd.server.limits import DEFAULT, LimitError, Limits
 from summaryd.server.metrics import Metrics
 from summaryd.server.runpath import open_run_dir
 from summaryd.server.session_store import SessionRecord, SessionStore
@@ -60,6 +61,7 @@ class RunWriter:
     bytes_written: int = 0
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     metrics: Metrics | None = None
+    limits: Limits = DEFAULT
 
     async def write(self, session_id: str, last: int, events: Sequence[bytes]) -> None:
         """Check, frame and append one batch of `session_id` ending at sequence `last`; returns when the batch
@@ -82,7 +84,7 @@ class RunWriter:
             metrics.bytes_written.labels(self.run_dir).inc(self.bytes_written - size_before)
 
     def _write_blocking(self, session_id: str, last: int, events: Sequence[bytes]) -> None:
-        blob = check_and_frame(events)
+        blob = check_and_frame(events, self.limits)
         if self.file is None:
             self._open_file()
         assert self.file is not None and self.journal is not None
@@ -204,15 +206,30 @@ class RunRegistry:
     def executor(self) -> Executor:
         return self._executor
 
-    async def acquire(self, parts: list[str]) -> RunWriter:
-        """Return the run's writer, opening the directory (inside the logdir only) when needed."""
+    async def acquire(self, parts: list[str], limits: Limits = DEFAULT) -> RunWriter:
+        """Return the run's writer, opening the directory (inside the logdir only) when needed.
+
+        Raises:
+            LimitError: opening the run would exceed `limits.max_open_runs`.
+        """
         run_dir = "/".join(parts)
         async with self._lock:
             writer = self._runs.get(run_dir)
             if writer is None:
+                if len(self._runs) >= limits.max_open_runs:
+                    raise LimitError(
+                        f"the daemon has {len(self._runs)} runs open, its limit (--max-open-runs); close sessions "
+                        "of finished runs or raise the limit"
+                    )
                 dir_fd = await run_to_completion(self._executor, lambda: open_run_dir(self.logdir_fd, parts))
                 writer = RunWriter(
-                    run_dir, dir_fd, self._executor, self._journal_dir_fd, self.store, metrics=self.metrics
+                    run_dir,
+                    dir_fd,
+                    self._executor,
+                    self._journal_dir_fd,
+                    self.store,
+                    metrics=self.metrics,
+                    limits=limits,
                 )
                 self._runs[run_dir] = writer
             writer.sessions += 1

@@ -84,7 +84,8 @@ class Server:
                     report.deleted_files,
                     report.sessions,
                 )
-            await self._serve(registry, SummariesService(registry, state.store, config.session_lease), executor)
+            service = SummariesService(registry, state.store, config.session_lease, config.limits)
+            await self._serve(registry, service, executor)
         finally:
             state.close()
 
@@ -104,7 +105,7 @@ class Server:
         server = aio.server(
             interceptors=interceptors,
             options=[
-                ("grpc.max_receive_message_length", config.max_message_bytes),
+                ("grpc.max_receive_message_length", config.transport_message_bytes),
                 ("grpc.so_reuseport", 0),
                 # Find connections whose peer vanished (a killed client's host) so that their sessions can expire.
                 ("grpc.keepalive_time_ms", int(max(config.session_lease / 2, 1.0) * 1000)),

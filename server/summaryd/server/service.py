@@ -11,13 +11,15 @@ import asyncio
 import errno
 import logging
 import time
+import urllib.parse
 from collections.abc import AsyncIterator, Coroutine
 from typing import Any, NoReturn, TypeVar
 
 import grpc
 from grpc import aio
 
-from summaryd.server.errors import EventError, RunPathError
+from summaryd.server.errors import EventError, LimitError, RunPathError
+from summaryd.server.limits import DEFAULT, Limits
 from summaryd.server.runpath import validate_run, validate_worker
 from summaryd.server.runs import RunRegistry, run_to_completion
 from summaryd.server.session_store import SessionRecord, SessionStore
@@ -46,6 +48,13 @@ def _io_status(exc: OSError, run_dir: str, what: str) -> tuple[grpc.StatusCode, 
     return grpc.StatusCode.UNAVAILABLE, f"the daemon cannot write run {run_dir!r} ({exc.strerror}); {what}"
 
 
+def _peer_host(peer: str) -> str:
+    """A gRPC peer without its port: `ipv4:10.0.0.5:51234` is `ipv4:10.0.0.5`, `ipv6:[::1]:5123` is `ipv6:[::1]`."""
+    if peer.startswith(("ipv4:", "ipv6:")):
+        return urllib.parse.unquote(peer.rsplit(":", 1)[0])  # gRPC writes `ipv6:%5B::1%5D:5123`
+    return peer  # unix sockets: every local client is one peer
+
+
 def _retrieve(task: asyncio.Task[Any]) -> None:
     # An RPC cancelled while its work went on no longer awaits the result; its error is logged, not lost.
     if not task.cancelled() and task.exception() is not None:
@@ -55,10 +64,11 @@ def _retrieve(task: asyncio.Task[Any]) -> None:
 class SummariesService(pb_grpc.SummariesServicer):
     """Sessions, the write stream, flush, close and status over one run registry and session store."""
 
-    def __init__(self, registry: RunRegistry, store: SessionStore, lease: float) -> None:
+    def __init__(self, registry: RunRegistry, store: SessionStore, lease: float, limits: Limits = DEFAULT) -> None:
         self.registry = registry
         self.store = store
         self.lease = lease
+        self.limits = limits
         self.sessions = SessionTable()
         self._draining = False
         # Write handlers waiting for their client's next message: cancelled at once when draining.
@@ -163,9 +173,12 @@ class SummariesService(pb_grpc.SummariesServicer):
             if record is not None and record.run_dir != run_dir:
                 await self._abort_run_switch(session_id, record.run_dir, run_dir, context)
             try:
-                session = await self._complete(self._start_session(request, parts, record))
+                peer = _peer_host(context.peer() or "")
+                session = await self._complete(self._start_session(request, parts, record, peer))
             except RunPathError as exc:
                 await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+            except LimitError as exc:
+                await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(exc))
             except OSError as exc:
                 await context.abort(*_io_status(exc, run_dir, "the run directory could not be opened"))
         elif session.run.run_dir != run_dir:
@@ -175,7 +188,7 @@ class SummariesService(pb_grpc.SummariesServicer):
 
     async def _run_parts(self, request: pb.OpenSessionRequest, context: Context) -> list[str]:
         try:
-            parts = validate_run(request.run)
+            parts = validate_run(request.run, self.limits.max_run_path_bytes, self.limits.max_run_depth)
             if request.worker:
                 validate_worker(request.worker)
                 parts = [*parts, request.worker]
@@ -190,19 +203,31 @@ class SummariesService(pb_grpc.SummariesServicer):
         return parts
 
     async def _start_session(
-        self, request: pb.OpenSessionRequest, parts: list[str], record: SessionRecord | None
+        self, request: pb.OpenSessionRequest, parts: list[str], record: SessionRecord | None, peer: str
     ) -> Session:
-        """A session this daemon does not hold live: new, or resumed where the session store says it stands."""
+        """A session this daemon does not hold live: new, or resumed where the session store says it stands.
+
+        Raises:
+            LimitError: the session would exceed `--max-sessions`, `--max-sessions-per-peer` or `--max-open-runs`.
+        """
         session_id = request.session_id
-        writer = await self.registry.acquire(parts)
+        over = self._over_session_limits(peer)
+        if over is not None:  # before any directory is made
+            raise LimitError(over)
+        writer = await self.registry.acquire(parts, self.limits)
         # Another OpenSession of the same id may have won the race while the directory was opened.
         raced = self.sessions.get(session_id)
         if raced is not None:
             await self.registry.release(writer)
             return raced
+        # Counted again right before the session is added (no await in between): concurrent opens cannot overshoot.
+        over = self._over_session_limits(peer)
+        if over is not None:
+            await self.registry.release(writer)
+            raise LimitError(over)
         client = pb.ClientIdentity()
         client.CopyFrom(request.client)
-        session = Session(session_id, writer, request.worker, request.world_size, client)
+        session = Session(session_id, writer, request.worker, request.world_size, client, peer)
         # A client that saw more acknowledged than the store remembers (the state directory was lost)
         # continues its own numbering rather than being stuck.
         session.acked = max(record.last if record else 0, request.next_sequence - 1, 0)
@@ -220,6 +245,22 @@ class SummariesService(pb_grpc.SummariesServicer):
         )
         return session
 
+    def _over_session_limits(self, peer: str) -> str | None:
+        """Why one more session from `peer` is too many, or None."""
+        limits = self.limits
+        if len(self.sessions) >= limits.max_sessions:
+            return (
+                f"the daemon holds {len(self.sessions)} live sessions, its limit (--max-sessions); close finished "
+                "sessions or raise the limit"
+            )
+        from_peer = sum(1 for s in self.sessions if s.peer == peer)
+        if from_peer >= limits.max_sessions_per_peer:
+            return (
+                f"{peer} holds {from_peer} live sessions, the limit per client address (--max-sessions-per-peer); "
+                "close finished sessions or raise the limit"
+            )
+        return None
+
     # ---- Write -----------------------------------------------------------------------------------------
 
     async def Write(
@@ -232,7 +273,14 @@ class SummariesService(pb_grpc.SummariesServicer):
             while True:
                 self._idle_streams.add(task)
                 try:
-                    request = await anext(aiter(request_iterator), None)
+                    async with asyncio.timeout(self.limits.stream_idle_timeout):
+                        request = await anext(aiter(request_iterator), None)
+                except TimeoutError:
+                    await context.abort(
+                        grpc.StatusCode.DEADLINE_EXCEEDED,
+                        f"the write stream sent nothing for {self.limits.stream_idle_timeout:g}s, the limit "
+                        "(--stream-idle-timeout); send heartbeats (empty batches) or reconnect",
+                    )
                 finally:
                     self._idle_streams.discard(task)
                 if request is None:
@@ -254,6 +302,19 @@ class SummariesService(pb_grpc.SummariesServicer):
                 session.streams.discard(task)
 
     async def _write_batch(self, session: Session, request: pb.WriteRequest, context: Context) -> int:
+        size = request.ByteSize()
+        if size > self.limits.max_message_bytes:
+            await context.abort(
+                grpc.StatusCode.RESOURCE_EXHAUSTED,
+                f"batch from sequence {request.first_sequence} is a {size}-byte message, over the limit of "
+                f"{self.limits.max_message_bytes} bytes (--max-message-bytes); send smaller batches",
+            )
+        if len(request.events) > self.limits.max_batch_events:
+            await context.abort(
+                grpc.StatusCode.INVALID_ARGUMENT,
+                f"batch from sequence {request.first_sequence} has {len(request.events)} events, over the limit of "
+                f"{self.limits.max_batch_events} events per batch (--max-batch-events); send smaller batches",
+            )
         try:
             return await self._complete(session.apply(request.first_sequence, request.events))
         except EventError as exc:
@@ -338,6 +399,35 @@ class SummariesService(pb_grpc.SummariesServicer):
             closed = SessionRecord(session_id, record.run_dir, record.last, closed=True)
             await run_to_completion(self.registry.executor, lambda: self.store.record([closed], sync=True))
         return record.last
+
+    # ---- PutFile -------------------------------------------------------------------------------------------
+
+    async def PutFile(self, request: pb.PutFileRequest, context: Context) -> pb.PutFileResponse:
+        """Write a file beside the session's event files (the projector's data); see `run_files`."""
+        from summaryd.server import run_files
+
+        try:
+            file_parts = run_files.validate_file_path(request.path)
+        except RunPathError as exc:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+        session = await self._live_session(request.session_id, context)
+        session.touch()
+        run_parts, logdir_fd = session.run.run_dir.split("/"), self.registry.logdir_fd
+
+        def put() -> None:
+            run_files.put_file(logdir_fd, run_parts, file_parts, request.content)
+
+        try:
+            await self._complete(run_to_completion(self.registry.executor, put))
+        except RunPathError as exc:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+        except IsADirectoryError:
+            await context.abort(
+                grpc.StatusCode.INVALID_ARGUMENT, f"file path {request.path!r} names a directory of the run"
+            )
+        except OSError as exc:
+            await context.abort(*_io_status(exc, session.run.run_dir, f"the file {request.path!r} was not written"))
+        return pb.PutFileResponse()
 
     # ---- GetStatus -------------------------------------------------------------------------------------
 

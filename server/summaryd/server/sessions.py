@@ -46,6 +46,8 @@ class Session:
     worker: str
     world_size: int
     client: pb.ClientIdentity
+    # The client's address without its port (what `--max-sessions-per-peer` counts by).
+    peer: str = ""
     acked: int = 0
     events_written: int = 0
     duplicates_dropped: int = 0

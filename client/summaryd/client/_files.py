@@ -1,0 +1,271 @@
+"""Files beside a run's event files (the embedding projector's), uploaded with `PutFile` in the background.
+
+`FileUploader` owns one daemon thread, started on first use, that takes jobs from a bounded queue, encodes
+them (a job returns `(path, content)` pairs; the caller handed it copies of its data) and sends each file with
+its own deadline and a few retries with backoff. It never raises into the caller: a job it could not queue,
+encode or deliver is counted in `failed`, which the writer reports as `dropped["files"]`. The files go to the
+session of the run's `Sender`, which must be open first: the uploader starts that sender and waits for its
+session before the first upload, and tries again when the daemon does not know the session (yet).
+
+`embedding_files` builds the projector's files exactly as torch's `add_embedding` writes them: with torch's
+own helpers (`torch.utils.tensorboard._embedding`) when torch is imported, else with numpy and Pillow.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import logging
+import math
+import os
+import queue
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import grpc
+import numpy as np
+
+from summaryd.client import _summaries, _torch
+from summaryd.client._channel import open_channel
+from summaryd.client._sender import Sender
+from summaryd.v1 import summaryd_pb2 as pb
+from summaryd.v1 import summaryd_pb2_grpc as pb_grpc
+
+log = logging.getLogger("summaryd.client")
+
+Files = list[tuple[str, bytes]]
+Job = Callable[[], Files]
+
+_RETRY = frozenset(
+    {
+        grpc.StatusCode.UNAVAILABLE,
+        grpc.StatusCode.NOT_FOUND,
+        grpc.StatusCode.DEADLINE_EXCEEDED,
+        grpc.StatusCode.RESOURCE_EXHAUSTED,
+        grpc.StatusCode.ABORTED,
+    }
+)
+_STOP: Any = object()
+
+
+class FileUploader:
+    """Uploads files to the session of `sender` from a background thread.
+
+    Args:
+        sender: the run's sender; its session receives the files.
+        max_jobs: bound of the queue; a job beyond it is dropped (counted in `failed`).
+        rpc_timeout: deadline of each `PutFile`, and of waiting for the session to open.
+        attempts: tries per file before it is given up.
+        backoff_secs: first and longest pause between tries.
+    """
+
+    def __init__(
+        self,
+        sender: Sender,
+        *,
+        max_jobs: int = 64,
+        rpc_timeout: float | None = None,
+        attempts: int = 4,
+        backoff_secs: tuple[float, float] = (0.1, 2.0),
+    ) -> None:
+        self.sender = sender
+        self.rpc_timeout = sender.rpc_timeout if rpc_timeout is None else rpc_timeout
+        self.attempts = attempts
+        self.backoff_secs = backoff_secs
+        self.failed = 0
+        self.last_error: str | None = None
+        self._queue: queue.Queue[Any] = queue.Queue(max_jobs)
+        self._cond = threading.Condition()
+        self._pending = 0
+        self._thread: threading.Thread | None = None
+        self._channel: grpc.Channel | None = None
+        self._stop = threading.Event()
+
+    def submit(self, job: Job) -> bool:
+        """Queue a job (never blocks); False when it was dropped (queue full, or closed)."""
+        with self._cond:
+            if self._stop.is_set():
+                self.failed += 1
+                return False
+            self._pending += 1
+            if self._thread is None:
+                self._thread = threading.Thread(
+                    target=self._run, name=f"summaryd-files[{self.sender.run}]", daemon=True
+                )
+                self._thread.start()
+        try:
+            self._queue.put_nowait(job)
+        except queue.Full:
+            log.warning(
+                "summaryd: the file upload queue of run %r is full; a projector upload was dropped", self.sender.run
+            )
+            self._done(failed=True)
+            return False
+        return True
+
+    def wait(self, timeout: float | None) -> bool:
+        """Wait until every queued job is uploaded or given up (at most `timeout`); True when none is left."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        with self._cond:
+            while self._pending:
+                remaining = None if deadline is None else deadline - time.monotonic()
+                if remaining is not None and remaining <= 0:
+                    return False
+                self._cond.wait(remaining)
+            return True
+
+    def close(self, timeout: float | None) -> int:
+        """Wait for the uploads (at most `timeout`), stop the thread; the jobs left over count as failed."""
+        self.wait(timeout)
+        with self._cond:
+            self._stop.set()
+            left, self._pending = self._pending, 0
+            self.failed += left
+            self._cond.notify_all()
+            thread = self._thread
+        if thread is not None:
+            with contextlib.suppress(queue.Full):
+                self._queue.put_nowait(_STOP)
+            thread.join(1.0)
+        return self.failed
+
+    def _done(self, *, failed: bool) -> None:
+        with self._cond:
+            if self._stop.is_set():
+                return  # close() counted every job still pending
+            if failed:
+                self.failed += 1
+            self._pending = max(0, self._pending - 1)
+            self._cond.notify_all()
+
+    def _run(self) -> None:
+        try:
+            while True:
+                job = self._queue.get()
+                if job is _STOP or self._stop.is_set():
+                    return
+                ok = False
+                try:
+                    ok = all(self._put(path, content) for path, content in job())
+                except Exception as exc:  # an encoding error must not reach the caller, nor end the thread
+                    log.warning("summaryd: projector files for run %r could not be encoded: %r", self.sender.run, exc)
+                    self.last_error = repr(exc)
+                self._done(failed=not ok)
+        finally:
+            if self._channel is not None:
+                self._channel.close()
+                self._channel = None
+
+    def _session_open(self) -> bool:
+        """Start the run's sender if need be and wait (at most `rpc_timeout`) until its session is open."""
+        sender = self.sender
+        if sender.run_dir is not None:
+            return True
+        sender._start()
+        deadline = time.monotonic() + self.rpc_timeout
+        while sender.run_dir is None and time.monotonic() < deadline:
+            if self._stop.wait(0.01):
+                return False
+        return sender.run_dir is not None
+
+    def _put(self, path: str, content: bytes) -> bool:
+        sender = self.sender
+        backoff = self.backoff_secs[0]
+        for attempt in range(self.attempts):
+            if attempt:
+                if self._stop.wait(backoff):
+                    return False
+                backoff = min(backoff * 2, self.backoff_secs[1])
+            if not self._session_open():
+                self.last_error = f"the session of run {sender.run!r} did not open"
+                continue
+            if self._channel is None:
+                self._channel = open_channel(sender.address, sender.channel_settings)
+            request = pb.PutFileRequest(session_id=sender.session_id, path=path, content=content)
+            try:
+                pb_grpc.SummariesStub(self._channel).PutFile(request, timeout=self.rpc_timeout)
+                return True
+            except grpc.RpcError as exc:
+                code = exc.code()
+                self.last_error = f"{code.name}: {exc.details()}"
+                if code not in _RETRY:
+                    break
+        log.warning("summaryd: %r of run %r was not uploaded (%s)", path, sender.run, self.last_error)
+        return False
+
+
+# ---- the embedding projector's files (torch's add_embedding) ---------------------------------------------------
+
+
+def encode_tag(tag: str) -> str:
+    """torch's `SummaryWriter._encode`: the tag as one path component."""
+    return tag.replace("%", "%25").replace("/", "%2f").replace("\\", "%5c")
+
+
+def embedding_files(
+    subdir: str, mat: np.ndarray[Any, Any], metadata: Sequence[Any] | None, label_img: Any, header: Sequence[str] | None
+) -> Files:
+    """The files of one `add_embedding` call, under `subdir`, byte for byte as torch writes them."""
+    builders = _torch.builders()
+    if builders is not None:
+        files = _torch_embedding_files(mat, metadata, label_img, header)
+    else:
+        files = []
+        if metadata is not None:
+            files.append(("metadata.tsv", _metadata_tsv(metadata, header)))
+        if label_img is not None:
+            files.append(("sprite.png", _sprite_png(label_img)))
+        files.append(("tensors.tsv", _tensors_tsv(mat)))
+    return [(f"{subdir}/{name}", content) for name, content in files]
+
+
+def _torch_embedding_files(
+    mat: np.ndarray[Any, Any], metadata: Sequence[Any] | None, label_img: Any, header: Sequence[str] | None
+) -> Files:
+    import torch
+    from torch.utils.tensorboard import _embedding
+
+    with tempfile.TemporaryDirectory(prefix="summaryd-embedding-") as folder:
+        names = []
+        if metadata is not None:
+            _embedding.make_tsv(list(metadata), folder, metadata_header=header)
+            names.append("metadata.tsv")
+        if label_img is not None:
+            _embedding.make_sprite(torch.from_numpy(label_img), folder)
+            names.append("sprite.png")
+        _embedding.make_mat(mat, folder)
+        names.append("tensors.tsv")
+        files = []
+        for name in names:
+            with open(os.path.join(folder, name), "rb") as file:
+                files.append((name, file.read()))
+        return files
+
+
+def _metadata_tsv(metadata: Sequence[Any], header: Sequence[str] | None) -> bytes:
+    if not header:
+        lines = [str(x) for x in metadata]
+    else:
+        lines = ["\t".join(str(e) for e in row) for row in [header, *metadata]]
+    return ("\n".join(lines) + "\n").encode()
+
+
+def _tensors_tsv(mat: np.ndarray[Any, Any]) -> bytes:
+    return b"".join(("\t".join(str(i.item()) for i in row) + "\n").encode() for row in mat)
+
+
+def _sprite_png(label_img: np.ndarray[Any, Any]) -> bytes:
+    from PIL import Image
+
+    columns = math.ceil(label_img.shape[0] ** 0.5)
+    chw = _summaries.grid(label_img, columns)
+    square = np.zeros((chw.shape[2], chw.shape[2], 3))
+    hwc = chw.transpose(1, 2, 0)
+    square[: hwc.shape[0], :, :] = hwc
+    picture = Image.fromarray(np.uint8((square * 255).clip(0, 255)))
+    with io.BytesIO() as buffer:
+        picture.save(buffer, format="PNG")
+        return buffer.getvalue()

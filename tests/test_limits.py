@@ -1,0 +1,218 @@
+"""Limits on everything a client controls: over one, a clear status naming the limit's flag, and what was
+accepted before stays whole."""
+
+from __future__ import annotations
+
+import threading
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import grpc
+import pytest
+from tensorboard.compat.proto.event_pb2 import Event
+from tensorboard.compat.proto.summary_pb2 import Summary
+
+from conftest import Daemon, assert_whole_records, event_files, read_events, start_daemon
+from summaryd.server.config import Config
+from summaryd.v1 import summaryd_pb2 as pb
+from summaryd.v1 import summaryd_pb2_grpc as pb_grpc
+
+Spawn = Callable[..., tuple[Daemon, pb_grpc.SummariesStub]]
+
+
+def scalar(step: int, tag: str = "s", pad: int = 0) -> bytes:
+    value = Summary.Value(tag=tag, simple_value=float(step))
+    if pad:
+        value.metadata.plugin_data.content = b"x" * pad
+    return Event(wall_time=1.0 + step, step=step, summary=Summary(value=[value])).SerializeToString()
+
+
+@pytest.fixture
+def spawn(tmp_path: Path) -> Iterator[Spawn]:
+    """Start a daemon with the given flags and a stub on it; every daemon is stopped by pid at the end."""
+    started: list[tuple[Daemon, grpc.Channel]] = []
+
+    def start(*flags: str, address: str | None = None) -> tuple[Daemon, pb_grpc.SummariesStub]:
+        daemon = start_daemon(tmp_path, *flags, logdir=tmp_path / f"runs-{len(started)}")
+        channel = grpc.insecure_channel(address.format(port=daemon.port) if address else daemon.address)
+        started.append((daemon, channel))
+        return daemon, pb_grpc.SummariesStub(channel)
+
+    yield start
+    for daemon, channel in started:
+        channel.close()
+        daemon.terminate()
+
+
+def open_session(stub: pb_grpc.SummariesStub, run: str = "lim") -> str:
+    session_id = str(uuid.uuid4())
+    stub.OpenSession(pb.OpenSessionRequest(session_id=session_id, run=run), timeout=10)
+    return session_id
+
+
+def write(stub: pb_grpc.SummariesStub, session_id: str, first: int, events: list[bytes]) -> int:
+    [ack] = stub.Write(iter([pb.WriteRequest(session_id=session_id, first_sequence=first, events=events)]), timeout=10)
+    return ack.acked_sequence
+
+
+def refused(call: Callable[[], object]) -> grpc.RpcError:
+    with pytest.raises(grpc.RpcError) as caught:
+        call()
+    return caught.value
+
+
+def steps_in(daemon: Daemon, run: str) -> list[int]:
+    [path] = event_files(daemon.logdir / run)
+    assert_whole_records(path)
+    return [e.step for e in read_events(path) if e.HasField("summary")]
+
+
+def test_message_size(spawn: Spawn) -> None:
+    daemon, stub = spawn("--max-message-bytes", "20000", "--max-event-bytes", "10000")
+    session = open_session(stub)
+    assert write(stub, session, 1, [scalar(0, pad=5000), scalar(1, pad=5000)]) == 2
+    error = refused(lambda: write(stub, session, 3, [scalar(step, pad=5000) for step in range(2, 7)]))
+    assert error.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+    assert "--max-message-bytes" in (error.details() or "")
+    assert steps_in(daemon, "lim") == [0, 1]
+
+
+def test_events_per_batch(spawn: Spawn) -> None:
+    daemon, stub = spawn("--max-batch-events", "3")
+    session = open_session(stub)
+    assert write(stub, session, 1, [scalar(0), scalar(1), scalar(2)]) == 3
+    error = refused(lambda: write(stub, session, 4, [scalar(step) for step in range(3, 7)]))
+    assert error.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "4 events" in error.details() and "--max-batch-events" in error.details()
+    assert steps_in(daemon, "lim") == [0, 1, 2]
+
+
+def test_event_size(spawn: Spawn) -> None:
+    daemon, stub = spawn("--max-event-bytes", "2000")
+    session = open_session(stub)
+    assert write(stub, session, 1, [scalar(0, pad=1900)]) == 1
+    error = refused(lambda: write(stub, session, 2, [scalar(1), scalar(2, pad=2100)]))
+    assert error.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "event 1 of the batch" in error.details() and "--max-event-bytes" in error.details()
+    assert steps_in(daemon, "lim") == [0]  # the whole batch is refused, its good event too
+
+
+def test_tag_length(spawn: Spawn) -> None:
+    daemon, stub = spawn("--max-tag-bytes", "8")
+    session = open_session(stub)
+    assert write(stub, session, 1, [scalar(0, tag="t" * 8), scalar(1, tag="é" * 4)]) == 2
+    for tag in ("t" * 9, "é" * 5):  # 5 characters, 10 UTF-8 bytes
+        error = refused(lambda tag=tag: write(stub, session, 3, [scalar(2, tag=tag)]))  # type: ignore[misc]
+        assert error.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert "--max-tag-bytes" in error.details()
+    assert steps_in(daemon, "lim") == [0, 1]
+
+
+def test_run_path_length(spawn: Spawn) -> None:
+    daemon, stub = spawn("--max-run-path-bytes", "10")
+    session = open_session(stub, run="r" * 10)
+    assert write(stub, session, 1, [scalar(0)]) == 1
+    error = refused(lambda: open_session(stub, run="r" * 11))
+    assert error.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "11 bytes" in error.details() and "--max-run-path-bytes" in error.details()
+    assert not (daemon.logdir / ("r" * 11)).exists()
+    assert steps_in(daemon, "r" * 10) == [0]
+
+
+def test_run_path_depth(spawn: Spawn) -> None:
+    daemon, stub = spawn("--max-run-depth", "2")
+    session = open_session(stub, run="a/b")
+    assert write(stub, session, 1, [scalar(0)]) == 1
+    error = refused(lambda: open_session(stub, run="a/b/c"))
+    assert error.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "--max-run-depth" in error.details()
+    assert not (daemon.logdir / "a" / "b" / "c").exists()
+    assert steps_in(daemon, "a/b") == [0]
+
+
+def test_sessions_in_total(spawn: Spawn) -> None:
+    daemon, stub = spawn("--max-sessions", "2")
+    first, second = open_session(stub, "one"), open_session(stub, "two")
+    assert write(stub, first, 1, [scalar(0)]) == 1
+    error = refused(lambda: open_session(stub, "three"))
+    assert error.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+    assert "--max-sessions" in error.details() and "per-peer" not in error.details()
+    assert not (daemon.logdir / "three").exists()
+    # A live session reopening (a reconnect) is no new session; a closed one makes room.
+    stub.OpenSession(pb.OpenSessionRequest(session_id=first, run="one"), timeout=10)
+    stub.CloseSession(pb.CloseSessionRequest(session_id=second), timeout=10)
+    third = open_session(stub, "three")
+    assert write(stub, third, 1, [scalar(5)]) == 1
+    assert write(stub, first, 2, [scalar(1)]) == 2
+    assert steps_in(daemon, "one") == [0, 1]
+    assert steps_in(daemon, "three") == [5]
+
+
+def test_sessions_per_peer(spawn: Spawn) -> None:
+    # Listening on localhost, the daemon sees 127.0.0.1 and ::1 as two client addresses.
+    daemon, over_v4 = spawn("--listen", "localhost:0", "--max-sessions-per-peer", "2", "--max-sessions", "10")
+    with grpc.insecure_channel(f"[::1]:{daemon.port}") as channel:
+        over_v6 = pb_grpc.SummariesStub(channel)
+        first = open_session(over_v4, "one")
+        open_session(over_v4, "two")
+        assert write(over_v4, first, 1, [scalar(0)]) == 1
+        error = refused(lambda: open_session(over_v4, "three"))
+        assert error.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+        assert "127.0.0.1" in error.details() and "--max-sessions-per-peer" in error.details()
+        other = open_session(over_v6, "three")
+        assert write(over_v6, other, 1, [scalar(7)]) == 1
+        open_session(over_v6, "four")
+        error = refused(lambda: open_session(over_v6, "five"))
+        assert error.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+        assert "[::1]" in error.details() and "--max-sessions-per-peer" in error.details()
+    assert steps_in(daemon, "one") == [0]
+    assert steps_in(daemon, "three") == [7]
+
+
+def test_open_runs(spawn: Spawn) -> None:
+    daemon, stub = spawn("--max-open-runs", "2")
+    a, b = open_session(stub, "a"), open_session(stub, "b")
+    assert write(stub, a, 1, [scalar(0)]) == 1
+    error = refused(lambda: open_session(stub, "c"))
+    assert error.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+    assert "--max-open-runs" in error.details()
+    assert not (daemon.logdir / "c").exists()
+    second_on_a = open_session(stub, "a")  # shares the open run
+    assert write(stub, second_on_a, 1, [scalar(1)]) == 1
+    stub.CloseSession(pb.CloseSessionRequest(session_id=b), timeout=10)
+    c = open_session(stub, "c")
+    assert write(stub, c, 1, [scalar(2)]) == 1
+    assert steps_in(daemon, "a") == [0, 1]
+
+
+def test_stream_idle_time(spawn: Spawn) -> None:
+    daemon, stub = spawn("--stream-idle-timeout", "1", "--session-lease", "2.9")
+    session = open_session(stub)
+    hang_up = threading.Event()
+
+    def requests() -> Iterator[pb.WriteRequest]:
+        yield pb.WriteRequest(session_id=session, first_sequence=1, events=[scalar(0), scalar(1)])
+        hang_up.wait(30)  # then silence, the stream left open
+
+    acks = []
+    try:
+        with pytest.raises(grpc.RpcError) as caught:
+            for ack in stub.Write(requests(), timeout=20):
+                acks.append(ack.acked_sequence)
+    finally:
+        hang_up.set()
+    assert acks == [2]
+    assert caught.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+    assert "--stream-idle-timeout" in caught.value.details()
+    # The session itself lives on: the client reconnects and continues.
+    assert write(stub, session, 3, [scalar(2)]) == 3
+    assert steps_in(daemon, "lim") == [0, 1, 2]
+
+
+def test_idle_time_must_outlast_heartbeats() -> None:
+    with pytest.raises(ValueError, match="--stream-idle-timeout"):
+        Config(session_lease=60, stream_idle_timeout=15)
+    with pytest.raises(ValueError, match="--max-open-runs must be positive"):
+        Config(max_open_runs=0)
+    assert Config().stream_idle_timeout > Config().session_lease / 3

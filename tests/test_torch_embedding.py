@@ -1,0 +1,187 @@
+"""Issue 4: `add_embedding` writes the projector's files beside the run's event files, as torch's does.
+
+torch's `SummaryWriter` (local files) and ours (through a real daemon, `PutFile`) get the same calls; the
+projector's data files must be byte-identical and `projector_config.pbtxt` must hold the same `ProjectorConfig`.
+The daemon refuses file paths that would leave the run directory or touch its own files.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import grpc
+import numpy as np
+import pytest
+import torch
+from google.protobuf import text_format
+from tensorboard.plugins.projector.projector_config_pb2 import ProjectorConfig
+from torch.utils.tensorboard import SummaryWriter as TorchSummaryWriter
+
+from conftest import Daemon
+from summaryd.client import SummaryWriter, _torch
+from summaryd.v1 import summaryd_pb2 as pb
+from summaryd.v1 import summaryd_pb2_grpc as pb_grpc
+
+
+class Inputs:
+    def __init__(self) -> None:
+        torch.manual_seed(7)
+        self.mat = torch.randn(10, 4)
+        self.mat_np = np.random.default_rng(7).normal(size=(5, 3)).astype(np.float32)
+        self.labels = [f"label-{i}" for i in range(10)]
+        self.images = torch.rand(10, 3, 6, 5)
+        self.gray = torch.rand(5, 1, 4, 4)
+        self.table = [[i, i % 3] for i in range(5)]
+
+
+def exercise(writer: Any, x: Inputs) -> None:
+    writer.add_embedding(x.mat, metadata=x.labels, label_img=x.images, global_step=1, tag="words")
+    writer.add_embedding(x.mat, global_step=2, tag="nested/tag%")
+    writer.add_embedding(x.mat_np, metadata=x.table, metadata_header=["index", "class"], label_img=x.gray)
+    writer.add_embedding(x.mat * 2, metadata=x.labels, global_step=3)
+
+
+def projector_files(run: Path) -> dict[str, bytes]:
+    return {
+        str(p.relative_to(run)): p.read_bytes()
+        for p in sorted(run.rglob("*"))
+        if p.is_file() and "tfevents" not in p.name and p.name != "projector_config.pbtxt"
+    }
+
+
+def projector_config(run: Path) -> ProjectorConfig:
+    config = ProjectorConfig()
+    text_format.Parse((run / "projector_config.pbtxt").read_text(), config)
+    return config
+
+
+def compare_with_torch(daemon: Daemon, tmp_path: Path) -> None:
+    inputs = Inputs()
+    with TorchSummaryWriter(str(tmp_path / "torch" / "exp")) as theirs:
+        exercise(theirs, inputs)
+    with SummaryWriter("exp", address=daemon.address, worker="") as ours:
+        exercise(ours, inputs)
+        report = ours.flush()
+    assert not any(report.dropped.values()), report
+    expected, actual = projector_files(tmp_path / "torch" / "exp"), projector_files(daemon.logdir / "exp")
+    assert sorted(actual) == sorted(expected)
+    assert {
+        "00001/words/sprite.png",
+        "00002/nested%2ftag%25/tensors.tsv",
+        "00000/default/metadata.tsv",
+        "00003/default/tensors.tsv",
+    } <= set(expected)
+    for name, content in expected.items():
+        assert actual[name] == content, name
+    theirs_config = projector_config(tmp_path / "torch" / "exp")
+    assert len(theirs_config.embeddings) == 4
+    assert projector_config(daemon.logdir / "exp") == theirs_config
+    # No temporary file is left behind.
+    assert not list((daemon.logdir / "exp").rglob(".summaryd*"))
+
+
+def test_add_embedding_writes_torchs_projector_files(daemon: Daemon, tmp_path: Path) -> None:
+    compare_with_torch(daemon, tmp_path)
+
+
+def test_add_embedding_without_torchs_helpers_gives_the_same_bytes(
+    daemon: Daemon, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A process that has not imported torch encodes with numpy and Pillow; the files are the same."""
+    monkeypatch.setattr(_torch, "builders", lambda: None)
+    compare_with_torch(daemon, tmp_path)
+
+
+def test_close_waits_for_the_uploads(daemon: Daemon) -> None:
+    writer = SummaryWriter("closing", address=daemon.address, worker="")
+    writer.add_embedding(np.eye(3), metadata=["a", "b", "c"])
+    report = writer.close()
+    assert report.ok, report
+    assert (daemon.logdir / "closing" / "00000" / "default" / "tensors.tsv").read_text() == (
+        "1.0\t0.0\t0.0\n0.0\t1.0\t0.0\n0.0\t0.0\t1.0\n"
+    )
+    assert (daemon.logdir / "closing" / "projector_config.pbtxt").is_file()
+
+
+def test_a_refused_upload_is_counted_not_raised(daemon: Daemon) -> None:
+    writer = SummaryWriter("refused", address=daemon.address, worker="")
+    writer.add_embedding(np.eye(2), tag="x")
+    # A tag the daemon refuses as a path component: control characters.
+    writer.add_embedding(np.eye(2), tag="bad\x01tag")
+    report = writer.close()
+    assert report.dropped == {"files": 1}
+    assert (daemon.logdir / "refused" / "00000" / "x" / "tensors.tsv").is_file()
+
+
+@pytest.fixture
+def stub(daemon: Daemon) -> Iterator[pb_grpc.SummariesStub]:
+    with grpc.insecure_channel(daemon.address) as channel:
+        yield pb_grpc.SummariesStub(channel)
+
+
+@pytest.mark.parametrize(
+    "path",
+    [
+        "",
+        "/etc/passwd",
+        "../escape.txt",
+        "a/../../escape.txt",
+        "a//b.txt",
+        "./a.txt",
+        "dir/",
+        "a/b/c/d/e.txt",
+        "events.out.tfevents.1.host",
+        "sub/x.tfevents.y",
+        ".summaryd-put-0123",
+        "sub/.summaryd",
+        "bad\nname",
+        "back\\slash",
+    ],
+)
+def test_put_file_refuses_bad_paths(daemon: Daemon, stub: pb_grpc.SummariesStub, path: str) -> None:
+    session_id = str(uuid.uuid4())
+    stub.OpenSession(pb.OpenSessionRequest(session_id=session_id, run="files"), timeout=10)
+    with pytest.raises(grpc.RpcError) as raised:
+        stub.PutFile(pb.PutFileRequest(session_id=session_id, path=path, content=b"x"), timeout=10)
+    assert raised.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert raised.value.details()
+    assert not [
+        p
+        for p in daemon.logdir.rglob("*")
+        if p.is_file()
+        and p.name != "projector_config.pbtxt"
+        and "tfevents" not in p.name
+        and not p.is_relative_to(daemon.logdir / ".summaryd")
+    ]
+
+
+def test_put_file_writes_replaces_and_needs_a_live_session(daemon: Daemon, stub: pb_grpc.SummariesStub) -> None:
+    session_id = str(uuid.uuid4())
+    stub.OpenSession(pb.OpenSessionRequest(session_id=session_id, run="files", worker="rank-1"), timeout=10)
+    for content in (b"first, longer", b"second"):
+        stub.PutFile(pb.PutFileRequest(session_id=session_id, path="a/b/c/d.txt", content=content), timeout=10)
+    assert (daemon.logdir / "files" / "rank-1" / "a" / "b" / "c" / "d.txt").read_bytes() == b"second"
+
+    # A name that is a directory of the run is refused with a reason.
+    with pytest.raises(grpc.RpcError) as raised:
+        stub.PutFile(pb.PutFileRequest(session_id=session_id, path="a/b", content=b"x"), timeout=10)
+    assert raised.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+
+    # A symlinked directory on the way is refused, not followed.
+    (daemon.logdir / "files" / "rank-1" / "link").symlink_to(daemon.logdir.parent)
+    with pytest.raises(grpc.RpcError) as raised:
+        stub.PutFile(pb.PutFileRequest(session_id=session_id, path="link/x.txt", content=b"x"), timeout=10)
+    assert raised.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert not (daemon.logdir.parent / "x.txt").exists()
+
+    with pytest.raises(grpc.RpcError) as raised:
+        stub.PutFile(pb.PutFileRequest(session_id=str(uuid.uuid4()), path="x.txt", content=b"x"), timeout=10)
+    assert raised.value.code() == grpc.StatusCode.NOT_FOUND
+
+    stub.CloseSession(pb.CloseSessionRequest(session_id=session_id), timeout=10)
+    with pytest.raises(grpc.RpcError) as raised:
+        stub.PutFile(pb.PutFileRequest(session_id=session_id, path="x.txt", content=b"x"), timeout=10)
+    assert raised.value.code() == grpc.StatusCode.FAILED_PRECONDITION
