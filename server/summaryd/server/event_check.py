@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 
 from google.protobuf.message import DecodeError
@@ -10,9 +9,9 @@ from tensorboard.compat.proto.event_pb2 import Event
 
 from summaryd.server.errors import EventError
 from summaryd.server.limits import DEFAULT, Limits
-from summaryd.server.record_writer import frame
+from summaryd.server.record_writer import frame_all
 
-_INT64_MAX = 2**63 - 1
+_INFINITY = float("inf")
 
 
 def check_and_frame(events: Sequence[bytes], limits: Limits = DEFAULT) -> bytes:
@@ -33,20 +32,22 @@ def check_and_frame(events: Sequence[bytes], limits: Limits = DEFAULT) -> bytes:
             event.ParseFromString(data)
         except DecodeError:
             raise EventError(index, "is not a serialized tensorboard Event") from None
-        if event.HasField("file_version"):
-            raise EventError(index, "sets file_version; the daemon writes that record itself")
-        if not math.isfinite(event.wall_time) or event.wall_time < 0:
-            raise EventError(index, f"has wall_time {event.wall_time}; use the client's clock in seconds")
-        if abs(event.step) > _INT64_MAX:  # pragma: no cover - protobuf already bounds int64
-            raise EventError(index, "has a step outside int64")
-        if event.WhichOneof("what") is None:
+        # One look at the `what` oneof answers both "has content" and "is not a file_version record".
+        what = event.WhichOneof("what")
+        if what is None:
             raise EventError(index, "carries nothing (no summary, session_log, graph or metadata)")
-        for value in event.summary.value:
-            # A tag of n characters has at most 4n UTF-8 bytes: most tags need no encoding to pass.
-            if len(value.tag) * 4 > max_tag and len(value.tag.encode()) > max_tag:
-                raise EventError(
-                    index,
-                    f"has a tag of {len(value.tag.encode())} bytes, over the limit of {max_tag} bytes "
-                    "(--max-tag-bytes)",
-                )
-    return b"".join([frame(data) for data in events])
+        if what == "file_version":
+            raise EventError(index, "sets file_version; the daemon writes that record itself")
+        wall_time = event.wall_time
+        if not 0.0 <= wall_time < _INFINITY:  # also false for NaN
+            raise EventError(index, f"has wall_time {wall_time}; use the client's clock in seconds")
+        if what == "summary":
+            for value in event.summary.value:
+                # A tag of n characters has at most 4n UTF-8 bytes: most tags need no encoding to pass.
+                if len(value.tag) * 4 > max_tag and len(value.tag.encode()) > max_tag:
+                    raise EventError(
+                        index,
+                        f"has a tag of {len(value.tag.encode())} bytes, over the limit of {max_tag} bytes "
+                        "(--max-tag-bytes)",
+                    )
+    return frame_all(events)

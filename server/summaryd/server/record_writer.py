@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import struct
 from collections.abc import Iterable
 
@@ -26,10 +27,19 @@ def masked_crc32c(data: bytes) -> int:
 #   uint32    masked crc32c of data
 def frame(data: bytes) -> bytes:
     """Return `data` framed as one TFRecord."""
-    header = _LENGTH.pack(len(data))
-    return b"".join((header, _CRC.pack(masked_crc32c(header)), data, _CRC.pack(masked_crc32c(data))))
+    return b"".join((_header(len(data)), data, _CRC.pack(masked_crc32c(data))))
 
 
 def frame_all(records: Iterable[bytes]) -> bytes:
     """Frame every record and join them, ready for one write."""
-    return b"".join(frame(record) for record in records)
+    parts: list[bytes] = []
+    for record in records:
+        parts += (_header(len(record)), record, _CRC.pack(masked_crc32c(record)))
+    return b"".join(parts)
+
+
+@functools.lru_cache(maxsize=4096)
+def _header(length: int) -> bytes:
+    """Length and its masked CRC. Cached: the events of a run come in few distinct sizes (a scalar's is fixed)."""
+    packed = _LENGTH.pack(length)
+    return packed + _CRC.pack(masked_crc32c(packed))
