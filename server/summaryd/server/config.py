@@ -105,8 +105,7 @@ class Config:
         for limit in dataclasses.fields(Limits):
             if getattr(self, limit.name) <= 0:
                 raise ValueError(f"{flag(limit.name)} must be positive")
-        if self.max_event_bytes > self.max_message_bytes:
-            raise ValueError("--max-event-bytes cannot exceed --max-message-bytes (a batch carries whole events)")
+        # A --max-event-bytes above --max-message-bytes is allowed and moot: the message limit refuses first.
         if self.stream_idle_timeout <= self.session_lease / 3:
             raise ValueError(
                 f"--stream-idle-timeout {self.stream_idle_timeout:g} must exceed a third of --session-lease "
