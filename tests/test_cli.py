@@ -102,3 +102,26 @@ def test_health_of_nothing_fails(tmp_path: Path) -> None:
         check=False,
     )
     assert result.returncode == 1 and "UNAVAILABLE" in result.stderr
+
+
+def test_a_port_in_use_is_a_clear_error(daemon: Daemon, tmp_path: Path) -> None:
+    """A second daemon on a taken port says so and exits 1, without a traceback."""
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "summaryd.server",
+            "serve",
+            "--logdir",
+            str(tmp_path / "other"),
+            "--listen",
+            daemon.address,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert result.returncode == 1
+    assert "cannot listen on" in result.stderr and "--listen" in result.stderr
+    assert "Traceback" not in result.stderr

@@ -185,7 +185,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ValueError as exc:
         parser.error(str(exc))
     configure_logging(config.log_level, config.log_format)
-    from summaryd.server.server import run
+    from summaryd.server.server import ListenError, run
     from summaryd.server.state import StateLockedError
 
     log = logging.getLogger("summaryd")
@@ -193,6 +193,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         run(config)
     except StateLockedError as exc:
+        log.error("%s", exc)
+        return 1
+    except ListenError as exc:
         log.error("%s", exc)
         return 1
     return 0

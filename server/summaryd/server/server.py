@@ -31,6 +31,10 @@ log = logging.getLogger(__name__)
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["Summaries"].full_name
 
 
+class ListenError(OSError):
+    """The gRPC address could not be bound."""
+
+
 class Server:
     """The daemon for one `Config`: `await serve()` runs until `request_shutdown()` or a signal."""
 
@@ -118,12 +122,18 @@ class Server:
             (SERVICE_NAME, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name, reflection.SERVICE_NAME),
             server,
         )
-        if config.tls_cert:
-            self.port = server.add_secure_port(config.listen, _server_credentials(config))
-        else:
-            self.port = server.add_insecure_port(config.listen)
+        try:
+            if config.tls_cert:
+                self.port = server.add_secure_port(config.listen, _server_credentials(config))
+            else:
+                self.port = server.add_insecure_port(config.listen)
+        except RuntimeError:  # grpc's way of saying the bind failed
+            self.port = 0
         if self.port == 0:
-            raise OSError(f"cannot listen on {config.listen}")
+            raise ListenError(
+                f"cannot listen on {config.listen}: the port is in use or the address is not this machine's; "
+                "choose another with --listen (port 0 picks a free one)"
+            )
         await server.start()
         for name in ("", SERVICE_NAME):
             await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
