@@ -8,7 +8,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -149,3 +149,20 @@ def assert_whole_records(path: Path) -> int:
     framed = sum(8 + 4 + len(r) + 4 for r in records)
     assert framed == path.stat().st_size, f"{path}: readable records end at {framed} of {path.stat().st_size} bytes"
     return len(records)
+
+
+def wait_for(condition: Callable[[], object], timeout: float, what: str) -> None:
+    """Poll `condition` until it is true; fail naming `what` after `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.02)
+
+
+def steps_in(run_dir: Path) -> list[int]:
+    """The steps of every summary in a run directory's event files, each file checked to be whole."""
+    steps = []
+    for path in event_files(run_dir):
+        assert_whole_records(path)
+        steps += [e.step for e in read_events(path) if e.HasField("summary")]
+    return steps

@@ -15,37 +15,22 @@ import subprocess
 import sys
 import textwrap
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import grpc
 import pytest
 
-from conftest import Daemon, assert_whole_records, event_files, read_events, start_daemon
+from conftest import Daemon, event_files, read_events, start_daemon, steps_in, wait_for
 from summaryd.client import SummaryWriter
 from summaryd.v1 import summaryd_pb2 as pb
 from summaryd.v1 import summaryd_pb2_grpc as pb_grpc
-
-
-def wait_for(condition: Callable[[], object], timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.02)
 
 
 def status(daemon: Daemon) -> pb.GetStatusResponse:
     with grpc.insecure_channel(daemon.address) as channel:
         answer: pb.GetStatusResponse = pb_grpc.SummariesStub(channel).GetStatus(pb.GetStatusRequest(), timeout=10)
         return answer
-
-
-def steps_in(run_dir: Path) -> list[int]:
-    steps = []
-    for path in event_files(run_dir):
-        assert_whole_records(path)
-        steps += [e.step for e in read_events(path) if e.HasField("summary")]
-    return steps
 
 
 @pytest.fixture

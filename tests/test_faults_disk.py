@@ -8,9 +8,8 @@ from __future__ import annotations
 
 import os
 import subprocess
-import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import grpc
@@ -18,17 +17,10 @@ import pytest
 from tensorboard.compat.proto.event_pb2 import Event
 from tensorboard.compat.proto.summary_pb2 import Summary, SummaryMetadata
 
-from conftest import Daemon, assert_whole_records, event_files, read_events, start_daemon
+from conftest import Daemon, start_daemon, steps_in, wait_for
 from summaryd.client import SummaryWriter
 from summaryd.v1 import summaryd_pb2 as pb
 from summaryd.v1 import summaryd_pb2_grpc as pb_grpc
-
-
-def wait_for(condition: Callable[[], object], timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.02)
 
 
 def mount_tmpfs(where: Path, *options: str) -> None:
@@ -38,14 +30,6 @@ def mount_tmpfs(where: Path, *options: str) -> None:
 
 def unmount(where: Path) -> None:
     subprocess.run(["umount", str(where)], check=False)
-
-
-def steps_in(run_dir: Path) -> list[int]:
-    steps = []
-    for path in event_files(run_dir):
-        assert_whole_records(path)
-        steps += [e.step for e in read_events(path) if e.HasField("summary")]
-    return steps
 
 
 @pytest.fixture

@@ -22,7 +22,7 @@ from tensorboard.backend.event_processing.event_file_loader import RawEventFileL
 from tensorboard.compat.proto.event_pb2 import Event
 from tensorboard.compat.proto.summary_pb2 import Summary
 
-from conftest import Daemon, assert_whole_records, event_files, read_events, start_daemon
+from conftest import Daemon, assert_whole_records, event_files, read_events, start_daemon, wait_for
 from summaryd.client import Sender, SummaryWriter
 from summaryd.server.cli import main
 
@@ -61,13 +61,6 @@ def replay(path: Path, address: str, capsys: pytest.CaptureFixture[str] | None =
         assert main(command) == 0
         out = capsys.readouterr().out
     return [json.loads(line) for line in out.splitlines()]
-
-
-def wait_for(condition: object, timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():  # type: ignore[operator]
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.02)
 
 
 def timed_loop(writer: SummaryWriter, steps: int) -> float:
