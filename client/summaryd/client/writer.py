@@ -40,15 +40,9 @@ def _builders() -> Any:
     return _torch.builders() or _summaries
 
 
-def _simple_value_event(tag: str, value: float, global_step: int | None, walltime: float | None) -> bytes:
-    """A scalar as torch's `scalar()` builds it by default (`simple_value`), serialized in an `Event`."""
-    event = Event(
-        wall_time=time.time() if walltime is None else float(walltime),
-        step=0 if global_step is None else int(global_step),
-        summary=Summary(value=[Summary.Value(tag=tag, simple_value=value)]),
-    )
-    data: bytes = event.SerializeToString()
-    return data
+def _simple_value(tag: str, value: float) -> Summary:
+    """A scalar as torch's `scalar()` builds it by default."""
+    return Summary(value=[Summary.Value(tag=tag, simple_value=value)])
 
 
 def _event_bytes(summary: Summary, step: int, wall_time: float) -> bytes:
@@ -238,13 +232,13 @@ class SummaryWriter:
         self, summary: Summary | bytes, global_step: int | None = None, walltime: float | None = None
     ) -> None:
         """Send a `Summary` proto or its serialized bytes (kept as they are, not re-encoded)."""
+        if not isinstance(summary, bytes):
+            self._log_now(summary, global_step, walltime)
+            return
         wall_time = time.time() if walltime is None else walltime
         step = 0 if global_step is None else int(global_step)
-        if isinstance(summary, bytes):
-            # Event field 5 is `summary`: framing the bytes as that field avoids a parse and re-encode.
-            data = Event(wall_time=wall_time, step=step).SerializeToString() + _length_delimited(5, summary)
-        else:
-            data = _event_bytes(summary, step, wall_time)
+        # Event field 5 is `summary`: framing the bytes as that field avoids a parse and re-encode.
+        data = Event(wall_time=wall_time, step=step).SerializeToString() + _length_delimited(5, summary)
         self._sender.submit(data, len(data))
 
     def add_session_log(
@@ -281,8 +275,7 @@ class SummaryWriter:
         # A `simple_value` event (exactly what torch's builder makes) costs ~1.5 µs to build here. Queueing the
         # bytes rather than a closure keeps the queue free of objects the garbage collector must trace, which
         # otherwise cost full collections of a training process's heap when the caller outruns the sender.
-        data = _simple_value_event(tag, value, global_step, walltime)
-        self._sender.submit(data, len(data))
+        self._log_now(_simple_value(tag, value), global_step, walltime)
 
     def add_scalars(
         self,
@@ -296,8 +289,7 @@ class SummaryWriter:
         walltime = time.time() if walltime is None else walltime
         for key, scalar_value in tag_scalar_dict.items():
             sender = self._sub_sender(f"{main_tag.replace('/', '_')}_{key}")
-            data = _simple_value_event(main_tag, _torch.to_float(scalar_value), global_step, walltime)
-            sender.submit(data, len(data))
+            self._log_now(_simple_value(main_tag, _torch.to_float(scalar_value)), global_step, walltime, sender)
 
     def add_tensor(
         self, tag: str, tensor: Tensor, global_step: int | None = None, walltime: float | None = None
