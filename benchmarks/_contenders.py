@@ -14,6 +14,11 @@ SUMMARYD = "summaryd"
 TORCH = "torch"
 TENSORBOARDX = "tensorboardX"
 
+# The labels of the contenders in the tables.
+LIVE = "summaryd, daemon live"
+ABSENT = "summaryd, no daemon"
+PEERS = {"torch": TORCH, "tensorboardX": TENSORBOARDX}
+
 
 @dataclass(frozen=True)
 class WriterSpec:

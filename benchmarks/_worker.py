@@ -13,7 +13,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from benchmarks import caller_cost, ceiling, throughput
+from benchmarks import caller_cost, ceiling, close_latency, memory, payloads, throughput, visibility
 
 Prepare = Callable[[Mapping[str, Any]], Callable[[], dict[str, Any]]]
 
@@ -22,6 +22,11 @@ TRIALS: dict[str, Prepare] = {
     "throughput": throughput.prepare,
     "daemon_feed": ceiling.prepare_feed,
     "raw_framing": ceiling.prepare_framing,
+    "payload": payloads.prepare,
+    "visibility": visibility.prepare,
+    "close_latency": close_latency.prepare,
+    "daemon_memory": memory.prepare_daemon,
+    "client_memory": memory.prepare_client,
 }
 
 

@@ -15,86 +15,23 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from benchmarks._contenders import SUMMARYD, TENSORBOARDX, TORCH, WriterSpec
-from benchmarks._daemon import Daemon, refused_address, running_daemon
+from benchmarks._contenders import ABSENT, LIVE, PEERS, SUMMARYD, WriterSpec
+from benchmarks._daemon import refused_address, running_daemon
 from benchmarks._machine import facts, load_average
 from benchmarks._report import Spread, micros, rate, ratio, seconds, table
+from benchmarks._run import PLANS, Run, Target, alternate, median, progress, remove_output, slug
 from benchmarks._trials import run_together, run_trial
 from benchmarks.caller_cost import CallerParams
 from benchmarks.ceiling import CeilingParams
+from benchmarks.sections import close_latency, memory, payloads, visibility
 from benchmarks.throughput import ThroughputParams
 
-Results = dict[str, list[dict[str, Any]]]
+SECTIONS = ("caller", "paced", "throughput", "ceiling", "payloads", "visibility", "close", "memory")
 
-
-@dataclass(frozen=True)
-class Plan:
-    """The sizes of one run."""
-
-    caller_calls: int
-    caller_repeats: int
-    paced_calls: int
-    paced_repeats: int
-    pace_us: float
-    events: int
-    """Scalars of the end-to-end run, from one client or split evenly over `clients`."""
-    clients: int
-    throughput_repeats: int
-    ceiling_batches: int
-    ceiling_repeats: int
-    batch_events: int = 1000
-
-
-PLANS = {
-    "full": Plan(
-        caller_calls=50_000,
-        caller_repeats=5,
-        paced_calls=10_000,
-        paced_repeats=5,
-        pace_us=50.0,
-        events=200_000,
-        clients=8,
-        throughput_repeats=5,
-        ceiling_batches=1_000,
-        ceiling_repeats=5,
-    ),
-    "quick": Plan(
-        caller_calls=20_000,
-        caller_repeats=3,
-        paced_calls=3_000,
-        paced_repeats=2,
-        pace_us=50.0,
-        events=50_000,
-        clients=8,
-        throughput_repeats=2,
-        ceiling_batches=200,
-        ceiling_repeats=3,
-    ),
-    # Tiny sizes for a smoke test: every benchmark runs, no figure means anything.
-    "smoke": Plan(
-        caller_calls=300,
-        caller_repeats=1,
-        paced_calls=50,
-        paced_repeats=1,
-        pace_us=50.0,
-        events=400,
-        clients=2,
-        throughput_repeats=1,
-        ceiling_batches=3,
-        ceiling_repeats=1,
-        batch_events=100,
-    ),
-}
-
-SECTIONS = ("caller", "paced", "throughput", "ceiling")
-
-LIVE = "summaryd, daemon live"
-ABSENT = "summaryd, no daemon"
-PEERS = {"torch": TORCH, "tensorboardX": TENSORBOARDX}
 ONE_CLIENT = "summaryd, 1 client"
 FEED = "daemon, raw gRPC stream"
 RAW = "raw framing (frame_all + write)"
@@ -102,59 +39,6 @@ RAW = "raw framing (frame_all + write)"
 _CALLER_TIMEOUT = 300.0
 _THROUGHPUT_TIMEOUT = 900.0
 _CEILING_TIMEOUT = 300.0
-
-
-@dataclass(frozen=True)
-class Target:
-    """One target of issue 7: a ratio measured in this run against the bound it should meet."""
-
-    name: str
-    value: float
-    bound: float
-    at_least: bool
-
-    @property
-    def met(self) -> bool:
-        return self.value >= self.bound if self.at_least else self.value <= self.bound
-
-
-@dataclass
-class Run:
-    plan: Plan
-    workdir: Path
-    results: dict[str, Results] = field(default_factory=dict)
-    targets: list[Target] = field(default_factory=list)
-
-
-def progress(message: str) -> None:
-    print(message, file=sys.stderr, flush=True)
-
-
-def alternate(
-    section: str, labels: Sequence[str], repeats: int, run_one: Callable[[str, int], dict[str, Any]]
-) -> Results:
-    """Run every contender once per round, rotating the order each round."""
-    results: Results = {label: [] for label in labels}
-    for round_ in range(repeats):
-        shift = round_ % len(labels)
-        for label in [*labels[shift:], *labels[:shift]]:
-            began = time.monotonic()
-            results[label].append(run_one(label, round_))
-            progress(f"[{section}] round {round_ + 1}/{repeats}: {label} ({time.monotonic() - began:.1f}s)")
-    return results
-
-
-def _slug(label: str) -> str:
-    return "".join(c if c.isalnum() else "-" for c in label).strip("-")
-
-
-def _remove_output(spec: WriterSpec, daemon: Daemon) -> None:
-    path = daemon.logdir / spec.target if spec.kind == SUMMARYD else Path(spec.target)
-    shutil.rmtree(path, ignore_errors=True)
-
-
-def _median(results: list[dict[str, Any]], key: str) -> float:
-    return Spread.of([r[key] for r in results]).median
 
 
 # ---- 1. caller cost ------------------------------------------------------------------------------------------
@@ -170,7 +54,7 @@ def caller_cost(run: Run, *, paced: bool) -> str:
     with running_daemon(run.workdir) as daemon, refused_address() as refused:
 
         def one(label: str, round_: int) -> dict[str, Any]:
-            name = f"{section}-{_slug(label)}-{round_}"
+            name = f"{section}-{slug(label)}-{round_}"
             if label == LIVE:
                 spec = WriterSpec(SUMMARYD, name, daemon.address)
             elif label == ABSENT:
@@ -181,13 +65,13 @@ def caller_cost(run: Run, *, paced: bool) -> str:
             try:
                 return run_trial("caller_cost", params, run.workdir, _CALLER_TIMEOUT)
             finally:
-                _remove_output(spec, daemon)
+                remove_output(spec, daemon)
 
         results = alternate(section, labels, repeats, one)
     run.results[section] = results
 
-    torch_p50 = _median(results["torch"], "p50_ns")
-    torch_p99 = _median(results["torch"], "p99_ns")
+    torch_p50 = median(results["torch"], "p50_ns")
+    torch_p99 = median(results["torch"], "p99_ns")
     rows = []
     for label in labels:
         rs = results[label]
@@ -201,14 +85,14 @@ def caller_cost(run: Run, *, paced: bool) -> str:
                 Spread.of([r["max_ns"] for r in rs]).cell(micros),
                 f"{gcs:g} ({longest:.1f})",
                 Spread.of([r["close_s"] for r in rs]).cell(seconds),
-                ratio(_median(rs, "p50_ns"), torch_p50),
-                ratio(_median(rs, "p99_ns"), torch_p99),
+                ratio(median(rs, "p50_ns"), torch_p50),
+                ratio(median(rs, "p99_ns"), torch_p99),
             ]
         )
-    live_p50 = _median(results[LIVE], "p50_ns") / torch_p50
-    live_p99 = _median(results[LIVE], "p99_ns") / torch_p99
-    absent_p50 = _median(results[ABSENT], "p50_ns") / torch_p50
-    absent_p99 = _median(results[ABSENT], "p99_ns") / torch_p99
+    live_p50 = median(results[LIVE], "p50_ns") / torch_p50
+    live_p99 = median(results[LIVE], "p99_ns") / torch_p99
+    absent_p50 = median(results[ABSENT], "p50_ns") / torch_p50
+    absent_p99 = median(results[ABSENT], "p99_ns") / torch_p99
     how = f"paced ({plan.pace_us:g} µs sleep between calls)" if paced else "back to back"
     run.targets += [
         Target(f"caller p50 vs torch, {how}, daemon live", live_p50, 1.0, at_least=False),
@@ -251,7 +135,7 @@ def throughput(run: Run) -> str:
     with running_daemon(run.workdir) as daemon:
 
         def one(label: str, round_: int) -> dict[str, Any]:
-            name = f"throughput-{_slug(label)}-{round_}"
+            name = f"throughput-{slug(label)}-{round_}"
             if label == many:
                 specs = [
                     WriterSpec(SUMMARYD, name, daemon.address, worker=f"rank-{i}", world_size=plan.clients)
@@ -261,7 +145,7 @@ def throughput(run: Run) -> str:
                 try:
                     return _spanned(run_together("throughput", params, run.workdir, _THROUGHPUT_TIMEOUT))
                 finally:
-                    _remove_output(specs[0], daemon)
+                    remove_output(specs[0], daemon)
             if label == ONE_CLIENT:
                 spec = WriterSpec(SUMMARYD, name, daemon.address)
             else:
@@ -271,30 +155,30 @@ def throughput(run: Run) -> str:
                     "throughput", asdict(ThroughputParams(spec, plan.events)), run.workdir, _THROUGHPUT_TIMEOUT
                 )
             finally:
-                _remove_output(spec, daemon)
+                remove_output(spec, daemon)
             span = result["ended"] - result["started"]
             return {**result, "seconds": span, "rate": result["events"] / span}
 
         results = alternate("throughput", labels, plan.throughput_repeats, one)
     run.results["throughput"] = results
 
-    torch_rate = _median(results["torch"], "rate")
+    torch_rate = median(results["torch"], "rate")
     rows = [
         [
             label,
             f"{results[label][0]['events']:,}",
             Spread.of([r["rate"] for r in results[label]]).cell(rate),
             Spread.of([r["seconds"] for r in results[label]]).cell(seconds),
-            f"{_median(results[label], 'full_gcs'):g} ({_median(results[label], 'gc_paused_s'):.2f})",
-            ratio(_median(results[label], "rate"), torch_rate),
+            f"{median(results[label], 'full_gcs'):g} ({median(results[label], 'gc_paused_s'):.2f})",
+            ratio(median(results[label], "rate"), torch_rate),
         ]
         for label in labels
     ]
     run.targets += [
-        Target("1 client, events/s vs torch", _median(results[ONE_CLIENT], "rate") / torch_rate, 3.0, at_least=True),
+        Target("1 client, events/s vs torch", median(results[ONE_CLIENT], "rate") / torch_rate, 3.0, at_least=True),
         Target(
             f"{plan.clients} clients together, events/s vs one torch writer",
-            _median(results[many], "rate") / torch_rate,
+            median(results[many], "rate") / torch_rate,
             10.0,
             at_least=True,
         ),
@@ -340,18 +224,18 @@ def ceiling(run: Run) -> str:
         results = alternate("ceiling", labels, plan.ceiling_repeats, one)
     run.results["ceiling"] = results
 
-    raw_rate = _median(results[RAW], "rate")
+    raw_rate = median(results[RAW], "rate")
     rows = [
         [
             label,
             f"{results[label][0]['events']:,}",
             Spread.of([r["rate"] for r in results[label]]).cell(rate),
             Spread.of([r["bytes"] / r["seconds"] / 1e6 for r in results[label]]).cell(lambda v: f"{v:.1f}"),
-            ratio(_median(results[label], "rate"), raw_rate),
+            ratio(median(results[label], "rate"), raw_rate),
         ]
         for label in labels
     ]
-    run.targets.append(Target("daemon ceiling vs raw framing", _median(results[FEED], "rate") / raw_rate, 0.5, True))
+    run.targets.append(Target("daemon ceiling vs raw framing", median(results[FEED], "rate") / raw_rate, 0.5, True))
     about = (
         f"The same pre-serialized scalar events in batches of {plan.batch_events:,}. Daemon: one process streams "
         "`WriteRequest`s with the generated stub on one `Write` stream after `OpenSession`, timed until the last "
@@ -367,7 +251,12 @@ def ceiling(run: Run) -> str:
 
 def targets_table(targets: list[Target]) -> str:
     rows = [
-        [t.name, f"{t.value:.3g}x", f"{'≥' if t.at_least else '≤'} {t.bound:g}x", "yes" if t.met else "**no**"]
+        [
+            t.name,
+            f"{t.value:.3g}{t.unit}",
+            f"{'≥' if t.at_least else '≤'} {t.bound:g}{t.unit}",
+            "yes" if t.met else "**no**",
+        ]
         for t in targets
     ]
     body = table(["target (issue 7, ratio of medians)", "measured", "target", "met"], rows, [False, True, True, True])
@@ -410,15 +299,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(f"Command: `{command}`\n")
     print(table(["machine", ""], [[k, v] for k, v in machine], [False, False]))
     print(flush=True)
-    sections: dict[str, Callable[[], str]] = {
+    runners: dict[str, Callable[[], str]] = {
         "caller": lambda: caller_cost(run, paced=False),
         "paced": lambda: caller_cost(run, paced=True),
         "throughput": lambda: throughput(run),
         "ceiling": lambda: ceiling(run),
+        "payloads": lambda: payloads(run),
+        "visibility": lambda: visibility(run),
+        "close": lambda: close_latency(run),
+        "memory": lambda: memory(run),
     }
     try:
         for name in chosen:
-            print(sections[name]() + "\n", flush=True)
+            print(runners[name]() + "\n", flush=True)
     finally:
         if args.keep:
             progress(f"working directory kept: {workdir}")

@@ -282,14 +282,17 @@ class Sender:
                 self._dropped["queue_full"] += 1
                 self._warn("queue_full", f"queue full ({self.max_queue_bytes} bytes): dropping events of {self.run!r}")
                 return False
-            if not self._queue:
+            # The first event of a new batch wakes the sender, which may be asleep for up to a heartbeat
+            # interval, so that the batch leaves within `linger_secs` of it; later ones only when it is full.
+            wake = not self._queue
+            if wake:
                 self._queued_at = time.monotonic()
                 if not self._log:
                     self._progress_at = self._queued_at
             self._queue.append((source, nbytes))
             self._queued_bytes += nbytes
             self._accepted += 1
-            wake = len(self._queue) >= self.max_batch_events or self._queued_bytes >= self.max_batch_bytes
+            wake = wake or len(self._queue) >= self.max_batch_events or self._queued_bytes >= self.max_batch_bytes
             wake = wake or self._queued_bytes + self._held_bytes > self.max_queue_bytes
         if self._thread is None:
             self._start()

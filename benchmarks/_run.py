@@ -1,0 +1,181 @@
+"""What every section of the suite shares: the sizes of a run, its results and targets, and alternation."""
+
+from __future__ import annotations
+
+import shutil
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from benchmarks._contenders import SUMMARYD, WriterSpec
+from benchmarks._daemon import Daemon
+from benchmarks._report import Spread
+
+Results = dict[str, list[dict[str, Any]]]
+
+
+@dataclass(frozen=True)
+class Plan:
+    """The sizes of one run."""
+
+    caller_calls: int
+    caller_repeats: int
+    paced_calls: int
+    paced_repeats: int
+    pace_us: float
+    events: int
+    """Scalars of the end-to-end run, from one client or split evenly over `clients`."""
+    clients: int
+    throughput_repeats: int
+    ceiling_batches: int
+    ceiling_repeats: int
+    payload_calls: int
+    payload_repeats: int
+    visibility_points: int
+    visibility_wait_s: float
+    visibility_repeats: int
+    close_sizes: tuple[int, ...]
+    close_repeats: int
+    memory_runs: int
+    memory_streaming: int
+    memory_batches: int
+    memory_client_events: int
+    memory_repeats: int
+    batch_events: int = 1000
+    visibility_interval_ms: float = 20.0
+
+
+PLANS = {
+    "full": Plan(
+        caller_calls=50_000,
+        caller_repeats=4,
+        paced_calls=10_000,
+        paced_repeats=4,
+        pace_us=50.0,
+        events=200_000,
+        clients=8,
+        throughput_repeats=3,
+        ceiling_batches=1_000,
+        ceiling_repeats=4,
+        payload_calls=1_000,
+        payload_repeats=3,
+        visibility_points=50,
+        visibility_wait_s=3.0,
+        visibility_repeats=3,
+        close_sizes=(10, 10_000, 100_000),
+        close_repeats=3,
+        memory_runs=1_000,
+        memory_streaming=256,
+        memory_batches=4,
+        memory_client_events=50_000,
+        memory_repeats=2,
+    ),
+    "quick": Plan(
+        caller_calls=20_000,
+        caller_repeats=3,
+        paced_calls=3_000,
+        paced_repeats=2,
+        pace_us=50.0,
+        events=50_000,
+        clients=8,
+        throughput_repeats=2,
+        ceiling_batches=200,
+        ceiling_repeats=3,
+        payload_calls=300,
+        payload_repeats=1,
+        visibility_points=30,
+        visibility_wait_s=2.0,
+        visibility_repeats=1,
+        close_sizes=(10, 10_000, 100_000),
+        close_repeats=1,
+        memory_runs=1_000,
+        memory_streaming=256,
+        memory_batches=2,
+        memory_client_events=30_000,
+        memory_repeats=1,
+    ),
+    # Tiny sizes for a smoke test: every benchmark runs, no figure means anything.
+    "smoke": Plan(
+        caller_calls=300,
+        caller_repeats=1,
+        paced_calls=50,
+        paced_repeats=1,
+        pace_us=50.0,
+        events=400,
+        clients=2,
+        throughput_repeats=1,
+        ceiling_batches=3,
+        ceiling_repeats=1,
+        payload_calls=5,
+        payload_repeats=1,
+        visibility_points=3,
+        visibility_wait_s=1.0,
+        visibility_repeats=1,
+        close_sizes=(10, 100),
+        close_repeats=1,
+        memory_runs=10,
+        memory_streaming=4,
+        memory_batches=1,
+        memory_client_events=300,
+        memory_repeats=1,
+        batch_events=100,
+    ),
+}
+
+
+@dataclass(frozen=True)
+class Target:
+    """One target of issue 7: a figure measured in this run (a ratio unless `unit` says otherwise) against the
+    bound it should meet."""
+
+    name: str
+    value: float
+    bound: float
+    at_least: bool
+    unit: str = "x"
+
+    @property
+    def met(self) -> bool:
+        return self.value >= self.bound if self.at_least else self.value <= self.bound
+
+
+@dataclass
+class Run:
+    plan: Plan
+    workdir: Path
+    results: dict[str, Any] = field(default_factory=dict)
+    targets: list[Target] = field(default_factory=list)
+
+
+def progress(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+def alternate(
+    section: str, labels: Sequence[str], repeats: int, run_one: Callable[[str, int], dict[str, Any]]
+) -> Results:
+    """Run every contender once per round, rotating the order each round."""
+    results: Results = {label: [] for label in labels}
+    for round_ in range(repeats):
+        shift = round_ % len(labels)
+        for label in [*labels[shift:], *labels[:shift]]:
+            began = time.monotonic()
+            results[label].append(run_one(label, round_))
+            progress(f"[{section}] round {round_ + 1}/{repeats}: {label} ({time.monotonic() - began:.1f}s)")
+    return results
+
+
+def slug(label: str) -> str:
+    return "".join(c if c.isalnum() else "-" for c in label).strip("-")
+
+
+def remove_output(spec: WriterSpec, daemon: Daemon) -> None:
+    path = daemon.logdir / spec.target if spec.kind == SUMMARYD else Path(spec.target)
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def median(results: list[dict[str, Any]], key: str) -> float:
+    return Spread.of([r[key] for r in results]).median

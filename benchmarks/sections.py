@@ -1,0 +1,297 @@
+"""Sections 4-7 of the suite: histograms and images, visibility, `close()` latency, memory."""
+
+from __future__ import annotations
+
+import math
+import shutil
+from dataclasses import asdict
+from typing import Any
+
+from benchmarks._contenders import LIVE, PEERS, SUMMARYD, TORCH, WriterSpec
+from benchmarks._daemon import refused_address, running_daemon
+from benchmarks._report import Spread, micros, rate, ratio, table
+from benchmarks._run import Run, Target, alternate, median, remove_output, slug
+from benchmarks._trials import run_trial
+from benchmarks.close_latency import CloseParams
+from benchmarks.memory import ClientMemoryParams, DaemonMemoryParams
+from benchmarks.payloads import HISTOGRAM, HISTOGRAM_BINS, HISTOGRAM_VALUES, IMAGE, IMAGE_SHAPE, PayloadParams
+from benchmarks.visibility import VisibilityParams
+
+_TIMEOUT = 600.0
+
+
+def _peer_spec(run: Run, label: str, name: str) -> WriterSpec:
+    return WriterSpec(PEERS[label], str(run.workdir / name))
+
+
+# ---- 4. histograms and images ------------------------------------------------------------------------------
+
+
+def payloads(run: Run) -> str:
+    plan = run.plan
+    labels = [LIVE, *PEERS]
+    rows = []
+    results_by_kind = {}
+    with running_daemon(run.workdir) as daemon:
+        for kind in (HISTOGRAM, IMAGE):
+
+            def one(label: str, round_: int, kind: str = kind) -> dict[str, Any]:
+                name = f"{kind}-{slug(label)}-{round_}"
+                spec = WriterSpec(SUMMARYD, name, daemon.address) if label == LIVE else _peer_spec(run, label, name)
+                try:
+                    params = asdict(PayloadParams(spec, kind, plan.payload_calls))
+                    result = run_trial("payload", params, run.workdir, _TIMEOUT)
+                finally:
+                    remove_output(spec, daemon)
+                return {**result, "rate": result["calls"] / result["seconds"]}
+
+            results = alternate(f"payloads: {kind}", labels, plan.payload_repeats, one)
+            results_by_kind[kind] = results
+            torch_p50, torch_p99 = median(results["torch"], "p50_ns"), median(results["torch"], "p99_ns")
+            torch_rate = median(results["torch"], "rate")
+            for label in labels:
+                rs = results[label]
+                rows.append(
+                    [
+                        kind,
+                        label,
+                        Spread.of([r["p50_ns"] for r in rs]).cell(micros),
+                        Spread.of([r["p99_ns"] for r in rs]).cell(micros),
+                        Spread.of([r["rate"] for r in rs]).cell(rate),
+                        ratio(median(rs, "p50_ns"), torch_p50),
+                        ratio(median(rs, "p99_ns"), torch_p99),
+                        ratio(median(rs, "rate"), torch_rate),
+                    ]
+                )
+            run.targets.append(
+                Target(
+                    f"{kind}: caller p50 vs torch, daemon live",
+                    median(results[LIVE], "p50_ns") / torch_p50,
+                    1.0,
+                    at_least=False,
+                )
+            )
+    run.results["payloads"] = results_by_kind
+    about = (
+        f"`add_histogram(tag, values, step, bins={HISTOGRAM_BINS})` of the same {HISTOGRAM_VALUES:,} normal values, "
+        f"and `add_image(tag, img, step)` of one {'x'.join(map(str, IMAGE_SHAPE))} `uint8` image of noise (CHW): "
+        f"{plan.payload_calls:,} calls back to back per trial, each timed alone; calls/s from the first call until "
+        "`close()` returned (summaryd: acknowledged and fsynced by the daemon). "
+        f"{plan.payload_repeats} trials per contender; median (min-max)."
+    )
+    headers = ["payload", "contender", "p50 µs", "p99 µs", "calls/s"]
+    headers += ["p50 vs torch", "p99 vs torch", "calls/s vs torch"]
+    right = [False, False, True, True, True, True, True, True]
+    return "\n".join(["### 4. Histograms and images", "", about, "", table(headers, rows, right)])
+
+
+# ---- 5. visibility --------------------------------------------------------------------------------------------
+
+
+def _quantile(values: list[float], q: float) -> float:
+    """Nearest-rank quantile; infinity when there is no value."""
+    if not values:
+        return math.inf
+    ordered = sorted(values)
+    return ordered[max(1, math.ceil(q * len(ordered))) - 1]
+
+
+def visibility(run: Run) -> str:
+    plan = run.plan
+    labels = [LIVE, *PEERS]
+    wait = plan.visibility_wait_s
+    with running_daemon(run.workdir) as daemon:
+
+        def one(label: str, round_: int) -> dict[str, Any]:
+            name = f"visibility-{slug(label)}-{round_}"
+            if label == LIVE:
+                spec = WriterSpec(SUMMARYD, name, daemon.address)
+                run_dir = str(daemon.logdir / name)
+            else:
+                spec = _peer_spec(run, label, name)
+                run_dir = spec.target
+            params = VisibilityParams(spec, run_dir, plan.visibility_points, plan.visibility_interval_ms, wait)
+            try:
+                return run_trial("visibility", asdict(params), run.workdir, _TIMEOUT)
+            finally:
+                remove_output(spec, daemon)
+
+        results = alternate("visibility", labels, plan.visibility_repeats, one)
+    run.results["visibility"] = results
+
+    def latency(value: float) -> str:
+        return f"not within {wait:g} s" if math.isinf(value) else f"{value * 1000:,.1f}"
+
+    rows = []
+    for label in labels:
+        rs = results[label]
+        # Pooled over the trials; a point never seen counts as infinitely late.
+        pooled = [x for r in rs for x in r["latencies_s"]] + [math.inf] * sum(r["unseen"] for r in rs)
+        seen = sum(len(r["latencies_s"]) for r in rs)
+        rows.append(
+            [label, f"{seen:,} of {len(pooled):,}", latency(_quantile(pooled, 0.5)), latency(_quantile(pooled, 0.99))]
+        )
+        if label == LIVE:
+            live = pooled
+    run.targets.append(Target("visibility p50, daemon live, seconds", _quantile(live, 0.5), 1.0, False, unit=" s"))
+    about = (
+        f"One `add_scalar` every {plan.visibility_interval_ms:g} ms ({plan.visibility_points} points per trial); "
+        "a thread of the same process polls the run directory every millisecond with TensorBoard's own "
+        "`EventFileLoader`. Latency: from `add_scalar` returning until the loader first yields the point; points "
+        f"not yielded {wait:g} s after the last was logged count as not visible. Pooled over "
+        f"{plan.visibility_repeats} trials per contender."
+    )
+    headers = ["contender", "points seen", "p50 ms", "p99 ms"]
+    return "\n".join(["### 5. Visibility", "", about, "", table(headers, rows)])
+
+
+# ---- 6. close() latency ---------------------------------------------------------------------------------------
+
+
+def close_latency(run: Run) -> str:
+    plan = run.plan
+    labels = [LIVE, "torch"]
+    rows = []
+    by_size: dict[str, Any] = {}
+    with running_daemon(run.workdir) as daemon:
+        for size in plan.close_sizes:
+
+            def one(label: str, round_: int, size: int = size) -> dict[str, Any]:
+                name = f"close-{size}-{slug(label)}-{round_}"
+                spec = WriterSpec(SUMMARYD, name, daemon.address) if label == LIVE else _peer_spec(run, label, name)
+                try:
+                    return run_trial("close_latency", asdict(CloseParams(spec, size)), run.workdir, _TIMEOUT)
+                finally:
+                    remove_output(spec, daemon)
+
+            results = alternate(f"close: {size:,} pending", labels, plan.close_repeats, one)
+            by_size[str(size)] = results
+            torch_close = median(results[TORCH], "close_s")
+            for label in labels:
+                rs = results[label]
+                unacked = (
+                    Spread.of([r["unacked_at_close"] for r in rs]).cell(lambda v: f"{v:,.0f}") if label == LIVE else ""
+                )
+                rows.append(
+                    [
+                        f"{size:,}",
+                        label,
+                        unacked,
+                        Spread.of([r["close_s"] * 1000 for r in rs]).cell(lambda v: f"{v:,.1f}"),
+                        ratio(median(rs, "close_s"), torch_close),
+                    ]
+                )
+            if size == 10_000:
+                run.targets.append(
+                    Target("close() with 10,000 pending, seconds", median(results[LIVE], "close_s"), 0.5, False, " s")
+                )
+    run.results["close"] = by_size
+    about = (
+        "`add_scalar` N times back to back, then `close()` timed alone. summaryd's `close()` returns once every "
+        "event is acknowledged and fsynced by the daemon; *not yet acknowledged* is how many of the N were still "
+        "queued or in flight when `close()` was called. torch's `close()` writes its queue and flushes its file "
+        f"(no fsync). {plan.close_repeats} trials per contender; median (min-max)."
+    )
+    headers = ["pending (N)", "contender", "not yet acknowledged", "close ms", "vs torch"]
+    right = [True, False, True, True, True]
+    return "\n".join(["### 6. `close()` latency", "", about, "", table(headers, rows, right)])
+
+
+# ---- 7. memory ------------------------------------------------------------------------------------------------
+
+
+def _mb(value: float) -> str:
+    return f"{value:,.0f}"
+
+
+def memory(run: Run) -> str:
+    plan = run.plan
+    daemon_results = []
+    for round_ in range(plan.memory_repeats):
+        workdir = run.workdir / f"memory-{round_}"
+        workdir.mkdir()
+        try:
+            with running_daemon(workdir) as daemon:
+                params = DaemonMemoryParams(
+                    daemon.address,
+                    daemon.pid,
+                    "memory",
+                    plan.memory_runs,
+                    plan.memory_streaming,
+                    plan.memory_batches,
+                    plan.batch_events,
+                )
+                daemon_results.append(run_trial("daemon_memory", asdict(params), run.workdir, _TIMEOUT))
+        finally:
+            shutil.rmtree(workdir, ignore_errors=True)
+    flood_events = plan.memory_streaming * plan.memory_batches * plan.batch_events
+    daemon_rows = [
+        ["idle, just started", Spread.of([r["idle_mb"] for r in daemon_results]).cell(_mb)],
+        [
+            f"{plan.memory_runs:,} runs open, {plan.memory_runs:,} sessions, at rest",
+            Spread.of([r["runs_open_mb"] for r in daemon_results]).cell(_mb),
+        ],
+        [
+            f"peak while {plan.memory_streaming} sessions stream {flood_events:,} events at once",
+            Spread.of([r["flood_peak_mb"] for r in daemon_results]).cell(_mb),
+        ],
+        ["after the flood", Spread.of([r["after_mb"] for r in daemon_results]).cell(_mb)],
+    ]
+    worst = max(max(r["runs_open_mb"], r["flood_peak_mb"]) for r in daemon_results)
+    run.targets.append(
+        Target(
+            f"daemon RSS with {plan.memory_runs:,} runs and {plan.memory_streaming} sessions streaming, MB (worst)",
+            worst,
+            300,
+            False,
+            " MB",
+        )
+    )
+
+    labels = [LIVE, "summaryd, no daemon", TORCH]
+    with running_daemon(run.workdir) as daemon, refused_address() as refused:
+
+        def one(label: str, round_: int) -> dict[str, Any]:
+            name = f"client-memory-{slug(label)}-{round_}"
+            if label == LIVE:
+                spec = WriterSpec(SUMMARYD, name, daemon.address)
+            elif label == TORCH:
+                spec = _peer_spec(run, label, name)
+            else:
+                spec = WriterSpec(SUMMARYD, name, refused, close_timeout=1.0)
+            try:
+                params = asdict(ClientMemoryParams(spec, plan.memory_client_events))
+                return run_trial("client_memory", params, run.workdir, _TIMEOUT)
+            finally:
+                remove_output(spec, daemon)
+
+        client_results = alternate("memory: client", labels, plan.memory_repeats, one)
+    run.results["memory"] = {"daemon": daemon_results, "client": client_results}
+    client_rows = [
+        [
+            label,
+            Spread.of([r["before_mb"] for r in client_results[label]]).cell(_mb),
+            Spread.of([r["added_peak_mb"] for r in client_results[label]]).cell(lambda v: f"{v:,.1f}"),
+        ]
+        for label in labels
+    ]
+    about = (
+        f"Daemon: one process opens {plan.memory_runs:,} sessions, each on its own run with one event written "
+        "(an open event file, journal and directory per run), then the first "
+        f"{plan.memory_streaming} sessions each stream {plan.memory_batches} batches of {plan.batch_events:,} "
+        "scalars at once without waiting for acks. Resident size of the daemon process (`VmRSS`; the peak is "
+        f"`VmHWM`, reset before the flood); a fresh daemon per trial, {plan.memory_repeats} trials. "
+        f"Client: {plan.memory_client_events:,} `add_scalar` back to back in a process that imported torch; the "
+        "peak resident size while logging above the size before the first call."
+    )
+    return "\n".join(
+        [
+            "### 7. Memory",
+            "",
+            about,
+            "",
+            table(["daemon", "MB"], daemon_rows, [False, True]),
+            "",
+            table(["client", "MB before", "MB added at peak"], client_rows),
+        ]
+    )
