@@ -27,19 +27,24 @@ def masked_crc32c(data: bytes) -> int:
 #   uint32    masked crc32c of data
 def frame(data: bytes) -> bytes:
     """Return `data` framed as one TFRecord."""
-    return b"".join((_header(len(data)), data, _CRC.pack(masked_crc32c(data))))
+    return b"".join((header(len(data)), data, footer(data)))
 
 
 def frame_all(records: Iterable[bytes]) -> bytes:
     """Frame every record and join them, ready for one write."""
     parts: list[bytes] = []
     for record in records:
-        parts += (_header(len(record)), record, _CRC.pack(masked_crc32c(record)))
+        parts += (header(len(record)), record, footer(record))
     return b"".join(parts)
 
 
+def footer(data: bytes) -> bytes:
+    """What follows a record's data: its masked CRC."""
+    return _CRC.pack(masked_crc32c(data))
+
+
 @functools.lru_cache(maxsize=4096)
-def _header(length: int) -> bytes:
+def header(length: int) -> bytes:
     """Length and its masked CRC. Cached: the events of a run come in few distinct sizes (a scalar's is fixed)."""
     packed = _LENGTH.pack(length)
     return packed + _CRC.pack(masked_crc32c(packed))

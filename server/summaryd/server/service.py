@@ -316,7 +316,8 @@ class SummariesService(pb_grpc.SummariesServicer):
                 f"{self.limits.max_batch_events} events per batch (--max-batch-events); send smaller batches",
             )
         try:
-            return await self._complete(session.apply(request.first_sequence, request.events))
+            # One list: every look at a repeated bytes field copies each element out of the message again.
+            return await self._complete(session.apply(request.first_sequence, list(request.events)))
         except EventError as exc:
             first = request.first_sequence
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"batch from sequence {first}: {exc}")
