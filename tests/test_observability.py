@@ -10,7 +10,7 @@ from pathlib import Path
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from conftest import Daemon, start_daemon
+from conftest import Daemon, start_daemon, wait_for
 from summaryd.client import SummaryWriter
 
 
@@ -75,6 +75,8 @@ def test_errors_are_counted_by_status(tmp_path: Path) -> None:
         writer = SummaryWriter("../bad", address=daemon.address, worker="")
         writer.add_scalar("x", 1.0)
         assert writer.close(timeout=10).delivered == 0
-        assert _scrape(port)[("summaryd_errors_total", (("code", "INVALID_ARGUMENT"),))] >= 1
+        # The client may hear the refusal a moment before the daemon's interceptor has counted it.
+        key = ("summaryd_errors_total", (("code", "INVALID_ARGUMENT"),))
+        wait_for(lambda: _scrape(port).get(key, 0) >= 1, 10, "the refusal to be counted")
     finally:
         daemon.terminate()

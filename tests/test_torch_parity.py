@@ -235,3 +235,26 @@ def test_torch_purge_step_records_differ_only_by_file_version(daemon: Daemon, tm
     ]
     assert our_events[1].session_log == torch_events[2].session_log
     assert math.isclose(our_events[2].summary.value[0].simple_value, 1.0)
+
+
+BAD_SCALARS = [
+    (1, 0.5, 0),  # a tag that is not text
+    (b"\xff", 0.5, 0),  # bytes that are not UTF-8
+    ("t", "abc", 0),
+    ("t", 0.5, "x"),
+]  # (None as the value raises TypeError here, where torch's make_np raises NotImplementedError)
+
+
+@pytest.mark.parametrize("args", BAD_SCALARS, ids=repr)
+def test_add_scalar_raises_at_the_call_what_torch_raises(daemon: Daemon, tmp_path: Path, args: tuple[Any, ...]) -> None:
+    """The event is built on the sender thread, but a bad argument still raises to the caller, as in torch."""
+    with TorchSummaryWriter(str(tmp_path / "torch")) as theirs, pytest.raises(Exception) as torch_raised:
+        theirs.add_scalar(*args)
+    with SummaryWriter("bad", address=daemon.address, worker="") as ours:
+        with pytest.raises(torch_raised.type):
+            ours.add_scalar(*args)
+        ours.add_scalar(b"bytes-tag", 2.0, 3)  # torch takes a UTF-8 bytes tag too
+        report = ours.flush()
+    assert report.delivered == 1 and not any(report.dropped.values())
+    [event] = [e for e in read_events(event_files(daemon.logdir / "bad")[0]) if e.HasField("summary")]
+    assert (event.step, event.summary.value[0].tag, event.summary.value[0].simple_value) == (3, "bytes-tag", 2.0)

@@ -37,7 +37,7 @@ from summaryd.client._channel import ChannelSettings, open_channel
 # isort: split
 import grpc
 
-from summaryd.client import _process
+from summaryd.client import _process, _scalar
 from summaryd.client._courier import outbox_root
 from summaryd.client._environment import resolve_address
 from summaryd.client._spool import Spool, SpoolIdentity, default_root
@@ -49,9 +49,15 @@ log = logging.getLogger("summaryd.client")
 
 VERSION = "0.1.0"
 
-# An event to send: its serialized bytes, or a function that builds them on the sender thread (so that
-# expensive encodings such as PNG never run on the caller's thread).
+# An event to send: its serialized bytes, a scalar, or a function that builds them on the sender thread (so
+# that no encoding, PNG or protobuf, runs on the caller's thread).
 EventSource = bytes | Callable[[], bytes]
+
+# What the queue holds: (source, estimated bytes), or a scalar's (tag, value, step, wall_time, estimated bytes).
+# The scalar is one flat tuple of atomic values, which the garbage collector stops tracking the first time it
+# sees it; a nested tuple could live long enough to reach the oldest generation, whose growth triggers full
+# collections of the whole (training) process's heap.
+Queued = tuple[EventSource, int] | tuple[str, float, int, float, int]
 
 Overflow = Literal["spill", "drop_oldest", "block"]
 OVERFLOW_POLICIES: tuple[Overflow, ...] = ("spill", "drop_oldest", "block")
@@ -204,7 +210,8 @@ class Sender:
         # Held while an event is encoded on the sender thread; a fork waits for it (see `_process`).
         self._encoding = threading.Lock()
         # The caller's side: events not yet numbered.
-        self._queue: deque[tuple[EventSource, int]] = deque()
+        self._queue: deque[Queued] = deque()
+        self._scalars = _scalar.ScalarEncoder()  # sender thread only
         self._queued_bytes = 0
         self._room_wanted = 0  # bytes a caller waits to queue (policies spill and block)
         self._queued_at = 0.0
@@ -272,13 +279,23 @@ class Sender:
 
     def submit(self, source: EventSource, nbytes: int = 64) -> bool:
         """Queue one event without blocking (unless `overflow="block"`); False when it was dropped (counted)."""
-        if not self.owned_here():
+        return self.enqueue((source, nbytes))
+
+    def enqueue(self, item: Queued) -> bool:
+        """Queue `(source, estimated bytes)`, or a scalar `(tag, value, step, wall_time, estimated bytes)` whose
+        event the sender thread builds (see `_scalar`). As `submit` otherwise."""
+        # The caller's hot path: every call here is inlined where it could be (a Python call costs the caller
+        # most right after its thread slept, the usual case in training).
+        if self._pid != os.getpid():
             self.forget_parent_after_fork()
-        with self._cond:
+        # The condition's own lock, taken directly: `with self._cond` would add a Python-level call.
+        with self._lock:
             if self._closing or self._failed is not None:
                 self._dropped["closed" if self._closing else "rejected"] += 1
                 return False
-            if not self._make_room(nbytes):
+            nbytes: int = item[-1]
+            over = self._queued_bytes + self._held_bytes + max(nbytes, self._room_wanted) > self.max_queue_bytes
+            if over and not self._make_room(nbytes):
                 self._dropped["queue_full"] += 1
                 self._warn("queue_full", f"queue full ({self.max_queue_bytes} bytes): dropping events of {self.run!r}")
                 return False
@@ -289,11 +306,16 @@ class Sender:
                 self._queued_at = time.monotonic()
                 if not self._log:
                     self._progress_at = self._queued_at
-            self._queue.append((source, nbytes))
-            self._queued_bytes += nbytes
+            self._queue.append(item)
+            before = self._queued_bytes
+            self._queued_bytes = queued = before + nbytes
             self._accepted += 1
-            wake = wake or len(self._queue) >= self.max_batch_events or self._queued_bytes >= self.max_batch_bytes
-            wake = wake or self._queued_bytes + self._held_bytes > self.max_queue_bytes
+            # Wake it once as a batch fills up, not at every event after: a caller that outruns the sender
+            # would otherwise pay for a wake-up (and a fight for the GIL) per event.
+            wake = wake or len(self._queue) == self.max_batch_events
+            wake = wake or before < self.max_batch_bytes <= queued
+            held = self._held_bytes
+            wake = wake or before + held <= self.max_queue_bytes < queued + held
         if self._thread is None:
             self._start()
         elif wake:
@@ -337,8 +359,7 @@ class Sender:
         # drop_oldest (also `spill` once the spool failed): make room from the head of the queue.
         dropped = 0
         while self._queue and self._over_budget(nbytes):
-            _, estimate = self._queue.popleft()
-            self._queued_bytes -= estimate
+            self._queued_bytes -= self._queue.popleft()[-1]
             self._settled += 1
             dropped += 1
         if dropped:
@@ -725,26 +746,14 @@ class Sender:
         nbytes = 0
         while len(events) < self.max_batch_events and nbytes < self.max_batch_bytes:
             with self._lock:
-                if not self._queue:
-                    break
-                source, estimate = self._queue.popleft()
-                self._queued_bytes -= estimate
-                self._queued_at = time.monotonic()
-            if isinstance(source, bytes):
-                data = source
-            else:
-                try:
-                    with self._encoding:
-                        data = source()
-                except Exception as exc:
-                    log.warning("summaryd: could not encode an event for run %r: %s", self.run, exc)
-                    with self._cond:
-                        self._dropped["encode_error"] += 1
-                        self._settled += 1
-                        self._cond.notify_all()
-                    continue
-            events.append(data)
-            nbytes += len(data)
+                items = self._take_run(self.max_batch_events - len(events), self.max_batch_bytes - nbytes)
+            if not items:
+                break
+            for item in items:
+                data = self._encode(item)
+                if data is not None:
+                    events.append(data)
+                    nbytes += len(data)
         if not events:
             return None
         with self._cond:
@@ -755,6 +764,46 @@ class Sender:
             self._held_events += len(events)
             self._cond.notify_all()
         return batch
+
+    def _take_run(self, max_events: int, max_bytes: int) -> list[Queued]:
+        """Pop the next events of a batch (holding the lock): a run of those whose size is known (bytes and
+        scalars), so that the lock the caller also takes is taken once per run, not per event; a function
+        alone, since only encoding it tells its size."""
+        queue = self._queue
+        if not queue:
+            return []
+        first = queue.popleft()
+        items = [first]
+        room = max_bytes - first[-1]
+        if len(first) == 5 or isinstance(first[0], bytes):
+            while queue and len(items) < max_events and room > 0:
+                head = queue[0]
+                if len(head) != 5 and not isinstance(head[0], bytes):
+                    break
+                items.append(queue.popleft())
+                room -= head[-1]
+        self._queued_bytes -= max_bytes - room
+        self._queued_at = time.monotonic()
+        return items
+
+    def _encode(self, item: Queued) -> bytes | None:
+        """The bytes of a queued event; None (counted) when building it failed."""
+        source = item[0]
+        if isinstance(source, bytes):
+            return source
+        try:
+            if not callable(source):  # a scalar
+                return self._scalars.encode(item)  # protobuf only: no lock a fork could inherit held
+            with self._encoding:
+                data: bytes = source()
+                return data
+        except Exception as exc:
+            log.warning("summaryd: could not encode an event for run %r: %s", self.run, exc)
+            with self._cond:
+                self._dropped["encode_error"] += 1
+                self._settled += 1
+                self._cond.notify_all()
+            return None
 
     def _send_ready(self) -> None:
         """Send unsent batches of the log, oldest first, while the in-flight window has room."""
