@@ -3,6 +3,7 @@ accepted before stays whole."""
 
 from __future__ import annotations
 
+import resource
 import threading
 import uuid
 from collections.abc import Callable, Iterator
@@ -184,6 +185,30 @@ def test_open_runs(spawn: Spawn) -> None:
     c = open_session(stub, "c")
     assert write(stub, c, 1, [scalar(2)]) == 1
     assert steps_in(daemon, "a") == [0, 1]
+
+
+def _open_files_limit(pid: int) -> int:
+    with open(f"/proc/{pid}/limits") as limits:
+        line = next(line for line in limits if line.startswith("Max open files"))
+    return int(line.split()[3])
+
+
+def test_open_files_limit_is_raised_to_what_max_open_runs_needs(spawn: Spawn) -> None:
+    """Many systems start processes with 1,024 open files; every open run holds three. A daemon started with
+    a soft limit far below what --max-open-runs needs raises it (the hard limit allows) and serves them all."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    runs = 150
+    assert hard == resource.RLIM_INFINITY or hard >= runs * 3 + 256, "this machine's hard limit is too low"
+    resource.setrlimit(resource.RLIMIT_NOFILE, (128, hard))  # the daemon inherits it
+    try:
+        daemon, stub = spawn("--max-open-runs", str(runs))
+    finally:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+    assert _open_files_limit(daemon.proc.pid) >= runs * 3 + 256
+    sessions = [open_session(stub, f"many/run-{i}") for i in range(runs)]
+    assert [write(stub, session, 1, [scalar(i)]) for i, session in enumerate(sessions)] == [1] * runs
+    assert len(list((daemon.logdir / "many").iterdir())) == runs
+    assert steps_in(daemon, f"many/run-{runs - 1}") == [runs - 1]
 
 
 def test_stream_idle_time(spawn: Spawn) -> None:

@@ -20,6 +20,7 @@ from grpc_reflection.v1alpha import reflection
 from summaryd.server.auth import AuthInterceptor, TokenTable
 from summaryd.server.config import Config
 from summaryd.server.metrics import Metrics, MetricsInterceptor, ServiceCollector
+from summaryd.server.open_files import ensure_open_files
 from summaryd.server.runs import RunRegistry
 from summaryd.server.service import SummariesService
 from summaryd.server.state import StateDir
@@ -202,6 +203,7 @@ class Server:
 
 def run(config: Config) -> None:
     """Run the daemon in this process until SIGTERM/SIGINT; a second signal exits at once."""
+    ensure_open_files(config.max_open_runs)
     server = Server(config)
     signals = 0
 
