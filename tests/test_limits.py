@@ -15,6 +15,7 @@ from tensorboard.compat.proto.event_pb2 import Event
 from tensorboard.compat.proto.summary_pb2 import Summary
 
 from conftest import Daemon, assert_whole_records, event_files, read_events, start_daemon
+from summaryd.client import SummaryWriter
 from summaryd.server.config import Config
 from summaryd.v1 import summaryd_pb2 as pb
 from summaryd.v1 import summaryd_pb2_grpc as pb_grpc
@@ -108,6 +109,20 @@ def test_tag_length(spawn: Spawn) -> None:
         assert error.code() == grpc.StatusCode.INVALID_ARGUMENT
         assert "--max-tag-bytes" in error.details()
     assert steps_in(daemon, "lim") == [0, 1]
+
+
+def test_an_event_over_a_limit_costs_only_itself(spawn: Spawn) -> None:
+    """A tag over --max-tag-bytes amid good scalars of the same batch: the daemon names the event, the client
+    drops it alone (counted, logged) and delivers the rest, in order."""
+    daemon, _ = spawn("--max-tag-bytes", "64")
+    # A long linger: all 21 events wait for one batch.
+    writer = SummaryWriter("one-bad", address=daemon.address, worker="", linger_secs=2.0)
+    for step in range(21):
+        writer.add_scalar("x" * 100 if step in (7, 15) else "good", float(step), step)
+    report = writer.close(timeout=10)
+    assert (report.delivered, dict(report.dropped), report.synced) == (19, {"rejected": 2}, True)
+    assert "--max-tag-bytes" in (report.error or "")
+    assert steps_in(daemon, "one-bad") == [s for s in range(21) if s not in (7, 15)]
 
 
 def test_run_path_length(spawn: Spawn) -> None:

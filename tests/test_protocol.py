@@ -93,8 +93,27 @@ def test_bad_events_refuse_their_batch_and_keep_the_file_whole(
         write(stub, session, (1, [scalar(0)]), (2, [scalar(1), event, scalar(2)]))
     assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert "event 1 of the batch" in caught.value.details() and complaint in caught.value.details()
+    assert refused_sequence(caught.value) == 3  # the batch starts at 2: its event 1 is sequence number 3
     assert steps_in(daemon, "proto") == [0]
     assert write(stub, session, (2, [scalar(1)])) == [2]
+
+
+def refused_sequence(error: grpc.RpcError) -> int:
+    [value] = [v for k, v in error.trailing_metadata() or () if k == "summaryd-refused-sequence"]  # type: ignore[attr-defined]
+    return int(value)
+
+
+def test_a_refusal_names_the_event_by_sequence_past_resent_events(daemon: Daemon, stub: pb_grpc.SummariesStub) -> None:
+    """A resent batch overlapping what is acknowledged: the refused event's sequence number counts the skipped
+    events too, so that the client can drop exactly that one."""
+    session = open_session(stub)
+    assert write(stub, session, (1, [scalar(0), scalar(1)])) == [2]
+    bad = Event(wall_time=1.0, step=3).SerializeToString()  # carries nothing
+    with pytest.raises(grpc.RpcError) as caught:
+        write(stub, session, (1, [scalar(0), scalar(1), scalar(2), bad]))
+    assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert refused_sequence(caught.value) == 4
+    assert steps_in(daemon, "proto") == [0, 1]
 
 
 def test_closed_and_unknown_sessions(stub: pb_grpc.SummariesStub) -> None:

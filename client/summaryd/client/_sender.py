@@ -62,6 +62,9 @@ Queued = tuple[EventSource, int] | tuple[str, float, int, float, int]
 Overflow = Literal["spill", "drop_oldest", "block"]
 OVERFLOW_POLICIES: tuple[Overflow, ...] = ("spill", "drop_oldest", "block")
 
+# Trailing metadata of a refused batch: the sequence number of the event the daemon refused (see the proto).
+REFUSED_SEQUENCE_KEY = "summaryd-refused-sequence"
+
 # Statuses after which retrying the same request cannot succeed.
 _PERMANENT = frozenset(
     {grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.PERMISSION_DENIED, grpc.StatusCode.UNAUTHENTICATED}
@@ -238,6 +241,7 @@ class Sender:
         self._failed: str | None = None
         self._last_error: str | None = None
         self._refused: str | None = None
+        self._refused_sequence: int | None = None  # the event the daemon named, if it did
         self._warned: dict[str, float] = {}
         self._close_deadline = float("inf")
         self._thread: threading.Thread | None = None
@@ -667,33 +671,57 @@ class Sender:
             return
         self._note_error(error)
         if error.code() == grpc.StatusCode.INVALID_ARGUMENT:
+            sequence = _refused_sequence(error)
             with self._cond:
                 self._refused = error.details()
+                self._refused_sequence = sequence
         self._wake.set()
 
     def _handle_refusal(self) -> None:
-        """The daemon refused the oldest unacknowledged batch and wrote none of it: drop it (the data itself is
-        bad, a resend cannot help) and number the rest on from the last acknowledged event."""
+        """The daemon refused the oldest unacknowledged batch and wrote none of it. When it named the event it
+        refused, drop that event alone (the data itself is bad, a resend cannot help); otherwise the batch. Then
+        number the rest on from the last acknowledged event and send it again."""
         with self._cond:
             reason, self._refused = self._refused, None
+            sequence, self._refused_sequence = self._refused_sequence, None
             if reason is None:
                 return
             if self._spooled:
                 self._unspill()
             if self._log:
-                bad = self._log.popleft()
-                bad.settled = True
-                self._held_bytes -= bad.nbytes
-                self._held_events -= bad.count - bad.done
-                self._dropped["rejected"] += bad.count - bad.done
-                self._settled += bad.count - bad.done
-                log.error("summaryd: the daemon refused %d events of run %r: %s", bad.count, self.run, reason)
+                head = self._log[0]
+                if sequence is not None and head.events is not None and head.first + head.done <= sequence <= head.last:
+                    self._drop_one(head, sequence - head.first)
+                    log.error("summaryd: the daemon refused an event of run %r: %s", self.run, reason)
+                else:
+                    self._log.popleft()
+                    head.settled = True
+                    self._held_bytes -= head.nbytes
+                    self._held_events -= head.count - head.done
+                    self._dropped["rejected"] += head.count - head.done
+                    self._settled += head.count - head.done
+                    log.error("summaryd: the daemon refused %d events of run %r: %s", head.count, self.run, reason)
             sequence = self._acked + 1
             for batch in self._log:
                 batch.first, batch.done = sequence, 0
                 sequence += batch.count
             self._next_sequence = sequence
             self._cond.notify_all()
+
+    def _drop_one(self, head: _Batch, index: int) -> None:
+        """Take event `index` out of the in-memory batch `head`, with the events acknowledged already (they are
+        counted); the batch keeps the rest, to be renumbered. Holds the lock."""
+        assert head.events is not None
+        kept = head.events[head.done : index] + head.events[index + 1 :]
+        nbytes = sum(map(len, kept))
+        self._held_bytes -= head.nbytes - nbytes
+        self._held_events -= 1
+        self._dropped["rejected"] += 1
+        self._settled += 1
+        head.events, head.count, head.nbytes, head.done = kept, len(kept), nbytes, 0
+        if not kept:
+            self._log.popleft()
+            head.settled = True
 
     def _note_error(self, exc: BaseException) -> None:
         text = f"{exc.code().name}: {exc.details()}" if isinstance(exc, grpc.RpcError) else repr(exc)
@@ -1023,3 +1051,15 @@ class Sender:
             if self._abandon.wait(0.02):
                 future.cancel()
         future.result()
+
+
+def _refused_sequence(error: grpc.RpcError) -> int | None:
+    """The sequence number of the event a daemon refused, from the trailing metadata of its INVALID_ARGUMENT."""
+    trailing = getattr(error, "trailing_metadata", None)
+    for key, value in (trailing() if callable(trailing) else None) or ():
+        if key == REFUSED_SEQUENCE_KEY:
+            try:
+                return int(value)
+            except (TypeError, ValueError):
+                return None
+    return None

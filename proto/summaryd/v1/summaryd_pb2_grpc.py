@@ -77,7 +77,10 @@ class SummariesServicer:
         raise NotImplementedError('Method not implemented!')
 
     def Write(self, request_iterator, context):
-        """Streams batches of events; the daemon answers every batch with an ack.
+        """Streams batches of events; the daemon answers every batch with an ack. A batch holding an event the daemon
+        refuses (not an Event, a file_version record, over a size limit) ends the stream with INVALID_ARGUMENT and
+        nothing of the batch written; the trailing metadata `summaryd-refused-sequence` then names the sequence
+        number of that event, so that the client can drop it alone and send the rest again.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

@@ -13,6 +13,12 @@ class EventError(ValueError):
     def __init__(self, index: int, reason: str) -> None:
         super().__init__(f"event {index} of the batch {reason}")
         self.index = index
+        self.sequence: int | None = None
+        """The event's sequence number in its session, once the session has placed the batch."""
+
+
+REFUSED_SEQUENCE_KEY = "summaryd-refused-sequence"
+"""Trailing metadata of a refused batch: the sequence number of the event refused (see the Write rpc)."""
 
 
 class LimitError(Exception):

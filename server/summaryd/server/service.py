@@ -18,7 +18,7 @@ from typing import Any, NoReturn, TypeVar
 import grpc
 from grpc import aio
 
-from summaryd.server.errors import EventError, LimitError, RunPathError
+from summaryd.server.errors import REFUSED_SEQUENCE_KEY, EventError, LimitError, RunPathError
 from summaryd.server.limits import DEFAULT, Limits
 from summaryd.server.runpath import validate_run, validate_worker
 from summaryd.server.runs import RunRegistry, run_to_completion
@@ -320,7 +320,10 @@ class SummariesService(pb_grpc.SummariesServicer):
             return await self._complete(session.apply(request.first_sequence, list(request.events)))
         except EventError as exc:
             first = request.first_sequence
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"batch from sequence {first}: {exc}")
+            where = () if exc.sequence is None else ((REFUSED_SEQUENCE_KEY, str(exc.sequence)),)
+            await context.abort(
+                grpc.StatusCode.INVALID_ARGUMENT, f"batch from sequence {first}: {exc}", trailing_metadata=where
+            )
         except ValueError as exc:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
         except SequenceGapError as exc:

@@ -13,6 +13,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
+from summaryd.server.errors import EventError
 from summaryd.server.runs import RunWriter
 from summaryd.v1 import summaryd_pb2 as pb
 
@@ -94,7 +95,11 @@ class Session:
             skip = self.acked + 1 - first
             self.duplicates_dropped += skip
             new = events[skip:] if skip else events
-            await self.run.write(self.session_id, last, new)
+            try:
+                await self.run.write(self.session_id, last, new)
+            except EventError as exc:
+                exc.sequence = first + skip + exc.index
+                raise
             self.events_written += len(new)
             self.acked = last
             self.touch()
