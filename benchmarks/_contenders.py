@@ -13,6 +13,8 @@ from typing import Any
 SUMMARYD = "summaryd"
 TORCH = "torch"
 TENSORBOARDX = "tensorboardX"
+SUMMARYD_HOOK = "summaryd-hook"
+"""summaryd's `SummarySaverHook(save_steps=1)`: each call is one step's `before_run` and `after_run`."""
 NO_WRITER = "none"
 """An empty function in place of `add_scalar`: the floor of what timing one call costs on this machine."""
 
@@ -20,6 +22,7 @@ NO_WRITER = "none"
 LIVE = "summaryd, daemon live"
 ABSENT = "summaryd, no daemon"
 PEERS = {"torch": TORCH, "tensorboardX": TENSORBOARDX}
+HOOK = "summaryd SummarySaverHook, daemon live"
 FLOOR = "empty function (floor)"
 
 
@@ -76,6 +79,8 @@ def open_writer(spec: WriterSpec) -> OpenWriter:
 
         torch_writer = TorchWriter(log_dir=spec.target)
         return OpenWriter(torch_writer.add_scalar, _unreported(torch_writer.close))
+    if spec.kind == SUMMARYD_HOOK:
+        return _summaryd_hook(spec)
     if spec.kind == NO_WRITER:
         return OpenWriter(_nothing, _unreported(lambda: None))
     if spec.kind == TENSORBOARDX:
@@ -96,6 +101,44 @@ def _summaryd(spec: WriterSpec) -> OpenWriter:
         return Closed(report.delivered, report.undelivered, report.synced)
 
     return OpenWriter(writer.add_scalar, close)
+
+
+def _summaryd_hook(spec: WriterSpec) -> OpenWriter:
+    """A step of a TF-style loop as `MonitoredLoop` drives it, the hook saving every step: `before_run`, then
+    `after_run` with the global step and the summary op's result (a serialized `Summary` of one scalar, what a
+    TensorFlow summary op yields); the step's own work is left out."""
+    from tensorboard.compat.proto.summary_pb2 import Summary
+
+    from summaryd.client import SummaryWriter
+    from summaryd.client.hooks import (
+        LoopSession,
+        PlainSummarySaverHook,
+        SessionRunArgs,
+        SessionRunContext,
+        SessionRunValues,
+        create_global_step,
+    )
+
+    writer = SummaryWriter(spec.target, spec.address)
+    global_step = create_global_step()
+    summary = Summary(value=[Summary.Value(tag="loss", simple_value=0.5)]).SerializeToString()
+    hook = PlainSummarySaverHook(save_steps=1, summary_writer=writer, summary_op=lambda: summary)
+    session = LoopSession()
+    hook.begin()
+    hook.after_create_session(session, None)
+    context = SessionRunContext(SessionRunArgs(None), session)
+
+    def step(tag: str, value: float, number: int) -> None:
+        hook.before_run(context)
+        hook.after_run(context, SessionRunValues(results={"global_step": number, "summary": [summary]}))
+        global_step.increment()
+
+    def close() -> Closed:
+        hook.end(session)
+        report = writer.close(timeout=spec.close_timeout)
+        return Closed(report.delivered, report.undelivered, report.synced)
+
+    return OpenWriter(step, close)
 
 
 def _unreported(close: Callable[[], object]) -> Callable[[], Closed]:

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from benchmarks._contenders import SUMMARYD, WriterSpec
+from benchmarks._contenders import SUMMARYD, SUMMARYD_HOOK, WriterSpec
 from benchmarks._daemon import Daemon
 from benchmarks._report import Spread
 
@@ -173,7 +173,7 @@ def slug(label: str) -> str:
 
 
 def remove_output(spec: WriterSpec, daemon: Daemon) -> None:
-    path = daemon.logdir / spec.target if spec.kind == SUMMARYD else Path(spec.target)
+    path = daemon.logdir / spec.target if spec.kind in (SUMMARYD, SUMMARYD_HOOK) else Path(spec.target)
     shutil.rmtree(path, ignore_errors=True)
 
 

@@ -19,7 +19,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from benchmarks._contenders import ABSENT, FLOOR, LIVE, NO_WRITER, PEERS, SUMMARYD, WriterSpec
+from benchmarks._contenders import ABSENT, FLOOR, HOOK, LIVE, NO_WRITER, PEERS, SUMMARYD, SUMMARYD_HOOK, WriterSpec
 from benchmarks._daemon import refused_address, running_daemon
 from benchmarks._machine import facts, load_average
 from benchmarks._report import Spread, micros, rate, ratio, seconds, table
@@ -50,13 +50,15 @@ def caller_cost(run: Run, *, paced: bool) -> str:
     calls = plan.paced_calls if paced else plan.caller_calls
     pace = plan.pace_us if paced else 0.0
     repeats = plan.paced_repeats if paced else plan.caller_repeats
-    labels = [LIVE, ABSENT, *PEERS, FLOOR]
+    labels = [LIVE, ABSENT, HOOK, *PEERS, FLOOR]
     with running_daemon(run.workdir) as daemon, refused_address() as refused:
 
         def one(label: str, round_: int) -> dict[str, Any]:
             name = f"{section}-{slug(label)}-{round_}"
             if label == LIVE:
                 spec = WriterSpec(SUMMARYD, name, daemon.address)
+            elif label == HOOK:
+                spec = WriterSpec(SUMMARYD_HOOK, name, daemon.address)
             elif label == FLOOR:
                 spec = WriterSpec(NO_WRITER, str(run.workdir / name))
             elif label == ABSENT:
@@ -107,7 +109,9 @@ def caller_cost(run: Run, *, paced: bool) -> str:
         f"{calls:,} calls per trial, each timed alone; {repeats} trials per contender; "
         "median (min-max) over trials. Full GCs: median count during the loop (longest pause in ms). "
         "Close: seconds `close()` took after the loop. Empty function: a function that does nothing, called "
-        "in the same loop in place of `add_scalar`: what timing one call costs here, the floor for every writer."
+        "in the same loop in place of `add_scalar`: what timing one call costs here, the floor for every writer. "
+        "SummarySaverHook: one step of a TF-style loop, the hook (`save_steps=1`) saving a serialized one-scalar "
+        "`Summary`: `before_run` and `after_run` timed together, the step's own work left out."
     )
     headers = ["contender", "p50 µs", "p99 µs", "max µs", "full GCs (ms)", "close s", "p50 vs torch", "p99 vs torch"]
     return "\n".join([title, "", about, "", table(headers, rows)])

@@ -37,8 +37,9 @@ from summaryd.client._channel import ChannelSettings, open_channel
 # isort: split
 import grpc
 
-from summaryd.client import _process, _scalar
+from summaryd.client import _process
 from summaryd.client._courier import outbox_root
+from summaryd.client._encoder import EventEncoder
 from summaryd.client._environment import resolve_address
 from summaryd.client._spool import Spool, SpoolIdentity, default_root
 from summaryd.client._stream import WriteStream
@@ -53,11 +54,9 @@ VERSION = "0.1.0"
 # that no encoding, PNG or protobuf, runs on the caller's thread).
 EventSource = bytes | Callable[[], bytes]
 
-# What the queue holds: (source, estimated bytes), or a scalar's (tag, value, step, wall_time, estimated bytes).
-# The scalar is one flat tuple of atomic values, which the garbage collector stops tracking the first time it
-# sees it; a nested tuple could live long enough to reach the oldest generation, whose growth triggers full
-# collections of the whole (training) process's heap.
-Queued = tuple[EventSource, int] | tuple[str, float, int, float, int]
+# What the queue holds: `(source, estimated bytes)`, or the plain values of a scalar or of a serialized summary
+# that the sender thread turns into an event (see `_encoder`).
+Queued = tuple[EventSource, int] | tuple[bytes, int, float, int] | tuple[str, float, int, float, int]
 
 Overflow = Literal["spill", "drop_oldest", "block"]
 OVERFLOW_POLICIES: tuple[Overflow, ...] = ("spill", "drop_oldest", "block")
@@ -214,7 +213,7 @@ class Sender:
         self._encoding = threading.Lock()
         # The caller's side: events not yet numbered.
         self._queue: deque[Queued] = deque()
-        self._scalars = _scalar.ScalarEncoder()  # sender thread only
+        self._encoder = EventEncoder()  # sender thread only
         self._queued_bytes = 0
         self._room_wanted = 0  # bytes a caller waits to queue (policies spill and block)
         self._queued_at = 0.0
@@ -286,8 +285,8 @@ class Sender:
         return self.enqueue((source, nbytes))
 
     def enqueue(self, item: Queued) -> bool:
-        """Queue `(source, estimated bytes)`, or a scalar `(tag, value, step, wall_time, estimated bytes)` whose
-        event the sender thread builds (see `_scalar`). As `submit` otherwise."""
+        """Queue `(source, estimated bytes)`, or the plain values of an event the sender thread builds (see
+        `_encoder`). As `submit` otherwise."""
         # The caller's hot path: every call here is inlined where it could be (a Python call costs the caller
         # most right after its thread slept, the usual case in training).
         if self._pid != os.getpid():
@@ -803,10 +802,10 @@ class Sender:
         first = queue.popleft()
         items = [first]
         room = max_bytes - first[-1]
-        if len(first) == 5 or isinstance(first[0], bytes):
+        if len(first) != 2 or isinstance(first[0], bytes):
             while queue and len(items) < max_events and room > 0:
                 head = queue[0]
-                if len(head) != 5 and not isinstance(head[0], bytes):
+                if len(head) == 2 and not isinstance(head[0], bytes):
                     break
                 items.append(queue.popleft())
                 room -= head[-1]
@@ -816,12 +815,15 @@ class Sender:
 
     def _encode(self, item: Queued) -> bytes | None:
         """The bytes of a queued event; None (counted) when building it failed."""
-        source = item[0]
-        if isinstance(source, bytes):
-            return source
         try:
-            if not callable(source):  # a scalar
-                return self._scalars.encode(item)  # protobuf only: no lock a fork could inherit held
+            if len(item) == 5:
+                return self._encoder.scalar(item)  # protobuf only: no lock a fork could inherit held
+            if len(item) == 4:
+                return self._encoder.summary(item)
+            source = item[0]
+            if isinstance(source, bytes):
+                return source
+            assert callable(source)
             with self._encoding:
                 data: bytes = source()
                 return data

@@ -25,7 +25,7 @@ from tensorboard.compat.proto.event_pb2 import Event, SessionLog, TaggedRunMetad
 from tensorboard.compat.proto.summary_pb2 import Summary
 from tensorboard.plugins.projector.projector_config_pb2 import EmbeddingInfo, ProjectorConfig
 
-from summaryd.client import _files, _scalar, _summaries, _torch
+from summaryd.client import _encoder, _files, _summaries, _torch
 from summaryd.client._environment import detect_worker
 from summaryd.client._sender import DeliveryReport, Sender
 
@@ -210,10 +210,10 @@ class SummaryWriter:
         thread slept, its caches cold).
         """
         if type(tag) is not str:
-            tag = _scalar.checked_tag(tag)  # raises here, at the call, as torch's builder does
+            tag = _encoder.checked_tag(tag)  # raises here, at the call, as torch's builder does
         wall_time = time.time() if walltime is None else float(walltime)
         step = 0 if global_step is None else int(global_step)
-        (sender or self._sender).enqueue((tag, value, step, wall_time, _scalar.EVENT_OVERHEAD_BYTES + len(tag)))
+        (sender or self._sender).enqueue((tag, value, step, wall_time, _encoder.SCALAR_OVERHEAD_BYTES + len(tag)))
 
     def _log_now(
         self, summary: Summary, global_step: int | None, walltime: float | None, sender: Sender | None = None
@@ -244,11 +244,10 @@ class SummaryWriter:
         if not isinstance(summary, bytes):
             self._log_now(summary, global_step, walltime)
             return
-        wall_time = time.time() if walltime is None else walltime
+        wall_time = time.time() if walltime is None else float(walltime)
         step = 0 if global_step is None else int(global_step)
-        # Event field 5 is `summary`: framing the bytes as that field avoids a parse and re-encode.
-        data = Event(wall_time=wall_time, step=step).SerializeToString() + _length_delimited(5, summary)
-        self._sender.submit(data, len(data))
+        # The sender thread frames the bytes as the event's `summary` field: no parse, no re-encode.
+        self._sender.enqueue((summary, step, wall_time, _encoder.SUMMARY_OVERHEAD_BYTES + len(summary)))
 
     def add_session_log(
         self, session_log: SessionLog, global_step: int | None = None, walltime: float | None = None
@@ -283,10 +282,10 @@ class SummaryWriter:
             return
         # `_log_scalar`, inlined: the hot path of the most frequent call (see there).
         if type(tag) is not str:
-            tag = _scalar.checked_tag(tag)
+            tag = _encoder.checked_tag(tag)
         wall_time = time.time() if walltime is None else float(walltime)
         step = 0 if global_step is None else int(global_step)
-        self._sender.enqueue((tag, value, step, wall_time, _scalar.EVENT_OVERHEAD_BYTES + len(tag)))
+        self._sender.enqueue((tag, value, step, wall_time, _encoder.SCALAR_OVERHEAD_BYTES + len(tag)))
 
     def add_scalars(
         self,
@@ -667,14 +666,3 @@ class SummaryWriter:
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
         self.close()
-
-
-def _length_delimited(field_number: int, payload: bytes) -> bytes:
-    """Protobuf wire encoding of a length-delimited field (tag, varint length, payload)."""
-    out = bytearray()
-    for value in ((field_number << 3) | 2, len(payload)):
-        while value >= 0x80:
-            out.append((value & 0x7F) | 0x80)
-            value >>= 7  # noqa: PLW2901
-        out.append(value)
-    return bytes(out) + payload
