@@ -54,6 +54,9 @@ class Closable(Protocol):
 
 _live: weakref.WeakSet[Closable] = weakref.WeakSet()
 # This process opened gRPC channels (its pid), so its forked children must not use gRPC.
+pid = os.getpid()
+"""This process's id, kept current by the fork handler below: reading it costs the caller's hot path nothing,
+where `os.getpid()` is a system call."""
 _grpc_pid: int | None = None
 # In a forked child: the ancestor whose courier delivers this process's outboxes.
 _outbox_pid: int | None = None
@@ -180,7 +183,8 @@ def _after_fork_in_parent() -> None:
 
 
 def _after_fork_in_child() -> None:
-    global _closing_all, _grpc_pid, _outbox_pid, courier
+    global _closing_all, _grpc_pid, _outbox_pid, courier, pid
+    pid = os.getpid()
     _closing_all = False
     _paused.clear()
     if _outbox_pid is None and _grpc_pid is not None:

@@ -261,7 +261,7 @@ class Sender:
     # ---- process boundaries (see `_process`) -------------------------------------------------------------
 
     def owned_here(self) -> bool:
-        return self._pid == os.getpid()
+        return self._pid == _process.pid
 
     def pause_for_fork(self, timeout: float) -> bool:
         return self._encoding.acquire(timeout=timeout)
@@ -289,7 +289,7 @@ class Sender:
         `_encoder`). As `submit` otherwise."""
         # The caller's hot path: every call here is inlined where it could be (a Python call costs the caller
         # most right after its thread slept, the usual case in training).
-        if self._pid != os.getpid():
+        if self._pid != _process.pid:  # forked: see `_process`
             self.forget_parent_after_fork()
         # The condition's own lock, taken directly: `with self._cond` would add a Python-level call.
         with self._lock:
