@@ -52,7 +52,7 @@ PLANS = {
     "full": Plan(
         caller_calls=50_000,
         caller_repeats=4,
-        paced_calls=10_000,
+        paced_calls=20_000,
         paced_repeats=4,
         pace_us=50.0,
         events=200_000,
