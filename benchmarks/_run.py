@@ -51,9 +51,9 @@ class Plan:
 PLANS = {
     "full": Plan(
         caller_calls=50_000,
-        caller_repeats=4,
-        paced_calls=20_000,
-        paced_repeats=4,
+        caller_repeats=3,
+        paced_calls=10_000,
+        paced_repeats=3,
         pace_us=50.0,
         events=200_000,
         clients=8,
