@@ -56,10 +56,12 @@ class Closed:
 
 @dataclass(frozen=True)
 class OpenWriter:
-    """`add_scalar` is the writer's own bound method (nothing in between); `close` returns when the writer has."""
+    """`add_scalar` is the writer's own bound method (nothing in between); `close` returns when the writer has;
+    `writer` is the writer itself, for its other methods (None for the empty function)."""
 
     add_scalar: Callable[[str, float, int], None]
     close: Callable[[], Closed]
+    writer: Any = None
 
 
 def import_training_runtime() -> None:
@@ -78,7 +80,7 @@ def open_writer(spec: WriterSpec) -> OpenWriter:
         from torch.utils.tensorboard import SummaryWriter as TorchWriter
 
         torch_writer = TorchWriter(log_dir=spec.target)
-        return OpenWriter(torch_writer.add_scalar, _unreported(torch_writer.close))
+        return OpenWriter(torch_writer.add_scalar, _unreported(torch_writer.close), torch_writer)
     if spec.kind == SUMMARYD_HOOK:
         return _summaryd_hook(spec)
     if spec.kind == NO_WRITER:
@@ -87,7 +89,7 @@ def open_writer(spec: WriterSpec) -> OpenWriter:
         from tensorboardX import SummaryWriter as XWriter  # type: ignore[import-untyped]
 
         x_writer = XWriter(logdir=spec.target)
-        return OpenWriter(x_writer.add_scalar, _unreported(x_writer.close))
+        return OpenWriter(x_writer.add_scalar, _unreported(x_writer.close), x_writer)
     raise ValueError(f"unknown writer {spec.kind!r}")
 
 
@@ -100,7 +102,7 @@ def _summaryd(spec: WriterSpec) -> OpenWriter:
         report = writer.close(timeout=spec.close_timeout)
         return Closed(report.delivered, report.undelivered, report.synced)
 
-    return OpenWriter(writer.add_scalar, close)
+    return OpenWriter(writer.add_scalar, close, writer)
 
 
 def _summaryd_hook(spec: WriterSpec) -> OpenWriter:
@@ -138,7 +140,7 @@ def _summaryd_hook(spec: WriterSpec) -> OpenWriter:
         report = writer.close(timeout=spec.close_timeout)
         return Closed(report.delivered, report.undelivered, report.synced)
 
-    return OpenWriter(step, close)
+    return OpenWriter(step, close, writer)
 
 
 def _unreported(close: Callable[[], object]) -> Callable[[], Closed]:

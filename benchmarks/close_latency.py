@@ -37,31 +37,23 @@ def prepare(raw: Mapping[str, Any]) -> Callable[[], dict[str, Any]]:
     params = CloseParams(**{**raw, "writer": WriterSpec.from_json(raw["writer"])})
     import_training_runtime()
     ours = params.writer.kind == SUMMARYD
+    opened = open_writer(params.writer)
+    add_scalar = opened.add_scalar
+    # A writer that has been in use: for summaryd connected, its session open and its event file created.
+    add_scalar("warm-up", 0.0, 0)
     if ours:
-        from summaryd.client import SummaryWriter
-
-        summaryd_writer = SummaryWriter(params.writer.target, params.writer.address)
-        add_scalar: Callable[[str, float, int], object] = summaryd_writer.add_scalar
-        # A writer that has been in use: connected, its session open and its event file created.
-        summaryd_writer.add_scalar("warm-up", 0.0, 0)
-        summaryd_writer.flush()
-    else:
-        writer = open_writer(params.writer)
-        add_scalar = writer.add_scalar
-        writer.add_scalar("warm-up", 0.0, 0)
+        opened.writer.flush()
 
     def run() -> dict[str, Any]:
         for step in range(params.pending):
             add_scalar("loss", step * 0.001, step)
-        unacked = summaryd_writer.flush(timeout=0).undelivered if ours else -1
+        unacked = opened.writer.flush(timeout=0).undelivered if ours else -1
         started = time.perf_counter()
-        if ours:
-            report = summaryd_writer.close(timeout=params.writer.close_timeout)
-            delivered = report.delivered - 1  # less the warm-up event
-            if delivered != params.pending or not report.synced:
-                raise RuntimeError(f"summaryd delivered {delivered} of {params.pending} (synced {report.synced})")
-        else:
-            delivered = writer.close().delivered
-        return asdict(CloseResult(params.pending, unacked, time.perf_counter() - started, delivered))
+        closed = opened.close()
+        close_s = time.perf_counter() - started
+        delivered = closed.delivered - 1 if ours else closed.delivered  # less the warm-up event
+        if ours and (delivered != params.pending or not closed.synced):
+            raise RuntimeError(f"summaryd delivered {delivered} of {params.pending} (synced {closed.synced})")
+        return asdict(CloseResult(params.pending, unacked, close_s, delivered))
 
     return run

@@ -14,7 +14,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from benchmarks._contenders import SUMMARYD, TENSORBOARDX, TORCH, WriterSpec, import_training_runtime
+from benchmarks._contenders import SUMMARYD, WriterSpec, import_training_runtime, open_writer
 from benchmarks.caller_cost import percentile
 
 HISTOGRAM = "histogram"
@@ -46,33 +46,13 @@ class PayloadResult:
     delivered: int
 
 
-def _open(spec: WriterSpec) -> tuple[Any, Callable[[], int]]:
-    """The writer itself (its `add_histogram`/`add_image` are called directly) and a close returning the
-    number of events delivered (-1 where the writer does not say)."""
-    if spec.kind == SUMMARYD:
-        from summaryd.client import SummaryWriter
-
-        ours = SummaryWriter(spec.target, spec.address)
-        return ours, lambda: ours.close(timeout=spec.close_timeout).delivered
-    if spec.kind == TORCH:
-        from torch.utils.tensorboard import SummaryWriter as TorchWriter
-
-        torch_writer = TorchWriter(log_dir=spec.target)
-        return torch_writer, lambda: torch_writer.close() or -1
-    if spec.kind == TENSORBOARDX:
-        from tensorboardX import SummaryWriter as XWriter  # type: ignore[import-untyped]
-
-        x_writer = XWriter(logdir=spec.target)
-        return x_writer, lambda: x_writer.close() or -1
-    raise ValueError(f"unknown writer {spec.kind!r}")
-
-
 def prepare(raw: Mapping[str, Any]) -> Callable[[], dict[str, Any]]:
     import numpy as np
 
     params = PayloadParams.from_json(raw)
     import_training_runtime()
-    writer, close = _open(params.writer)
+    opened = open_writer(params.writer)
+    writer = opened.writer
     rng = np.random.default_rng(0)
     if params.kind == HISTOGRAM:
         values = rng.normal(size=HISTOGRAM_VALUES).astype(np.float32)
@@ -97,7 +77,7 @@ def prepare(raw: Mapping[str, Any]) -> Callable[[], dict[str, Any]]:
             start = clock()
             log(step)
             latencies[step] = clock() - start
-        delivered = close()
+        delivered = opened.close().delivered
         seconds = time.perf_counter() - started
         if params.writer.kind == SUMMARYD and delivered != params.calls:
             raise RuntimeError(f"summaryd delivered {delivered} of {params.calls}")

@@ -122,18 +122,23 @@ def visibility(run: Run) -> str:
     def latency(value: float) -> str:
         return f"not within {wait:g} s" if math.isinf(value) else f"{value * 1000:,.1f}"
 
-    rows = []
-    for label in labels:
-        rs = results[label]
-        # Pooled over the trials; a point never seen counts as infinitely late.
-        pooled = [x for r in rs for x in r["latencies_s"]] + [math.inf] * sum(r["unseen"] for r in rs)
-        seen = sum(len(r["latencies_s"]) for r in rs)
-        rows.append(
-            [label, f"{seen:,} of {len(pooled):,}", latency(_quantile(pooled, 0.5)), latency(_quantile(pooled, 0.99))]
-        )
-        if label == LIVE:
-            live = pooled
-    run.targets.append(Target("visibility p50, daemon live, seconds", _quantile(live, 0.5), 1.0, False, unit=" s"))
+    # Pooled over the trials; a point never seen counts as infinitely late.
+    pooled = {
+        label: [x for r in rs for x in r["latencies_s"]] + [math.inf] * sum(r["unseen"] for r in rs)
+        for label, rs in results.items()
+    }
+    rows = [
+        [
+            label,
+            f"{sum(len(r['latencies_s']) for r in results[label]):,} of {len(pooled[label]):,}",
+            latency(_quantile(pooled[label], 0.5)),
+            latency(_quantile(pooled[label], 0.99)),
+        ]
+        for label in labels
+    ]
+    run.targets.append(
+        Target("visibility p50, daemon live, seconds", _quantile(pooled[LIVE], 0.5), 1.0, False, unit=" s")
+    )
     about = (
         f"One `add_scalar` every {plan.visibility_interval_ms:g} ms ({plan.visibility_points} points per trial); "
         "a thread of the same process polls the run directory every millisecond with TensorBoard's own "

@@ -793,19 +793,19 @@ class Sender:
         return batch
 
     def _take_run(self, max_events: int, max_bytes: int) -> list[Queued]:
-        """Pop the next events of a batch (holding the lock): a run of those whose size is known (bytes and
-        scalars), so that the lock the caller also takes is taken once per run, not per event; a function
-        alone, since only encoding it tells its size."""
+        """Pop the next events of a batch (holding the lock): a run of those whose size is known, so that the
+        lock the caller also takes is taken once per run, not per event; a function alone, since only encoding
+        it tells its size."""
         queue = self._queue
         if not queue:
             return []
         first = queue.popleft()
         items = [first]
         room = max_bytes - first[-1]
-        if len(first) != 2 or isinstance(first[0], bytes):
+        if _size_known(first):
             while queue and len(items) < max_events and room > 0:
                 head = queue[0]
-                if len(head) == 2 and not isinstance(head[0], bytes):
+                if not _size_known(head):
                     break
                 items.append(queue.popleft())
                 room -= head[-1]
@@ -1053,6 +1053,12 @@ class Sender:
             if self._abandon.wait(0.02):
                 future.cancel()
         future.result()
+
+
+def _size_known(item: Queued) -> bool:
+    """Whether a queued event's estimated size is (about) its size: serialized bytes and plain values are;
+    a function's estimate may be far off until it has run."""
+    return len(item) != 2 or isinstance(item[0], bytes)
 
 
 def _refused_sequence(error: grpc.RpcError) -> int | None:

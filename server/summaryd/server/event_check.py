@@ -29,7 +29,7 @@ def check_and_frame(events: Sequence[bytes], limits: Limits = DEFAULT) -> bytes:
     for index, data in enumerate(events):
         size = len(data)
         if size > max_event:
-            raise EventError(index, f"is {len(data)} bytes, over the limit of {max_event} bytes (--max-event-bytes)")
+            raise EventError(index, f"is {size} bytes, over the limit of {max_event} bytes (--max-event-bytes)")
         try:
             event.ParseFromString(data)
         except DecodeError:
