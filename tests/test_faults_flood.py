@@ -2,7 +2,8 @@
 
 The daemon takes one message of a write stream at a time and answers it before reading the next, so a client
 that sends without reading meets HTTP/2 flow control: its writes wait in its own buffers, not the daemon's.
-Memory per stream is bounded by one batch (`--max-message-bytes`) plus the transport's window.
+Memory per stream is bounded by one batch (`--max-message-bytes`) plus the transport's window
+(`--stream-window-bytes`, fixed: gRPC's bandwidth probing would grow it to many MiB).
 """
 
 from __future__ import annotations
@@ -19,12 +20,19 @@ from tensorboard.compat.proto.event_pb2 import Event
 from tensorboard.compat.proto.summary_pb2 import Summary
 
 from conftest import start_daemon
+from summaryd.server.config import Config
 from summaryd.v1 import summaryd_pb2 as pb
 from summaryd.v1 import summaryd_pb2_grpc as pb_grpc
 
 BATCH_EVENTS = 256
 EVENT = Event(wall_time=1.0, step=1, summary=Summary(value=[Summary.Value(tag="t" * 1000, simple_value=1.0)]))
 BATCH_BYTES = BATCH_EVENTS * EVENT.ByteSize()
+MESSAGE_BYTES = 1 << 20  # the daemon's --max-message-bytes here
+WINDOW_BYTES = Config().stream_window_bytes
+STREAMS = 4
+# What the daemon may hold for the flood: per stream the transport's window, one message and its framed copy;
+# plus the allocator's slack.
+BOUND_MIB = STREAMS * (WINDOW_BYTES + 2 * MESSAGE_BYTES) / 2**20 + 32
 
 
 def rss_mib(pid: int) -> float:
@@ -85,11 +93,11 @@ def warm_up(address: str) -> None:
 def test_a_flood_that_never_reads_acks_keeps_daemon_memory_bounded(tmp_path: Path) -> None:
     """Gigabytes offered by 4 streams that never read an ack: the daemon's RSS stays within a bound, and does
     not trend upward (the second half of the flood peaks no higher than the first)."""
-    daemon = start_daemon(tmp_path, "--max-message-bytes", str(1 << 20))
+    daemon = start_daemon(tmp_path, "--max-message-bytes", str(MESSAGE_BYTES))
     try:
         warm_up(daemon.address)  # the baseline includes the code paths a batch takes
         baseline = rss_mib(daemon.proc.pid)
-        flood = Flood(daemon.address, streams=4, fresh_bytes=200 << 20)
+        flood = Flood(daemon.address, streams=STREAMS, fresh_bytes=200 << 20)
         peaks = [baseline, baseline]
         started = time.monotonic()
         try:
@@ -105,10 +113,10 @@ def test_a_flood_that_never_reads_acks_keeps_daemon_memory_bounded(tmp_path: Pat
             f"offered {offered / 2**20:.0f} MiB in 12s; daemon RSS {baseline:.0f} MiB at rest, peaks "
             f"{peaks[0]:.0f} / {peaks[1]:.0f} MiB in the first / second half"
         )
-        # The bound: per stream one batch of at most 1 MiB (and its framed copy) plus gRPC's buffers, and the
-        # allocator's slack; measured peaks are 10-70 MiB above rest.
-        assert grown < 128, f"daemon RSS grew by {grown:.0f} MiB under the flood"
-        assert peaks[1] <= peaks[0] + 24, "the daemon's memory keeps growing under the flood"
+        # Measured: 7-10 MiB above rest, also with other processes taking the CPU and the disk. With gRPC's
+        # bandwidth probing instead of a fixed window it was 40-117 MiB, in steps.
+        assert grown < BOUND_MIB, f"daemon RSS grew by {grown:.0f} MiB under the flood (bound {BOUND_MIB:.0f} MiB)"
+        assert peaks[1] <= peaks[0] + 12, "the daemon's memory keeps growing under the flood"
         assert offered > 1 << 30, "the flood was too small to show anything"
         assert daemon.proc.poll() is None
     finally:

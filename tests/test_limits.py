@@ -255,4 +255,6 @@ def test_idle_time_must_outlast_heartbeats() -> None:
         Config(session_lease=60, stream_idle_timeout=15)
     with pytest.raises(ValueError, match="--max-open-runs must be positive"):
         Config(max_open_runs=0)
+    with pytest.raises(ValueError, match="--stream-window-bytes must be at least 65535"):
+        Config(stream_window_bytes=1024)
     assert Config().stream_idle_timeout > Config().session_lease / 3

@@ -13,6 +13,8 @@ from summaryd.server.limits import Limits, flag
 
 # How far beyond --max-message-bytes a message still reaches the service (which refuses it naming the flag).
 MESSAGE_SLACK_BYTES = 4 * 1024 * 1024
+# HTTP/2's initial window; a smaller one only slows every stream down.
+MIN_STREAM_WINDOW_BYTES = 65_535
 
 
 def _option(default: Any, help: str, metavar: str | None = None) -> Any:
@@ -51,6 +53,12 @@ class Config:
         "seconds a write stream may send nothing before it is ended (clients send heartbeats at a third of the "
         "lease at most); must exceed a third of --session-lease",
         "SECS",
+    )
+    stream_window_bytes: int = _option(
+        256 * 1024,
+        "bytes of one write stream the daemon's transport takes in before the client must wait (the HTTP/2 "
+        "flow-control window); with one batch per stream, this bounds the daemon's memory per stream",
+        "BYTES",
     )
     io_threads: int = _option(4, "threads that write and sync event files, off the event loop", "N")
     log_level: str = _option("info", "logging level: debug, info, warning, error", "LEVEL")
@@ -96,6 +104,8 @@ class Config:
             raise ValueError(f"--listen {self.listen!r}: the port must be 0..65535")
         if self.shutdown_timeout <= 0:
             raise ValueError("--shutdown-timeout must be positive")
+        if self.stream_window_bytes < MIN_STREAM_WINDOW_BYTES:
+            raise ValueError(f"--stream-window-bytes must be at least {MIN_STREAM_WINDOW_BYTES} (HTTP/2's default)")
         if self.io_threads < 1:
             raise ValueError("--io-threads must be at least 1")
         if self.session_lease <= 0:

@@ -112,6 +112,12 @@ class Server:
             options=[
                 ("grpc.max_receive_message_length", config.transport_message_bytes),
                 ("grpc.so_reuseport", 0),
+                # A fixed window per stream instead of gRPC's bandwidth probing, which grows windows to many MiB
+                # per connection: a client flooding without reading acks then piles them up in the daemon's
+                # memory (tens of MiB per connection, more when the daemon is short of CPU). On loopback the
+                # fixed window costs nothing measurable (benchmarks' ceiling and throughput).
+                ("grpc.http2.bdp_probe", 0),
+                ("grpc.http2.lookahead_bytes", config.stream_window_bytes),
                 # Find connections whose peer vanished (a killed client's host) so that their sessions can expire.
                 ("grpc.keepalive_time_ms", int(max(config.session_lease / 2, 1.0) * 1000)),
                 ("grpc.keepalive_timeout_ms", 20_000),
