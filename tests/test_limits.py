@@ -125,6 +125,39 @@ def test_an_event_over_a_limit_costs_only_itself(spawn: Spawn) -> None:
     assert steps_in(daemon, "one-bad") == [s for s in range(21) if s not in (7, 15)]
 
 
+def test_batches_are_cut_to_the_limits_the_daemon_states(spawn: Spawn) -> None:
+    """A daemon that takes smaller messages and batches than the client's defaults (1 MiB, 1,024 events): the
+    client learns its limits when the session opens and cuts its batches to fit, so that none is refused (a batch
+    over the message limit used to be refused whole and resent forever)."""
+    daemon, stub = spawn("--max-message-bytes", "65536", "--max-batch-events", "300")
+    answer = stub.OpenSession(pb.OpenSessionRequest(session_id=str(uuid.uuid4()), run="probe"), timeout=10)
+    assert (answer.max_message_bytes, answer.max_batch_events) == (65536, 300)
+    assert answer.max_event_bytes == Config().max_event_bytes
+    writer = SummaryWriter("cut", address=daemon.address, worker="", linger_secs=1.0)
+    tag = "t" * 200  # events of about 230 bytes: 1,024 of them are 3.5 times the message limit
+    for step in range(3000):
+        writer.add_scalar(tag, float(step), step)
+    report = writer.close(timeout=20)
+    assert (report.delivered, dict(report.dropped), report.synced) == (3000, {}, True)
+    assert steps_in(daemon, "cut") == list(range(3000))
+
+
+def test_an_event_no_message_can_carry_is_dropped_alone(spawn: Spawn, caplog: pytest.LogCaptureFixture) -> None:
+    """An event larger than the daemon's --max-message-bytes, amid scalars: the client drops it before sending
+    (counted as rejected, logged naming the flag) and delivers the rest in order; close() does not hang."""
+    daemon, _ = spawn("--max-message-bytes", "65536")
+    writer = SummaryWriter("huge", address=daemon.address, worker="", linger_secs=1.0)
+    for step in range(20):
+        if step == 10:
+            writer.add_text("notes", "n" * 100_000, step)
+        writer.add_scalar("loss", float(step), step)
+    with caplog.at_level("ERROR", logger="summaryd"):
+        report = writer.close(timeout=20)
+    assert (report.delivered, dict(report.dropped), report.synced) == (20, {"rejected": 1}, True)
+    assert steps_in(daemon, "huge") == list(range(20))
+    assert any("--max-message-bytes" in record.getMessage() for record in caplog.records)
+
+
 def test_run_path_length(spawn: Spawn) -> None:
     daemon, stub = spawn("--max-run-path-bytes", "10")
     session = open_session(stub, run="r" * 10)

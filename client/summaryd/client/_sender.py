@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Literal
 
 from summaryd.client import _grpc_import  # noqa: F401 - before gRPC is imported (its fork handlers)
+from summaryd.client._batch_fit import DaemonLimits
 from summaryd.client._channel import ChannelSettings, open_channel
 
 # isort: split
@@ -252,6 +253,7 @@ class Sender:
         self._backoff = self.backoff_secs[0]
         self._connect_failed = False
         self._lease = float("inf")
+        self._daemon_limits = DaemonLimits()
         self._last_sent = 0.0
         # Spool (sender thread only).
         self._spool: Spool | None = None
@@ -601,6 +603,7 @@ class Sender:
         assert self._channel is not None
         self.run_dir = answer.run_dir
         self._lease = answer.lease_seconds or float("inf")
+        self._daemon_limits = DaemonLimits.of(answer)
         self._on_ack(answer.last_sequence)
         self._stream = WriteStream(pb_grpc.SummariesStub(self._channel), self._on_ack, self._on_stream_end)
         with self._lock:
@@ -762,13 +765,15 @@ class Sender:
                     small = len(self._queue) < self.max_batch_events and self._queued_bytes < self.max_batch_bytes
                     if lingering and small and not self._closing:
                         return
-            batch = self._take_batch()
-            if batch is None:
+            batches = self._take_batch()
+            if not batches:
                 return
             if spilling:
-                self._spill_batch(batch)
+                for batch in batches:
+                    self._spill_batch(batch)
 
-    def _take_batch(self) -> _Batch | None:
+    def _take_batch(self) -> list[_Batch]:
+        """Number the next queued events as batches: one, unless the daemon's limits cut it (see `_batch_fit`)."""
         events: list[bytes] = []
         nbytes = 0
         while len(events) < self.max_batch_events and nbytes < self.max_batch_bytes:
@@ -782,15 +787,40 @@ class Sender:
                     events.append(data)
                     nbytes += len(data)
         if not events:
-            return None
+            return []
+        cuts, too_large = self._daemon_limits.fit(events, nbytes, self.session_id)
+        if too_large:
+            self._drop_too_large(too_large)
+        batches = []
         with self._cond:
-            batch = _Batch(self._next_sequence, len(events), nbytes, events)
-            self._next_sequence += len(events)
-            self._log.append(batch)
-            self._held_bytes += nbytes
-            self._held_events += len(events)
+            for cut in cuts:
+                size = nbytes if len(cuts) == 1 and not too_large else sum(map(len, cut))
+                batch = _Batch(self._next_sequence, len(cut), size, cut)
+                self._next_sequence += len(cut)
+                self._log.append(batch)
+                self._held_bytes += size
+                self._held_events += len(cut)
+                batches.append(batch)
             self._cond.notify_all()
-        return batch
+        return batches
+
+    def _drop_too_large(self, events: list[bytes]) -> None:
+        """Events over the daemon's limits: no resend could deliver them (counted as rejected, and logged)."""
+        limits = self._daemon_limits
+        with self._cond:
+            self._dropped["rejected"] += len(events)
+            self._settled += len(events)
+            self._cond.notify_all()
+        log.error(
+            "summaryd: dropped %d event(s) of run %r of up to %d bytes: the daemon at %s takes events of at most "
+            "%d bytes (--max-event-bytes) in messages of at most %d bytes (--max-message-bytes)",
+            len(events),
+            self.run,
+            max(map(len, events)),
+            self.address,
+            limits.max_event_bytes,
+            limits.max_message_bytes,
+        )
 
     def _take_run(self, max_events: int, max_bytes: int) -> list[Queued]:
         """Pop the next events of a batch (holding the lock): a run of those whose size is known, so that the
@@ -920,7 +950,7 @@ class Sender:
                 if not self._queue or not (everything or self._must_spill()):
                     return
             taken = self._take_batch()
-            if taken is None or not self._spill_batch(taken):
+            if not taken or not all(self._spill_batch(batch) for batch in taken):
                 return
 
     def _spill_batch(self, batch: _Batch) -> bool:

@@ -35,14 +35,20 @@ class OpenSessionRequest(_message.Message):
     def __init__(self, session_id: _Optional[str] = ..., run: _Optional[str] = ..., worker: _Optional[str] = ..., world_size: _Optional[int] = ..., client: _Optional[_Union[ClientIdentity, _Mapping]] = ..., next_sequence: _Optional[int] = ...) -> None: ...
 
 class OpenSessionResponse(_message.Message):
-    __slots__ = ("run_dir", "last_sequence", "lease_seconds")
+    __slots__ = ("run_dir", "last_sequence", "lease_seconds", "max_message_bytes", "max_event_bytes", "max_batch_events")
     RUN_DIR_FIELD_NUMBER: _ClassVar[int]
     LAST_SEQUENCE_FIELD_NUMBER: _ClassVar[int]
     LEASE_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    MAX_MESSAGE_BYTES_FIELD_NUMBER: _ClassVar[int]
+    MAX_EVENT_BYTES_FIELD_NUMBER: _ClassVar[int]
+    MAX_BATCH_EVENTS_FIELD_NUMBER: _ClassVar[int]
     run_dir: str
     last_sequence: int
     lease_seconds: float
-    def __init__(self, run_dir: _Optional[str] = ..., last_sequence: _Optional[int] = ..., lease_seconds: _Optional[float] = ...) -> None: ...
+    max_message_bytes: int
+    max_event_bytes: int
+    max_batch_events: int
+    def __init__(self, run_dir: _Optional[str] = ..., last_sequence: _Optional[int] = ..., lease_seconds: _Optional[float] = ..., max_message_bytes: _Optional[int] = ..., max_event_bytes: _Optional[int] = ..., max_batch_events: _Optional[int] = ...) -> None: ...
 
 class WriteRequest(_message.Message):
     __slots__ = ("session_id", "first_sequence", "events")

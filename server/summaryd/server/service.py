@@ -184,7 +184,14 @@ class SummariesService(pb_grpc.SummariesServicer):
         elif session.run.run_dir != run_dir:
             await self._abort_run_switch(session_id, session.run.run_dir, run_dir, context)
         session.touch()
-        return pb.OpenSessionResponse(run_dir=run_dir, last_sequence=session.acked, lease_seconds=self.lease)
+        return pb.OpenSessionResponse(
+            run_dir=run_dir,
+            last_sequence=session.acked,
+            lease_seconds=self.lease,
+            max_message_bytes=self.limits.max_message_bytes,
+            max_event_bytes=self.limits.max_event_bytes,
+            max_batch_events=self.limits.max_batch_events,
+        )
 
     async def _run_parts(self, request: pb.OpenSessionRequest, context: Context) -> list[str]:
         try:
