@@ -1,0 +1,42 @@
+"""The background sender: a bounded queue the caller appends to, and one thread that ships it.
+
+The caller's thread only appends to a deque (`submit`). A named daemon thread, started on the first event,
+turns queued items into serialized events, numbers them in batches (sequence numbers 1, 2, ... without
+gaps) and streams them to the daemon over one gRPC write stream; an ack thread reads the acknowledgements.
+
+Every numbered batch stays in the sender's *log* until the daemon acknowledges it, and is sent again after a
+reconnect; the daemon drops what it already holds (it remembers each session's last sequence number on disk,
+also across its own restart), so nothing is written twice and nothing acknowledged is lost. A batch of the
+log lives in memory or, *spilled*, in the session's spool on local disk (`_spool`): when the daemon has not
+acknowledged anything for `spool_after` seconds, when memory runs over `max_queue_bytes` (policy `spill`),
+and when `close()` runs out of time. Spilled batches are read back to be sent when the daemon returns; a
+spool left at exit is delivered later by `summaryd replay`.
+
+Layers, each a module that builds on the one before: `_state` (settings, and the state of one process),
+`_log` (numbering events into batches, acknowledgements, refusals), `_spilling` (the spool), `_connection`
+(session, write stream, heartbeats), `_thread` (the sender thread's loop) and `_sender` (`Sender`: the caller's
+side, and the public face). `_items` and `_report` hold what the queue, the log and the caller see.
+
+Nothing here raises into the caller: failures are counted, logged at a limited rate and reported by
+`flush`/`close`.
+"""
+
+from summaryd.client import _grpc_import  # noqa: F401 - before gRPC is imported (its fork handlers)
+
+# isort: split
+from summaryd.client._sender._connection import REFUSED_SEQUENCE_KEY, VERSION
+from summaryd.client._sender._items import EventSource, Queued
+from summaryd.client._sender._report import DeliveryReport
+from summaryd.client._sender._sender import Sender
+from summaryd.client._sender._state import OVERFLOW_POLICIES, Overflow
+
+__all__ = [
+    "OVERFLOW_POLICIES",
+    "REFUSED_SEQUENCE_KEY",
+    "VERSION",
+    "DeliveryReport",
+    "EventSource",
+    "Overflow",
+    "Queued",
+    "Sender",
+]
