@@ -7,6 +7,8 @@ The daemon refuses file paths that would leave the run directory or touch its ow
 
 from __future__ import annotations
 
+import json
+import socket
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -20,8 +22,9 @@ from google.protobuf import text_format
 from tensorboard.plugins.projector.projector_config_pb2 import ProjectorConfig
 from torch.utils.tensorboard import SummaryWriter as TorchSummaryWriter
 
-from conftest import Daemon
+from conftest import Daemon, start_daemon
 from summaryd.client import SummaryWriter, _torch
+from summaryd.server.cli import main
 from summaryd.v1 import summaryd_pb2 as pb
 from summaryd.v1 import summaryd_pb2_grpc as pb_grpc
 
@@ -185,3 +188,78 @@ def test_put_file_writes_replaces_and_needs_a_live_session(daemon: Daemon, stub:
     with pytest.raises(grpc.RpcError) as raised:
         stub.PutFile(pb.PutFileRequest(session_id=session_id, path="x.txt", content=b"x"), timeout=10)
     assert raised.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+
+
+def unused_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+def replay(spool_root: Path, address: str, capsys: pytest.CaptureFixture[str]) -> list[dict[str, Any]]:
+    capsys.readouterr()
+    assert main(["replay", str(spool_root), "--address", address, "--json"]) == 0
+    return [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+
+
+def test_projector_files_wait_in_the_spool_while_the_daemon_is_away(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The daemon down for the whole run: close() keeps the projector's files in the session's files spool
+    (none dropped), and `summaryd replay` uploads them with the events, byte for byte as torch writes them;
+    replaying again sends nothing."""
+    inputs, spool_root = Inputs(), tmp_path / "spool"
+    with TorchSummaryWriter(str(tmp_path / "torch" / "exp")) as theirs:
+        exercise(theirs, inputs)
+    ours = SummaryWriter("exp", address=f"127.0.0.1:{unused_port()}", worker="", spool_dir=spool_root)
+    exercise(ours, inputs)
+    ours.add_scalar("loss", 0.5, 1)
+    report = ours.close(timeout=3)
+    expected = projector_files(tmp_path / "torch" / "exp")
+    # Every data file, and the latest projector_config.pbtxt (torch rewrites it at each call, as we send it).
+    assert (report.files_spooled, dict(report.dropped), report.spooled) == (len(expected) + 1, {}, 1)
+    assert not report.ok
+    assert report.spool_path is not None and Path(report.spool_path).parent == spool_root
+
+    daemon = start_daemon(tmp_path)
+    try:
+        [result] = replay(spool_root, daemon.address, capsys)
+        assert (result["ok"], result["sent"], result["files"], result["synced"]) == (True, 1, len(expected) + 1, True)
+        run = daemon.logdir / "exp"
+        assert projector_files(run) == expected
+        assert projector_config(run) == projector_config(tmp_path / "torch" / "exp")
+        [again] = replay(spool_root, daemon.address, capsys)
+        assert (again["ok"], again["already"], again["sent"], again["files"]) == (True, True, 0, 0)
+    finally:
+        daemon.terminate()
+
+
+def test_projector_files_spooled_alone_reach_their_run(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The daemon stops after the events were delivered: the files wait in a files spool of their own, and
+    `summaryd replay` uploads them into the run once the daemon is back."""
+    spool_root = tmp_path / "spool"
+    daemon = start_daemon(tmp_path)
+    writer = SummaryWriter("late", address=daemon.address, worker="", spool_dir=spool_root)
+    writer.add_scalar("loss", 0.5, 1)
+    assert writer.flush().delivered == 1
+    daemon.terminate()
+    writer.add_embedding(np.eye(3), metadata=["a", "b", "c"])
+    report = writer.close(timeout=3)
+    assert (report.files_spooled, report.delivered, report.spooled, dict(report.dropped)) == (3, 1, 0, {})
+    [files_spool] = spool_root.iterdir()
+    assert files_spool.name.endswith(".files") and str(files_spool) == report.spool_path
+
+    daemon = start_daemon(tmp_path, logdir=daemon.logdir)
+    try:
+        [result] = replay(spool_root, daemon.address, capsys)
+        assert (result["ok"], result["files"], result["events"]) == (True, 3, 0)
+        assert (daemon.logdir / "late" / "00000" / "default" / "tensors.tsv").read_text() == (
+            "1.0\t0.0\t0.0\n0.0\t1.0\t0.0\n0.0\t0.0\t1.0\n"
+        )
+        assert (daemon.logdir / "late" / "00000" / "default" / "metadata.tsv").read_text() == "a\nb\nc\n"
+        assert (daemon.logdir / "late" / "projector_config.pbtxt").is_file()
+        [again] = replay(spool_root, daemon.address, capsys)
+        assert (again["ok"], again["already"], again["files"]) == (True, True, 0)
+    finally:
+        daemon.terminate()

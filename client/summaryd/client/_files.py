@@ -2,8 +2,11 @@
 
 `FileUploader` owns one daemon thread, started on first use, that takes jobs from a bounded queue, encodes
 them (a job returns `(path, content)` pairs; the caller handed it copies of its data) and sends each file with
-its own deadline and a few retries with backoff. It never raises into the caller: a job it could not queue,
-encode or deliver is counted in `failed`, which the writer reports as `dropped["files"]`. The files go to the
+its own deadline and a few retries with backoff. A file the daemon could not take for now (it is away) is kept
+and tried again before the next job; what is still not delivered at `close()` goes to the session's files spool
+(see `_spool`), which `summaryd replay` uploads. It never raises into the caller: a job it could not queue or
+encode, a file the daemon refused, or one it could not spool is counted in `failed`, which the writer reports
+as `dropped["files"]`. The files go to the
 session of the run's `Sender`, which must be open first: the uploader starts that sender and waits for its
 session before the first upload, and tries again when the daemon does not know the session (yet).
 
@@ -31,6 +34,7 @@ import numpy as np
 from summaryd.client import _summaries, _torch
 from summaryd.client._channel import open_channel
 from summaryd.client._sender import Sender
+from summaryd.client._spool import SpoolIdentity, SpoolLockedError, spool_files
 from summaryd.v1 import summaryd_pb2 as pb
 from summaryd.v1 import summaryd_pb2_grpc as pb_grpc
 
@@ -76,7 +80,12 @@ class FileUploader:
         self.attempts = attempts
         self.backoff_secs = backoff_secs
         self.failed = 0
+        self.spooled = 0
+        self.spool_path: str | None = None
         self.last_error: str | None = None
+        # Files the daemon could not take yet, by path (a later version of a path replaces the earlier).
+        self._undelivered: dict[str, bytes] = {}
+        self._unrun: Job | None = None
         self._queue: queue.Queue[Any] = queue.Queue(max_jobs)
         self._cond = threading.Condition()
         self._pending = 0
@@ -118,19 +127,65 @@ class FileUploader:
             return True
 
     def close(self, timeout: float | None) -> int:
-        """Wait for the uploads (at most `timeout`), stop the thread; the jobs left over count as failed."""
+        """Wait for the uploads (at most `timeout`), stop the thread, and spool what is left (jobs not run yet
+        are encoded here); what could be neither delivered nor spooled counts as failed."""
         self.wait(timeout)
         with self._cond:
             self._stop.set()
-            left, self._pending = self._pending, 0
-            self.failed += left
             self._cond.notify_all()
             thread = self._thread
+        lost = 0
         if thread is not None:
             with contextlib.suppress(queue.Full):
                 self._queue.put_nowait(_STOP)
             thread.join(1.0)
+            lost = int(thread.is_alive())  # stuck in a call: the job it runs is lost with it
+        # Jobs not run yet, oldest first: the one taken off the queue as the thread stopped, then the queue's.
+        unrun = [] if self._unrun is None else [self._unrun]
+        with contextlib.suppress(queue.Empty):
+            while True:
+                unrun.append(self._queue.get_nowait())
+        left: Files = []
+        for job in unrun:
+            if job is not _STOP:
+                files = self._encode(job)
+                left += files or []
+                lost += files is None
+        with self._cond:
+            self._pending = 0
+            kept = dict(self._undelivered)
+            self._undelivered.clear()
+        kept.update(left)  # later versions of a path (the projector's config) replace earlier ones
+        self.failed += lost
+        if kept:
+            self._spool(list(kept.items()))
         return self.failed
+
+    def _spool(self, files: Files) -> None:
+        sender = self.sender
+        if not sender.spool_enabled:
+            self.failed += len(files)
+            log.warning(
+                "summaryd: %d projector files of run %r were not uploaded (spooling is off)", len(files), sender.run
+            )
+            return
+        identity = SpoolIdentity(
+            sender.session_id, sender.run, sender.worker, sender.world_size, sender.address, sender.framework
+        )
+        try:
+            directory = spool_files(sender.spool_root, identity, files)
+        except (OSError, ValueError, SpoolLockedError) as exc:
+            self.failed += len(files)
+            log.error("summaryd: %d projector files of run %r could not be spooled: %s", len(files), sender.run, exc)
+            return
+        self.spooled += len(files)
+        self.spool_path = str(directory)
+        log.warning(
+            "summaryd: %d projector files of run %r were not uploaded; they are in %s (see `summaryd replay`)",
+            len(files),
+            sender.run,
+            directory,
+        )
 
     def _done(self, *, failed: bool) -> None:
         with self._cond:
@@ -146,18 +201,47 @@ class FileUploader:
             while True:
                 job = self._queue.get()
                 if job is _STOP or self._stop.is_set():
+                    if job is not _STOP:
+                        self._unrun = job  # close() spools it, before the jobs still queued
                     return
-                ok = False
-                try:
-                    ok = all(self._put(path, content) for path, content in job())
-                except Exception as exc:  # an encoding error must not reach the caller, nor end the thread
-                    log.warning("summaryd: projector files for run %r could not be encoded: %r", self.sender.run, exc)
-                    self.last_error = repr(exc)
+                self._retry_undelivered()
+                files = self._encode(job)
+                ok = files is not None and all(self._deliver(path, content) for path, content in files)
                 self._done(failed=not ok)
         finally:
             if self._channel is not None:
                 self._channel.close()
                 self._channel = None
+
+    def _encode(self, job: Job) -> Files | None:
+        try:
+            return job()
+        except Exception as exc:  # an encoding error must not reach the caller, nor end the thread
+            log.warning("summaryd: projector files for run %r could not be encoded: %r", self.sender.run, exc)
+            self.last_error = repr(exc)
+            return None
+
+    def _deliver(self, path: str, content: bytes) -> bool:
+        """Upload one file; keep it for later when the daemon cannot take it now. False: refused (or stopped
+        after keeping it: close() spools it)."""
+        delivered = self._put(path, content)
+        if delivered is None:
+            with self._cond:
+                self._undelivered[path] = content
+            return True
+        with self._cond:
+            self._undelivered.pop(path, None)  # an older version of it, now replaced
+        return delivered
+
+    def _retry_undelivered(self) -> None:
+        with self._cond:
+            waiting = list(self._undelivered.items())
+        for path, content in waiting:
+            if self._stop.is_set() or self._put(path, content) is None:
+                return
+            with self._cond:
+                if self._undelivered.get(path) is content:
+                    del self._undelivered[path]
 
     def _session_open(self) -> bool:
         """Start the run's sender if need be and wait (at most `rpc_timeout`) until its session is open."""
@@ -171,13 +255,15 @@ class FileUploader:
                 return False
         return sender.run_dir is not None
 
-    def _put(self, path: str, content: bytes) -> bool:
+    def _put(self, path: str, content: bytes) -> bool | None:
+        """Upload one file: True when the daemon took it, False when it refused it, None when it could not be
+        reached (or the uploader is stopping)."""
         sender = self.sender
         backoff = self.backoff_secs[0]
         for attempt in range(self.attempts):
             if attempt:
                 if self._stop.wait(backoff):
-                    return False
+                    return None
                 backoff = min(backoff * 2, self.backoff_secs[1])
             if not self._session_open():
                 self.last_error = f"the session of run {sender.run!r} did not open"
@@ -192,9 +278,10 @@ class FileUploader:
                 code = exc.code()
                 self.last_error = f"{code.name}: {exc.details()}"
                 if code not in _RETRY:
-                    break
-        log.warning("summaryd: %r of run %r was not uploaded (%s)", path, sender.run, self.last_error)
-        return False
+                    log.warning("summaryd: %r of run %r was refused (%s)", path, sender.run, self.last_error)
+                    return False
+        log.info("summaryd: %r of run %r is kept to be uploaded later (%s)", path, sender.run, self.last_error)
+        return None
 
 
 # ---- the embedding projector's files (torch's add_embedding) ---------------------------------------------------

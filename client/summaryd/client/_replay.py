@@ -6,6 +6,10 @@ remembers sessions across restarts), replay sends only what comes after, then cl
 `delivered_through` in the manifest. Replaying again sends nothing: the manifest says it is done, and were the
 manifest lost, the daemon would still drop every event it holds (or refuse the closed session, whose close
 answers how far it got).
+
+The session's files spool (`<spool>.files`, projector files the daemon did not take) is uploaded in the same
+session, after its events and before the close; when the session was closed already, in a new session of the
+same run. A files spool without events is replayed alone the same way.
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ import json
 import os
 import socket
 import time
+import uuid
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -22,7 +27,18 @@ from typing import Any
 import grpc
 
 from summaryd.client._channel import ChannelSettings, open_channel
-from summaryd.client._spool import FORMAT, MANIFEST, SpoolLockedError, lock, whole_records, write_manifest
+from summaryd.client._spool import (
+    FILES_FORMAT,
+    FILES_SUFFIX,
+    FORMAT,
+    MANIFEST,
+    SpoolLockedError,
+    files_spool_of,
+    lock,
+    spooled_files,
+    whole_records,
+    write_manifest,
+)
 from summaryd.v1 import summaryd_pb2 as pb
 from summaryd.v1 import summaryd_pb2_grpc as pb_grpc
 
@@ -49,6 +65,8 @@ class ReplayResult:
     synced: bool = False
     already: bool = False
     """An earlier replay delivered everything (per the manifest); nothing was sent."""
+    files: int = 0
+    """Projector files uploaded from the session's files spool."""
     error: str | None = None
 
     @property
@@ -64,10 +82,13 @@ class ReplayResult:
                 f"{self.path}: already delivered ({self.events} events of run {self.run!r} through sequence "
                 f"{self.last_sequence}); nothing sent"
             )
+        files = f"; uploaded {self.files} projector files" if self.files else ""
+        if not self.events:
+            return f"{self.path}: uploaded {self.files} projector files of run {self.run!r} to {self.address}"
         return (
             f"{self.path}: delivered {self.sent} events of run {self.run!r} to {self.address} (session "
             f"{self.session_id}, sequences {self.first_sequence}..{self.last_sequence}); {self.held} were there "
-            f"already; {'synced' if self.synced else 'NOT synced'}"
+            f"already; {'synced' if self.synced else 'NOT synced'}{files}"
         )
 
     def to_json(self) -> dict[str, Any]:
@@ -83,7 +104,18 @@ def find_spools(path: Path) -> list[Path]:
         return []
     spools = [child for child in path.iterdir() if (child / MANIFEST).is_file()]
     spools += [box for folder in path.glob("children-of-*") for box in folder.iterdir() if (box / MANIFEST).is_file()]
-    return sorted(spools)
+    # A files spool goes with its session's events spool, when there is one.
+    return sorted(spool for spool in spools if not _goes_with_events(spool))
+
+
+def _goes_with_events(spool: Path) -> bool:
+    """Whether `spool` is a files spool whose session has an events spool (replayed together)."""
+    return spool.name.endswith(FILES_SUFFIX) and (_events_of(spool) / MANIFEST).is_file()
+
+
+def _events_of(spool: Path) -> Path:
+    """The events spool of a files spool's session (`spool` itself when it is no files spool)."""
+    return spool.with_name(spool.name.removesuffix(FILES_SUFFIX))
 
 
 def replay(path: Path, address: str | None = None, timeout: float = 30.0) -> list[ReplayResult]:
@@ -93,6 +125,8 @@ def replay(path: Path, address: str | None = None, timeout: float = 30.0) -> lis
 
 def replay_spool(directory: Path, address: str | None = None, timeout: float = 30.0) -> ReplayResult:
     """Deliver one spool to `address` (default: the daemon its process was logging to)."""
+    if _goes_with_events(directory):
+        directory = _events_of(directory)
     result = ReplayResult(str(directory))
     try:
         lock_fd = lock(directory)
@@ -100,7 +134,10 @@ def replay_spool(directory: Path, address: str | None = None, timeout: float = 3
         result.error = str(exc)
         return result
     try:
-        _replay_locked(directory, address, timeout, result)
+        if directory.name.endswith(FILES_SUFFIX):
+            _replay_files_alone(directory, address, timeout, result)
+        else:
+            _replay_locked(directory, address, timeout, result)
     except (OSError, ValueError, KeyError) as exc:
         result.error = f"unreadable spool: {exc}"
     except grpc.RpcError as exc:
@@ -111,16 +148,27 @@ def replay_spool(directory: Path, address: str | None = None, timeout: float = 3
 
 
 def _replay_locked(directory: Path, address: str | None, timeout: float, result: ReplayResult) -> None:
-    manifest: dict[str, Any] = json.loads((directory / MANIFEST).read_text())
-    if manifest.get("format") != FORMAT:
-        raise ValueError(f"{MANIFEST} has format {manifest.get('format')!r}, not {FORMAT!r}")
+    files_spool = files_spool_of(directory)
+    if not (files_spool / MANIFEST).is_file():
+        _replay_events(directory, address, timeout, result)
+        return
+    files_lock = lock(files_spool)  # its process may still be writing it
+    try:
+        _replay_events(directory, address, timeout, result)
+    finally:
+        os.close(files_lock)
+
+
+def _replay_events(directory: Path, address: str | None, timeout: float, result: ReplayResult) -> None:
+    manifest = _manifest(directory, FORMAT)
     records = list(whole_records((directory / manifest["file"]).read_bytes()))
     events = records[1:]  # after the file_version record
     first = int(manifest["first_sequence"])
     result.session_id, result.run = manifest["session_id"], manifest["run"]
     result.address = address or manifest["address"]
     result.events, result.first_sequence, result.last_sequence = len(events), first, first + len(events) - 1
-    if int(manifest.get("delivered_through", 0)) >= result.last_sequence:
+    files = _pending_files(files_spool_of(directory))
+    if int(manifest.get("delivered_through", 0)) >= result.last_sequence and files is None:
         result.already, result.held, result.synced = True, len(events), True
         return
     with open_channel(result.address, ChannelSettings.from_environment()) as ch:
@@ -128,6 +176,8 @@ def _replay_locked(directory: Path, address: str | None, timeout: float, result:
         held_through = _resume(stub, manifest, first, result, timeout)
         if held_through is None:  # the session was closed: the daemon holds all it ever will
             held_through = result.last_sequence
+            if files is not None:
+                result.files = _upload(stub, manifest, None, *files, timeout)
         else:
             start = max(first, held_through + 1)
             if start <= result.last_sequence:
@@ -135,12 +185,80 @@ def _replay_locked(directory: Path, address: str | None, timeout: float, result:
                 if acked < result.last_sequence:
                     raise ValueError(f"the daemon acknowledged through {acked}, not {result.last_sequence}")
                 result.sent = result.last_sequence - start + 1
+            if files is not None:
+                result.files = _upload(stub, manifest, result.session_id, *files, timeout)
             stub.CloseSession(pb.CloseSessionRequest(session_id=result.session_id), timeout=timeout)
         result.held = len(events) - result.sent
         result.synced = True
     manifest["delivered_through"] = result.last_sequence
     manifest["replayed"] = {"at": time.time(), "address": result.address, "sent": result.sent, "held": result.held}
     write_manifest(directory, manifest)
+
+
+def _replay_files_alone(directory: Path, address: str | None, timeout: float, result: ReplayResult) -> None:
+    """A files spool whose session has no events spool: upload into that session (resumed, then closed), or
+    into a new one of the same run when it was closed."""
+    manifest = _manifest(directory, FILES_FORMAT)
+    result.session_id, result.run = manifest["session_id"], manifest["run"]
+    result.address = address or manifest["address"]
+    files = _pending_files(directory)
+    if files is None:
+        result.already, result.synced = True, True
+        return
+    with open_channel(result.address, ChannelSettings.from_environment()) as ch:
+        stub = pb_grpc.SummariesStub(ch)
+        try:
+            stub.OpenSession(open_request(manifest, 1, "summaryd-replay"), timeout=timeout)
+            session_id: str | None = result.session_id
+        except grpc.RpcError as exc:
+            if exc.code() != grpc.StatusCode.FAILED_PRECONDITION or "was closed" not in (exc.details() or ""):
+                raise
+            session_id = None
+        result.files = _upload(stub, manifest, session_id, *files, timeout)
+        if session_id is not None:
+            stub.CloseSession(pb.CloseSessionRequest(session_id=session_id), timeout=timeout)
+        result.synced = True
+
+
+def _manifest(directory: Path, expected: str) -> dict[str, Any]:
+    manifest: dict[str, Any] = json.loads((directory / MANIFEST).read_text())
+    if manifest.get("format") != expected:
+        raise ValueError(f"{MANIFEST} has format {manifest.get('format')!r}, not {expected!r}")
+    return manifest
+
+
+def _pending_files(directory: Path) -> tuple[Path, list[tuple[str, bytes]]] | None:
+    """The files a files spool (locked by the caller) holds that no replay uploaded yet; None when none."""
+    if not (directory / MANIFEST).is_file():
+        return None
+    manifest = _manifest(directory, FILES_FORMAT)
+    if manifest.get("uploaded"):
+        return None
+    return directory, spooled_files(directory)
+
+
+def _upload(
+    stub: pb_grpc.SummariesStub,
+    manifest: dict[str, Any],
+    session_id: str | None,
+    directory: Path,
+    files: list[tuple[str, bytes]],
+    timeout: float,
+) -> int:
+    """Upload spooled files into the open session `session_id`, or into a new session of the same run when it
+    is None (closed); then mark the files spool uploaded, so that a second replay sends nothing."""
+    fresh = session_id is None
+    if session_id is None:
+        session_id = str(uuid.uuid4())
+        stub.OpenSession(open_request({**manifest, "session_id": session_id}, 1, "summaryd-replay"), timeout=timeout)
+    for path, content in files:
+        stub.PutFile(pb.PutFileRequest(session_id=session_id, path=path, content=content), timeout=timeout)
+    if fresh:
+        stub.CloseSession(pb.CloseSessionRequest(session_id=session_id), timeout=timeout)
+    files_manifest = _manifest(directory, FILES_FORMAT)
+    files_manifest["uploaded"] = {"at": time.time(), "files": len(files), "session_id": session_id}
+    write_manifest(directory, files_manifest)
+    return len(files)
 
 
 def open_request(manifest: dict[str, Any], next_sequence: int, framework: str) -> pb.OpenSessionRequest:

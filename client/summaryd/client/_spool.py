@@ -13,6 +13,10 @@ The sender appends whole batches and never rewrites; what a crash tears off the 
 either (it was never on disk whole). `summaryd replay` records what it delivered in `manifest.json`
 (`delivered_through`); the daemon's own session store is what makes a second replay write nothing twice.
 The spool root is `SUMMARYD_SPOOL_DIR`, else `$XDG_CACHE_HOME/summaryd/spool` (`~/.cache/summaryd/spool`).
+
+Files beside the event files (the embedding projector's) that the daemon did not take go to a sibling,
+`<spool root>/<session id>.files/`: a manifest of format `summaryd-files/1` (the same identity) and the files
+under `files/`, each by its path in the run directory; `summaryd replay` uploads them with the session's events.
 """
 
 from __future__ import annotations
@@ -36,6 +40,9 @@ from tensorboard.compat.proto.event_pb2 import Event
 MANIFEST = "manifest.json"
 LOCK = "lock"
 FORMAT = "summaryd-spool/1"
+FILES_FORMAT = "summaryd-files/1"
+FILES_SUFFIX = ".files"
+FILES_DIR = "files"
 
 _LENGTH = struct.Struct("<Q")
 _CRC = struct.Struct("<I")
@@ -103,6 +110,21 @@ class SpoolIdentity:
     address: str
     framework: str
 
+    def manifest(self, format: str) -> dict[str, Any]:
+        """The manifest of a spool of this session, written by this process now."""
+        return {
+            "format": format,
+            "session_id": self.session_id,
+            "run": self.run,
+            "worker": self.worker,
+            "world_size": self.world_size,
+            "address": self.address,
+            "framework": self.framework,
+            "host": socket.gethostname(),
+            "pid": os.getpid(),
+            "created": time.time(),
+        }
+
 
 class SpoolLockedError(RuntimeError):
     """Another process (the one still logging, or another replay) holds the spool."""
@@ -133,6 +155,46 @@ def write_manifest(directory: Path, manifest: dict[str, Any]) -> None:
     os.replace(temporary, directory / MANIFEST)
 
 
+def files_spool_of(spool: Path) -> Path:
+    """Where the files of the session whose events are spooled at `spool` are kept."""
+    return spool.with_name(spool.name + FILES_SUFFIX)
+
+
+def spool_files(root: Path, identity: SpoolIdentity, files: Sequence[tuple[str, bytes]]) -> Path:
+    """Keep files for `summaryd replay` in the session's files spool (made if need be); a path kept before is
+    replaced, as the daemon replaces it. Each file is written whole: a temporary file, synced, renamed."""
+    directory = root / (identity.session_id + FILES_SUFFIX)
+    (directory / FILES_DIR).mkdir(parents=True, exist_ok=True)
+    lock_fd = lock(directory)
+    try:
+        for path, content in files:
+            parts = Path(path).parts
+            if not parts or Path(path).is_absolute() or ".." in parts:
+                raise ValueError(f"file path {path!r} is not a relative path inside the run")
+            target = directory.joinpath(FILES_DIR, *parts)
+            target.parent.mkdir(parents=True, exist_ok=True)
+            temporary = target.with_name(target.name + ".tmp")
+            with open(temporary, "wb") as f:
+                f.write(content)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(temporary, target)
+        write_manifest(directory, identity.manifest(FILES_FORMAT))
+    finally:
+        os.close(lock_fd)
+    return directory
+
+
+def spooled_files(directory: Path) -> list[tuple[str, bytes]]:
+    """The files of a files spool, by their paths in the run directory, sorted."""
+    base = directory / FILES_DIR
+    return [
+        (path.relative_to(base).as_posix(), path.read_bytes())
+        for path in sorted(base.rglob("*"))
+        if path.is_file() and not path.name.endswith(".tmp")
+    ]
+
+
 class Spool:
     """The spool of one session, open for appending by the sender thread that owns it."""
 
@@ -150,23 +212,9 @@ class Spool:
             self.size = 0
             header = Event(wall_time=time.time(), file_version="brain.Event:2").SerializeToString()
             self._append(frame(header))
-            write_manifest(
-                self.directory,
-                {
-                    "format": FORMAT,
-                    "session_id": identity.session_id,
-                    "run": identity.run,
-                    "worker": identity.worker,
-                    "world_size": identity.world_size,
-                    "address": identity.address,
-                    "framework": identity.framework,
-                    "host": socket.gethostname(),
-                    "pid": os.getpid(),
-                    "created": time.time(),
-                    "file": self.file.as_posix(),
-                    "first_sequence": first_sequence,
-                },
-            )
+            manifest = identity.manifest(FORMAT)
+            manifest.update(file=self.file.as_posix(), first_sequence=first_sequence)
+            write_manifest(self.directory, manifest)
         except BaseException:
             self.discard()
             raise

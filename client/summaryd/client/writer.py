@@ -67,16 +67,18 @@ def _remaining(deadline: float | None) -> float | None:
     return None if deadline is None else max(0.0, deadline - time.monotonic())
 
 
-def _merge(reports: list[DeliveryReport], files: int = 0) -> DeliveryReport:
+def _merge(reports: list[DeliveryReport], uploader: _files.FileUploader | None = None) -> DeliveryReport:
     dropped: dict[str, int] = {}
     for report in reports:
         for reason, count in report.dropped.items():
             dropped[reason] = dropped.get(reason, 0) + count
-    if files:
-        dropped["files"] = files
+    if uploader is not None and uploader.failed:
+        dropped["files"] = uploader.failed
     errors = [r.error for r in reports if r.error]
     # Every sub-run spools below the same spool root; the main run's path is the one to show.
     spool_paths = [r.spool_path for r in reports if r.spool_path]
+    if uploader is not None and uploader.spool_path:
+        spool_paths.append(uploader.spool_path)
     return DeliveryReport(
         delivered=sum(r.delivered for r in reports),
         undelivered=sum(r.undelivered for r in reports),
@@ -85,6 +87,7 @@ def _merge(reports: list[DeliveryReport], files: int = 0) -> DeliveryReport:
         error=errors[-1] if errors else None,
         spooled=sum(r.spooled for r in reports),
         spool_path=spool_paths[0] if spool_paths else None,
+        files_spooled=uploader.spooled if uploader is not None else 0,
     )
 
 
@@ -638,7 +641,7 @@ class SummaryWriter:
             self._uploader.wait(self._sender.rpc_timeout * 2 if deadline is None else timeout)
         senders = [self._sender, *self._sub_senders.values()]
         reports = [s.flush(_remaining(deadline), durable=durable) for s in senders]
-        return _merge(reports, self._files_failed())
+        return _merge(reports, self._uploader)
 
     def close(self, timeout: float | None = None) -> DeliveryReport:
         """Deliver everything, have the daemon fsync it, and release the session; safe to call twice.
@@ -652,12 +655,9 @@ class SummaryWriter:
             self._uploader = _files.FileUploader(self._sender)
         self._uploader.close(max(0.0, deadline - time.monotonic()))
         if timeout is None:
-            return _merge([s.close() for s in senders], self._files_failed())
+            return _merge([s.close() for s in senders], self._uploader)
         reports = [s.close(max(0.0, deadline - time.monotonic())) for s in senders]
-        return _merge(reports, self._files_failed())
-
-    def _files_failed(self) -> int:
-        return 0 if self._uploader is None else self._uploader.failed
+        return _merge(reports, self._uploader)
 
     def __enter__(self) -> SummaryWriter:
         return self

@@ -24,9 +24,13 @@ class DeliveryReport:
     spooled: int = 0
     """Of `undelivered`, the events safe in the local spool: `summaryd replay <spool_path>` delivers them."""
     spool_path: str | None = None
-    """The spool directory of this session, while it holds events."""
+    """The spool directory of this session, while it holds events (else its files spool, while that holds
+    files)."""
+    files_spooled: int = 0
+    """From `SummaryWriter`: projector files the daemon did not take, kept in the session's files spool
+    (`<spool_path>.files`, or `spool_path` itself when no events are spooled) for `summaryd replay`."""
 
     @property
     def ok(self) -> bool:
         """Everything accepted was delivered and nothing was dropped."""
-        return self.undelivered == 0 and not any(self.dropped.values())
+        return self.undelivered == 0 and not self.files_spooled and not any(self.dropped.values())
