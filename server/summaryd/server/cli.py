@@ -92,10 +92,11 @@ def _build_parser() -> argparse.ArgumentParser:
             sub.add_argument("--json", action="store_true", help="print JSON for scripts")
     replay = commands.add_parser(
         "replay",
-        help="deliver spooled events a client left behind",
+        help="deliver spooled events (and projector files) a client left behind",
         description="Deliver the events a client spooled while the daemon was away, exactly once: what the "
-        "daemon holds already is skipped, so replaying twice writes nothing twice. PATH is one spool "
-        "(a directory with manifest.json) or a spool root holding several (SUMMARYD_SPOOL_DIR, by default "
+        "daemon holds already is skipped, so replaying twice writes nothing twice. The projector files kept "
+        "beside them (SESSION.files) are uploaded in the same session. PATH is one spool (a directory with "
+        "manifest.json) or a spool root holding several (SUMMARYD_SPOOL_DIR, by default "
         "~/.cache/summaryd/spool).",
     )
     replay.add_argument("path", metavar="PATH", help="a spool directory, or a directory of spools")
