@@ -6,9 +6,9 @@ its own deadline and a few retries with backoff. A file the daemon could not tak
 and tried again before the next job; what is still not delivered at `close()` goes to the session's files spool
 (see `_spool`), which `summaryd replay` uploads. It never raises into the caller: a job it could not queue or
 encode, a file the daemon refused, or one it could not spool is counted in `failed`, which the writer reports
-as `dropped["files"]`. The files go to the
-session of the run's `Sender`, which must be open first: the uploader starts that sender and waits for its
-session before the first upload, and tries again when the daemon does not know the session (yet).
+as `dropped["files"]`. The files go to the session of the run's `Sender`, which must be open first: the
+uploader starts that sender and waits for its session before the first upload, and tries again when the daemon
+does not know the session (yet).
 
 `embedding_files` builds the projector's files exactly as torch's `add_embedding` writes them: with torch's
 own helpers (`torch.utils.tensorboard._embedding`) when torch is imported, else with numpy and Pillow.
@@ -222,8 +222,8 @@ class FileUploader:
             return None
 
     def _deliver(self, path: str, content: bytes) -> bool:
-        """Upload one file; keep it for later when the daemon cannot take it now. False: refused (or stopped
-        after keeping it: close() spools it)."""
+        """Upload one file, or keep it for later when the daemon cannot take it now (True either way); False
+        when the daemon refused it."""
         delivered = self._put(path, content)
         if delivered is None:
             with self._cond:
