@@ -5,6 +5,7 @@ from __future__ import annotations
 import glob
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -149,6 +150,15 @@ def assert_whole_records(path: Path) -> int:
     framed = sum(8 + 4 + len(r) + 4 for r in records)
     assert framed == path.stat().st_size, f"{path}: readable records end at {framed} of {path.stat().st_size} bytes"
     return len(records)
+
+
+def unused_port() -> int:
+    """A loopback port nothing listens on (bound a moment, then released): a daemon that is away, or a port
+    for a server a test starts next."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
 
 
 def wait_for(condition: Callable[[], object], timeout: float, what: str) -> None:

@@ -9,14 +9,13 @@ from __future__ import annotations
 
 import os
 import shutil
-import socket
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from conftest import assert_whole_records, event_files, read_events, wait_healthy
+from conftest import assert_whole_records, event_files, read_events, unused_port, wait_healthy
 from summaryd.client import SummaryWriter
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -99,19 +98,12 @@ def image() -> str:
     return IMAGE
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
-
-
 @pytest.fixture
 def container(image: str, tmp_path: Path) -> Iterator[tuple[str, Path, str]]:
     logdir = tmp_path / "volume"
     logdir.mkdir()
     os.chown(logdir, 10001, 10001)  # the image's unprivileged user owns the volume, as on a real host
-    port = _free_port()
+    port = unused_port()
     container_id = _sh(
         "podman",
         "run",

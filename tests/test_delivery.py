@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import socket
 import threading
 import time
 from collections.abc import Iterator
@@ -12,18 +11,11 @@ from pathlib import Path
 
 import pytest
 
-from conftest import Daemon, assert_whole_records, event_files, read_events
+from conftest import Daemon, assert_whole_records, event_files, read_events, unused_port
 from summaryd.client import SummaryWriter
 from summaryd.server.config import Config
 from summaryd.server.event_file import EventFile
 from summaryd.server.server import Server
-
-
-def _unused_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
 
 
 def _summaryd_threads() -> list[threading.Thread]:
@@ -32,7 +24,7 @@ def _summaryd_threads() -> list[threading.Thread]:
 
 def test_no_daemon_never_raises_and_close_is_bounded() -> None:
     """With nothing listening, logging returns, close(timeout=1) returns in about a second and counts the loss."""
-    writer = SummaryWriter("nowhere", address=f"127.0.0.1:{_unused_port()}", worker="")
+    writer = SummaryWriter("nowhere", address=f"127.0.0.1:{unused_port()}", worker="")
     for step in range(1000):
         writer.add_scalar("loss", 0.5, step)
     writer.add_image("img", [[[0.0]]], 1)

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import textwrap
@@ -21,7 +20,7 @@ from pathlib import Path
 import grpc
 import pytest
 
-from conftest import Daemon, event_files, read_events, start_daemon, steps_in, wait_for
+from conftest import Daemon, event_files, read_events, start_daemon, steps_in, unused_port, wait_for
 from summaryd.client import SummaryWriter
 from summaryd.v1 import summaryd_pb2 as pb
 from summaryd.v1 import summaryd_pb2_grpc as pb_grpc
@@ -133,13 +132,6 @@ ENDING = textwrap.dedent(
 )
 
 
-def _unused_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
-
-
 @pytest.mark.parametrize(
     "daemon_up", [True, pytest.param(False, marks=pytest.mark.slow)], ids=["daemon-up", "daemon-down"]
 )
@@ -147,7 +139,7 @@ def _unused_port() -> int:
 def test_exit_and_sigterm_deliver_or_spool(daemon: Daemon, tmp_path: Path, ending: str, daemon_up: bool) -> None:
     """Without close(): at interpreter exit, and on SIGTERM (the process still dies of SIGTERM), every event
     reaches the daemon, or, with the daemon away, the spool (from which replay delivers it)."""
-    address = daemon.address if daemon_up else f"127.0.0.1:{_unused_port()}"
+    address = daemon.address if daemon_up else f"127.0.0.1:{unused_port()}"
     spool_root, ready = tmp_path / "spool", tmp_path / "ready"
     env = {**os.environ, "SUMMARYD_ADDRESS": address, "SUMMARYD_SPOOL_DIR": str(spool_root)}
     proc = subprocess.Popen(

@@ -10,7 +10,6 @@ import json
 import logging
 import os
 import signal
-import socket
 import subprocess
 import sys
 import textwrap
@@ -22,16 +21,9 @@ from tensorboard.backend.event_processing.event_file_loader import RawEventFileL
 from tensorboard.compat.proto.event_pb2 import Event
 from tensorboard.compat.proto.summary_pb2 import Summary
 
-from conftest import Daemon, assert_whole_records, event_files, read_events, start_daemon, wait_for
+from conftest import Daemon, assert_whole_records, event_files, read_events, start_daemon, unused_port, wait_for
 from summaryd.client import Sender, SummaryWriter
 from summaryd.server.cli import main
-
-
-def unused_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
 
 
 def scalar(step: int) -> bytes:

@@ -3,6 +3,7 @@ accepted before stays whole."""
 
 from __future__ import annotations
 
+import json
 import resource
 import threading
 import uuid
@@ -14,8 +15,9 @@ import pytest
 from tensorboard.compat.proto.event_pb2 import Event
 from tensorboard.compat.proto.summary_pb2 import Summary
 
-from conftest import Daemon, assert_whole_records, event_files, read_events, start_daemon
-from summaryd.client import SummaryWriter
+from conftest import Daemon, assert_whole_records, event_files, read_events, start_daemon, unused_port, wait_for
+from summaryd.client import Sender, SummaryWriter
+from summaryd.server.cli import main
 from summaryd.server.config import Config
 from summaryd.v1 import summaryd_pb2 as pb
 from summaryd.v1 import summaryd_pb2_grpc as pb_grpc
@@ -140,6 +142,41 @@ def test_batches_are_cut_to_the_limits_the_daemon_states(spawn: Spawn) -> None:
     report = writer.close(timeout=20)
     assert (report.delivered, dict(report.dropped), report.synced) == (3000, {}, True)
     assert steps_in(daemon, "cut") == list(range(3000))
+
+
+def test_a_spool_made_for_a_larger_daemon_is_cut_to_the_one_that_returns(tmp_path: Path) -> None:
+    """Batches numbered and spooled while no daemon was there are cut when they are sent to the daemon that
+    comes up with smaller limits: all delivered, in order (not refused whole, or resent forever)."""
+    port, spool_root = unused_port(), tmp_path / "spool"
+    sender = Sender("later", address=f"127.0.0.1:{port}", worker="", spool_dir=spool_root, spool_after=0.3)
+    for step in range(3000):
+        sender.submit(scalar(step, tag="t" * 200), 240)
+    wait_for(lambda: sender.report().spooled == 3000, 30, "the events to be spooled")
+    daemon = start_daemon(tmp_path, "--listen", f"127.0.0.1:{port}", "--max-message-bytes", "65536")
+    try:
+        report = sender.close(timeout=60)
+        assert (report.delivered, dict(report.dropped), report.synced) == (3000, {}, True)
+        assert steps_in(daemon, "later") == list(range(3000))
+    finally:
+        daemon.terminate()
+
+
+def test_replay_cuts_a_spool_to_the_daemons_limits(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """`summaryd replay` sends a spool in batches the daemon it meets takes."""
+    spool_root = tmp_path / "spool"
+    writer = SummaryWriter("replayed", address=f"127.0.0.1:{unused_port()}", worker="", spool_dir=spool_root)
+    for step in range(3000):
+        writer.add_scalar("t" * 200, float(step), step)
+    assert writer.close(timeout=2).spooled == 3000
+    daemon = start_daemon(tmp_path, "--max-message-bytes", "65536", "--max-batch-events", "100")
+    try:
+        capsys.readouterr()
+        assert main(["replay", str(spool_root), "--address", daemon.address, "--json"]) == 0
+        [result] = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+        assert (result["ok"], result["sent"]) == (True, 3000)
+        assert steps_in(daemon, "replayed") == list(range(3000))
+    finally:
+        daemon.terminate()
 
 
 def test_an_event_no_message_can_carry_is_dropped_alone(spawn: Spawn, caplog: pytest.LogCaptureFixture) -> None:

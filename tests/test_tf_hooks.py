@@ -15,7 +15,6 @@ from __future__ import annotations
 import inspect
 import json
 import os
-import socket
 import subprocess
 import sys
 import types
@@ -34,7 +33,7 @@ from tensorboard.compat.proto.summary_pb2 import Summary
 from tensorboard.context import RequestContext
 
 import summaryd.client
-from conftest import Daemon, event_files, read_events
+from conftest import Daemon, event_files, read_events, unused_port
 from summaryd.client import MonitoredLoop, SummaryWriter, SummaryWriterCache, create_global_step
 from summaryd.client import hooks as hooks_module
 
@@ -527,17 +526,10 @@ if task == 0:
 """
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
-
-
 def test_chief_and_non_chief_land_in_their_own_worker_runs(daemon: Daemon, tmp_path: Path) -> None:
     """Two worker processes of one TF cluster, chief then non-chief, write `multi/worker-0` and `multi/worker-1`,
     and TensorBoard's data provider serves both runs."""
-    cluster = {"worker": [f"127.0.0.1:{_free_port()}", f"127.0.0.1:{_free_port()}"]}
+    cluster = {"worker": [f"127.0.0.1:{unused_port()}", f"127.0.0.1:{unused_port()}"]}
     procs: list[subprocess.Popen[str]] = []
 
     def start(task: int) -> subprocess.Popen[str]:

@@ -4,7 +4,6 @@ through an unchanged torch script; each rank lands in `<run>/rank-N`, sub-runs t
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 import textwrap
@@ -12,7 +11,7 @@ import textwrap
 from tensorboard.backend.event_processing.plugin_event_multiplexer import EventMultiplexer
 from tensorboard.util.tensor_util import make_ndarray
 
-from conftest import Daemon
+from conftest import Daemon, unused_port
 
 TRAIN = textwrap.dedent(
     """
@@ -43,15 +42,8 @@ TRAIN = textwrap.dedent(
 )
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
-
-
 def test_every_rank_of_a_ddp_job_logs_to_its_own_run(daemon: Daemon) -> None:
-    port = _free_port()
+    port = unused_port()
     procs = [
         subprocess.Popen(
             [sys.executable, "-c", TRAIN],

@@ -8,7 +8,6 @@ The daemon refuses file paths that would leave the run directory or touch its ow
 from __future__ import annotations
 
 import json
-import socket
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -22,7 +21,7 @@ from google.protobuf import text_format
 from tensorboard.plugins.projector.projector_config_pb2 import ProjectorConfig
 from torch.utils.tensorboard import SummaryWriter as TorchSummaryWriter
 
-from conftest import Daemon, start_daemon
+from conftest import Daemon, start_daemon, unused_port
 from summaryd.client import SummaryWriter, _torch
 from summaryd.server.cli import main
 from summaryd.v1 import summaryd_pb2 as pb
@@ -188,13 +187,6 @@ def test_put_file_writes_replaces_and_needs_a_live_session(daemon: Daemon, stub:
     with pytest.raises(grpc.RpcError) as raised:
         stub.PutFile(pb.PutFileRequest(session_id=session_id, path="x.txt", content=b"x"), timeout=10)
     assert raised.value.code() == grpc.StatusCode.FAILED_PRECONDITION
-
-
-def unused_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
 
 
 def replay(spool_root: Path, address: str, capsys: pytest.CaptureFixture[str]) -> list[dict[str, Any]]:

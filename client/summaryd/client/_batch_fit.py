@@ -34,6 +34,17 @@ class DaemonLimits:
     def fit(self, events: list[bytes], nbytes: int, session_id: str) -> tuple[list[list[bytes]], list[bytes]]:
         """`events` (of `nbytes` together) in order, cut into batches that the daemon takes, and the events that
         no batch can carry."""
+        too_large: list[bytes] = []
+        return self._cut(events, nbytes, session_id, too_large), too_large
+
+    def split(self, events: list[bytes], nbytes: int, session_id: str) -> list[list[bytes]]:
+        """As `fit`, for events numbered already, which cannot be dropped here (a batch spooled, or made before
+        the daemon's limits shrank): an event too large for any message goes alone, for the daemon to refuse."""
+        return self._cut(events, nbytes, session_id, None)
+
+    def _cut(
+        self, events: list[bytes], nbytes: int, session_id: str, too_large: list[bytes] | None
+    ) -> list[list[bytes]]:
         room = self.max_message_bytes - _HEADER_BYTES - len(session_id.encode()) if self.max_message_bytes else 0
         most = self.max_batch_events
         fits_whole = (
@@ -42,15 +53,20 @@ class DaemonLimits:
             and (not self.max_event_bytes or nbytes <= self.max_event_bytes)
         )
         if fits_whole:  # the usual case, decided without a look at each event
-            return ([events] if events else []), []
+            return [events] if events else []
         batches: list[list[bytes]] = []
-        too_large: list[bytes] = []
         batch: list[bytes] = []
         size = 0
         for event in events:
             wire = field_bytes(len(event))
             if (self.max_event_bytes and len(event) > self.max_event_bytes) or (room and wire > room):
-                too_large.append(event)
+                if too_large is not None:
+                    too_large.append(event)
+                    continue
+                if batch:
+                    batches.append(batch)
+                batches.append([event])
+                batch, size = [], 0
                 continue
             if batch and ((room and size + wire > room) or (most and len(batch) == most)):
                 batches.append(batch)
@@ -59,4 +75,4 @@ class DaemonLimits:
             size += wire
         if batch:
             batches.append(batch)
-        return batches, too_large
+        return batches

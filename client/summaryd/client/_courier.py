@@ -24,12 +24,13 @@ import os
 import shutil
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import grpc
 
+from summaryd.client._batch_fit import DaemonLimits
 from summaryd.client._channel import ChannelSettings, open_channel
 from summaryd.client._replay import open_request, send_events
 from summaryd.client._spool import MANIFEST, SpoolLockedError, lock, read_records, write_manifest
@@ -57,6 +58,7 @@ class _Outbox:
     next_sequence: int = 0  # sequence number of the next record read
     acked: int = 0
     opened: bool = False
+    limits: DaemonLimits = field(default_factory=DaemonLimits)  # what the daemon stated when the session opened
 
 
 class Courier:
@@ -152,12 +154,13 @@ class Courier:
             if not outbox.opened:
                 resume_at = max(outbox.acked + 1, int(outbox.manifest["first_sequence"]))
                 request = open_request(outbox.manifest, resume_at, "summaryd-courier")
-                outbox.acked = stub.OpenSession(request, timeout=_TIMEOUT).last_sequence
+                answer = stub.OpenSession(request, timeout=_TIMEOUT)
+                outbox.acked, outbox.limits = answer.last_sequence, DaemonLimits.of(answer)
                 outbox.opened = True
             new = [e for i, e in enumerate(events) if first + i > outbox.acked]
             if new:
                 start = outbox.next_sequence - len(new)
-                outbox.acked = max(outbox.acked, send_events(stub, session_id, start, new, _TIMEOUT))
+                outbox.acked = max(outbox.acked, send_events(stub, session_id, start, new, _TIMEOUT, outbox.limits))
             if not finished:
                 return False
             stub.CloseSession(pb.CloseSessionRequest(session_id=session_id), timeout=_TIMEOUT)

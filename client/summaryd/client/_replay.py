@@ -26,6 +26,7 @@ from typing import Any
 
 import grpc
 
+from summaryd.client._batch_fit import DaemonLimits
 from summaryd.client._channel import ChannelSettings, open_channel
 from summaryd.client._spool import (
     FILES_FORMAT,
@@ -173,15 +174,15 @@ def _replay_events(directory: Path, address: str | None, timeout: float, result:
         return
     with open_channel(result.address, ChannelSettings.from_environment()) as ch:
         stub = pb_grpc.SummariesStub(ch)
-        held_through = _resume(stub, manifest, first, result, timeout)
-        if held_through is None:  # the session was closed: the daemon holds all it ever will
-            held_through = result.last_sequence
+        resumed = _resume(stub, manifest, first, result, timeout)
+        if resumed is None:  # the session was closed: the daemon holds all it ever will
             if files is not None:
                 result.files = _upload(stub, manifest, None, *files, timeout)
         else:
+            held_through, limits = resumed
             start = max(first, held_through + 1)
             if start <= result.last_sequence:
-                acked = send_events(stub, result.session_id, start, events[start - first :], timeout)
+                acked = send_events(stub, result.session_id, start, events[start - first :], timeout, limits)
                 if acked < result.last_sequence:
                     raise ValueError(f"the daemon acknowledged through {acked}, not {result.last_sequence}")
                 result.sent = result.last_sequence - start + 1
@@ -279,8 +280,9 @@ def open_request(manifest: dict[str, Any], next_sequence: int, framework: str) -
 
 def _resume(
     stub: pb_grpc.SummariesStub, manifest: dict[str, Any], first: int, result: ReplayResult, timeout: float
-) -> int | None:
-    """Open the spool's session; return the last sequence the daemon holds, or None if it was closed."""
+) -> tuple[int, DaemonLimits] | None:
+    """Open the spool's session; return the last sequence the daemon holds and the limits it states, or None if
+    the session was closed."""
     request = open_request(manifest, first, "summaryd-replay")
     try:
         answer = stub.OpenSession(request, timeout=timeout)
@@ -295,11 +297,20 @@ def _resume(
             ) from None
         return None
     last: int = answer.last_sequence
-    return last
+    return last, DaemonLimits.of(answer)
 
 
-def send_events(stub: pb_grpc.SummariesStub, session_id: str, start: int, events: list[bytes], timeout: float) -> int:
-    """Stream `events` (sequences from `start`) and return the last acknowledged sequence number."""
+def send_events(
+    stub: pb_grpc.SummariesStub,
+    session_id: str,
+    start: int,
+    events: list[bytes],
+    timeout: float,
+    limits: DaemonLimits | None = None,
+) -> int:
+    """Stream `events` (sequences from `start`), in batches cut to the daemon's `limits`, and return the last
+    acknowledged sequence number."""
+    limits = limits or DaemonLimits()
 
     def requests() -> Iterator[pb.WriteRequest]:
         index = 0
@@ -310,7 +321,10 @@ def send_events(stub: pb_grpc.SummariesStub, session_id: str, start: int, events
                 batch.append(events[index])
                 size += len(events[index])
                 index += 1
-            yield pb.WriteRequest(session_id=session_id, first_sequence=start + index - len(batch), events=batch)
+            first = start + index - len(batch)
+            for part in limits.split(batch, size, session_id):
+                yield pb.WriteRequest(session_id=session_id, first_sequence=first, events=part)
+                first += len(part)
 
     acked = 0
     # The deadline grows with the spool: a large one takes a while to write, a stuck daemon still times out.

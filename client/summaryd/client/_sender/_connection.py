@@ -136,7 +136,11 @@ class Connection(Spilling):
                 assert span is not None and self._spool is not None
                 events = self._spool.read(span)
             batch.sent_at = self._last_sent = time.monotonic()
-            stream.send(pb.WriteRequest(session_id=self.session_id, first_sequence=batch.first, events=events))
+            # Cut again to the daemon's limits: a spooled batch, or one made before they shrank, may be over them.
+            first = batch.first
+            for part in self._daemon_limits.split(events, batch.nbytes, self.session_id):
+                stream.send(pb.WriteRequest(session_id=self.session_id, first_sequence=first, events=part))
+                first += len(part)
             with self._lock:
                 if not batch.settled:
                     self._in_flight += 1
