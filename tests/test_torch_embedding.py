@@ -21,7 +21,7 @@ from google.protobuf import text_format
 from tensorboard.plugins.projector.projector_config_pb2 import ProjectorConfig
 from torch.utils.tensorboard import SummaryWriter as TorchSummaryWriter
 
-from conftest import Daemon, start_daemon, unused_port
+from conftest import Daemon, start_daemon, unused_port, wait_for
 from summaryd.client import SummaryWriter, _torch
 from summaryd.server.cli import main
 from summaryd.v1 import summaryd_pb2 as pb
@@ -253,5 +253,26 @@ def test_projector_files_spooled_alone_reach_their_run(tmp_path: Path, capsys: p
         assert (daemon.logdir / "late" / "projector_config.pbtxt").is_file()
         [again] = replay(spool_root, daemon.address, capsys)
         assert (again["ok"], again["already"], again["files"]) == (True, True, 0)
+    finally:
+        daemon.terminate()
+
+
+def test_projector_files_reach_a_daemon_that_comes_up_later(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """An embedding logged before the daemon is up: its files are kept, tried again while the writer is idle,
+    and uploaded once the daemon answers, with no replay; close() then has nothing to spool."""
+    port, spool_root = unused_port(), tmp_path / "spool"
+    writer = SummaryWriter("early", address=f"127.0.0.1:{port}", worker="", spool_dir=spool_root)
+    with caplog.at_level("INFO", logger="summaryd.client"):
+        writer.add_embedding(np.eye(3), metadata=["a", "b", "c"])
+        wait_for(lambda: any("kept to be uploaded later" in r.getMessage() for r in caplog.records), 30, "a file kept")
+    daemon = start_daemon(tmp_path, "--listen", f"127.0.0.1:{port}")
+    try:
+        tensors = daemon.logdir / "early" / "00000" / "default" / "tensors.tsv"
+        wait_for(tensors.is_file, 30, "the kept files to be uploaded")
+        report = writer.close(timeout=10)
+        assert report.ok, report
+        assert tensors.read_text() == "1.0\t0.0\t0.0\n0.0\t1.0\t0.0\n0.0\t0.0\t1.0\n"
+        assert (daemon.logdir / "early" / "projector_config.pbtxt").is_file()
+        assert not spool_root.exists() or not list(spool_root.iterdir())
     finally:
         daemon.terminate()

@@ -3,12 +3,12 @@
 `FileUploader` owns one daemon thread, started on first use, that takes jobs from a bounded queue, encodes
 them (a job returns `(path, content)` pairs; the caller handed it copies of its data) and sends each file with
 its own deadline and a few retries with backoff. A file the daemon could not take for now (it is away) is kept
-and tried again before the next job; what is still not delivered at `close()` goes to the session's files spool
-(see `_spool`), which `summaryd replay` uploads. It never raises into the caller: a job it could not queue or
-encode, a file the daemon refused, or one it could not spool is counted in `failed`, which the writer reports
-as `dropped["files"]`. The files go to the session of the run's `Sender`, which must be open first: the
-uploader starts that sender and waits for its session before the first upload, and tries again when the daemon
-does not know the session (yet).
+and tried again before the next job and every few seconds meanwhile; what is still not delivered at `close()`
+goes to the session's files spool (see `_spool`), which `summaryd replay` uploads. It never raises into the
+caller: a job it could not queue or encode, a file the daemon refused, or one it could not spool is counted in
+`failed`, which the writer reports as `dropped["files"]`. The files go to the session of the run's `Sender`,
+which must be open first: the uploader starts that sender and waits for its session before the first upload,
+and tries again when the daemon does not know the session (yet).
 
 `embedding_files` builds the projector's files exactly as torch's `add_embedding` writes them: with torch's
 own helpers (`torch.utils.tensorboard._embedding`) when torch is imported, else with numpy and Pillow.
@@ -199,7 +199,12 @@ class FileUploader:
     def _run(self) -> None:
         try:
             while True:
-                job = self._queue.get()
+                try:
+                    # While files wait for the daemon, wake up now and then to try them again.
+                    job = self._queue.get(timeout=self.backoff_secs[1] if self._undelivered else None)
+                except queue.Empty:
+                    self._retry_undelivered()
+                    continue
                 if job is _STOP or self._stop.is_set():
                     if job is not _STOP:
                         self._unrun = job  # close() spools it, before the jobs still queued
@@ -250,7 +255,7 @@ class FileUploader:
             return True
         sender._start()
         deadline = time.monotonic() + self.rpc_timeout
-        while sender.run_dir is None and time.monotonic() < deadline:
+        while sender.run_dir is None and time.monotonic() < deadline and not sender.unreachable:
             if self._stop.wait(0.01):
                 return False
         return sender.run_dir is not None
@@ -267,6 +272,8 @@ class FileUploader:
                 backoff = min(backoff * 2, self.backoff_secs[1])
             if not self._session_open():
                 self.last_error = f"the session of run {sender.run!r} did not open"
+                if sender.unreachable:
+                    break  # the daemon is away: keep the file, try again when idle
                 continue
             if self._channel is None:
                 self._channel = open_channel(sender.address, sender.channel_settings)

@@ -104,6 +104,11 @@ class Sender(SenderThread):
         self._init_state()
         _process.register(self)
 
+    @property
+    def unreachable(self) -> bool:
+        """Whether the last attempt to open the session failed: the daemon is away (or refused it)."""
+        return self._connect_failed
+
     def owned_here(self) -> bool:
         return self._pid == _process.pid
 
