@@ -168,7 +168,8 @@ def _replay_events(directory: Path, address: str | None, timeout: float, result:
     result.session_id, result.run = manifest["session_id"], manifest["run"]
     result.address = address or manifest["address"]
     result.events, result.first_sequence, result.last_sequence = len(events), first, first + len(events) - 1
-    files = _pending_files(files_spool_of(directory))
+    files_spool = files_spool_of(directory)
+    files = _pending_files(files_spool)
     if int(manifest.get("delivered_through", 0)) >= result.last_sequence and files is None:
         result.already, result.held, result.synced = True, len(events), True
         return
@@ -177,7 +178,7 @@ def _replay_events(directory: Path, address: str | None, timeout: float, result:
         resumed = _resume(stub, manifest, first, result, timeout)
         if resumed is None:  # the session was closed: the daemon holds all it ever will
             if files is not None:
-                result.files = _upload(stub, manifest, None, *files, timeout)
+                result.files = _upload(stub, manifest, None, files_spool, files, timeout)
         else:
             held_through, limits = resumed
             start = max(first, held_through + 1)
@@ -187,7 +188,7 @@ def _replay_events(directory: Path, address: str | None, timeout: float, result:
                     raise ValueError(f"the daemon acknowledged through {acked}, not {result.last_sequence}")
                 result.sent = result.last_sequence - start + 1
             if files is not None:
-                result.files = _upload(stub, manifest, result.session_id, *files, timeout)
+                result.files = _upload(stub, manifest, result.session_id, files_spool, files, timeout)
             stub.CloseSession(pb.CloseSessionRequest(session_id=result.session_id), timeout=timeout)
         result.held = len(events) - result.sent
         result.synced = True
@@ -212,13 +213,18 @@ def _replay_files_alone(directory: Path, address: str | None, timeout: float, re
             stub.OpenSession(open_request(manifest, 1, "summaryd-replay"), timeout=timeout)
             session_id: str | None = result.session_id
         except grpc.RpcError as exc:
-            if exc.code() != grpc.StatusCode.FAILED_PRECONDITION or "was closed" not in (exc.details() or ""):
+            if not _was_closed(exc):
                 raise
             session_id = None
-        result.files = _upload(stub, manifest, session_id, *files, timeout)
+        result.files = _upload(stub, manifest, session_id, directory, files, timeout)
         if session_id is not None:
             stub.CloseSession(pb.CloseSessionRequest(session_id=session_id), timeout=timeout)
         result.synced = True
+
+
+def _was_closed(error: grpc.RpcError) -> bool:
+    """Whether `OpenSession` was refused because the session was closed (it cannot be resumed)."""
+    return error.code() == grpc.StatusCode.FAILED_PRECONDITION and "was closed" in (error.details() or "")
 
 
 def _manifest(directory: Path, expected: str) -> dict[str, Any]:
@@ -228,14 +234,14 @@ def _manifest(directory: Path, expected: str) -> dict[str, Any]:
     return manifest
 
 
-def _pending_files(directory: Path) -> tuple[Path, list[tuple[str, bytes]]] | None:
+def _pending_files(directory: Path) -> list[tuple[str, bytes]] | None:
     """The files a files spool (locked by the caller) holds that no replay uploaded yet; None when none."""
     if not (directory / MANIFEST).is_file():
         return None
     manifest = _manifest(directory, FILES_FORMAT)
     if manifest.get("uploaded"):
         return None
-    return directory, spooled_files(directory)
+    return spooled_files(directory)
 
 
 def _upload(
@@ -287,7 +293,7 @@ def _resume(
     try:
         answer = stub.OpenSession(request, timeout=timeout)
     except grpc.RpcError as exc:
-        if exc.code() != grpc.StatusCode.FAILED_PRECONDITION or "was closed" not in (exc.details() or ""):
+        if not _was_closed(exc):
             raise
         closed = stub.CloseSession(pb.CloseSessionRequest(session_id=result.session_id), timeout=timeout)
         if closed.acked_sequence < result.last_sequence:

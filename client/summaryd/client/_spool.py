@@ -146,13 +146,17 @@ def lock(directory: Path) -> int:
 
 def write_manifest(directory: Path, manifest: dict[str, Any]) -> None:
     """Replace the manifest atomically (write, sync, rename)."""
-    temporary = directory / (MANIFEST + ".tmp")
-    with open(temporary, "w") as f:
-        json.dump(manifest, f, indent=2, sort_keys=True)
-        f.write("\n")
+    _write_whole(directory / MANIFEST, (json.dumps(manifest, indent=2, sort_keys=True) + "\n").encode())
+
+
+def _write_whole(path: Path, content: bytes) -> None:
+    """Write `path` so that it is never seen half written: a temporary file beside it, synced, renamed over it."""
+    temporary = path.with_name(path.name + ".tmp")
+    with open(temporary, "wb") as f:
+        f.write(content)
         f.flush()
         os.fsync(f.fileno())
-    os.replace(temporary, directory / MANIFEST)
+    os.replace(temporary, path)
 
 
 def files_spool_of(spool: Path) -> Path:
@@ -173,12 +177,7 @@ def spool_files(root: Path, identity: SpoolIdentity, files: Sequence[tuple[str, 
                 raise ValueError(f"file path {path!r} is not a relative path inside the run")
             target = directory.joinpath(FILES_DIR, *parts)
             target.parent.mkdir(parents=True, exist_ok=True)
-            temporary = target.with_name(target.name + ".tmp")
-            with open(temporary, "wb") as f:
-                f.write(content)
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(temporary, target)
+            _write_whole(target, content)
         write_manifest(directory, identity.manifest(FILES_FORMAT))
     finally:
         os.close(lock_fd)
