@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import glob
+import json
 import os
 import signal
 import socket
@@ -21,6 +22,7 @@ from tensorboard.compat.proto.event_pb2 import Event
 
 from summaryd.client import reset_global_step
 from summaryd.client.hooks import SummaryWriterCache
+from summaryd.server.cli import main
 
 
 @dataclass
@@ -150,6 +152,21 @@ def assert_whole_records(path: Path) -> int:
     framed = sum(8 + 4 + len(r) + 4 for r in records)
     assert framed == path.stat().st_size, f"{path}: readable records end at {framed} of {path.stat().st_size} bytes"
     return len(records)
+
+
+def replay(path: Path, address: str, capsys: pytest.CaptureFixture[str] | None = None) -> list[dict[str, object]]:
+    """`summaryd replay PATH --address ADDRESS --json`: as a user runs it, or (with `capsys`) in this process."""
+    command = ["replay", str(path), "--address", address, "--json"]
+    if capsys is None:
+        argv = [sys.executable, "-m", "summaryd.server", *command]
+        done = subprocess.run(argv, check=False, capture_output=True, text=True, timeout=120)
+        assert done.returncode == 0, done.stdout + done.stderr
+        out = done.stdout
+    else:
+        capsys.readouterr()
+        assert main(command) == 0
+        out = capsys.readouterr().out
+    return [json.loads(line) for line in out.splitlines()]
 
 
 def unused_port() -> int:

@@ -21,7 +21,7 @@ from tensorboard.backend.event_processing.event_file_loader import RawEventFileL
 from tensorboard.compat.proto.event_pb2 import Event
 from tensorboard.compat.proto.summary_pb2 import Summary
 
-from conftest import Daemon, assert_whole_records, event_files, read_events, start_daemon, unused_port, wait_for
+from conftest import Daemon, assert_whole_records, event_files, read_events, replay, start_daemon, unused_port, wait_for
 from summaryd.client import Sender, SummaryWriter
 from summaryd.server.cli import main
 
@@ -38,21 +38,6 @@ def logged_steps(run_dir: Path) -> list[int]:
         assert_whole_records(path)
         steps += [e.step for e in read_events(path) if e.HasField("summary")]
     return steps
-
-
-def replay(path: Path, address: str, capsys: pytest.CaptureFixture[str] | None = None) -> list[dict[str, object]]:
-    """`summaryd replay PATH --address ADDRESS --json`: as a user runs it, or (with `capsys`) in this process."""
-    command = ["replay", str(path), "--address", address, "--json"]
-    if capsys is None:
-        argv = [sys.executable, "-m", "summaryd.server", *command]
-        done = subprocess.run(argv, check=False, capture_output=True, text=True, timeout=120)
-        assert done.returncode == 0, done.stdout + done.stderr
-        out = done.stdout
-    else:
-        capsys.readouterr()
-        assert main(command) == 0
-        out = capsys.readouterr().out
-    return [json.loads(line) for line in out.splitlines()]
 
 
 def timed_loop(writer: SummaryWriter, steps: int) -> float:

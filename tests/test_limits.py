@@ -3,7 +3,6 @@ accepted before stays whole."""
 
 from __future__ import annotations
 
-import json
 import resource
 import threading
 import uuid
@@ -15,9 +14,8 @@ import pytest
 from tensorboard.compat.proto.event_pb2 import Event
 from tensorboard.compat.proto.summary_pb2 import Summary
 
-from conftest import Daemon, assert_whole_records, event_files, read_events, start_daemon, unused_port, wait_for
+from conftest import Daemon, assert_whole_records, event_files, read_events, replay, start_daemon, unused_port, wait_for
 from summaryd.client import Sender, SummaryWriter
-from summaryd.server.cli import main
 from summaryd.server.config import Config
 from summaryd.v1 import summaryd_pb2 as pb
 from summaryd.v1 import summaryd_pb2_grpc as pb_grpc
@@ -170,9 +168,7 @@ def test_replay_cuts_a_spool_to_the_daemons_limits(tmp_path: Path, capsys: pytes
     assert writer.close(timeout=2).spooled == 3000
     daemon = start_daemon(tmp_path, "--max-message-bytes", "65536", "--max-batch-events", "100")
     try:
-        capsys.readouterr()
-        assert main(["replay", str(spool_root), "--address", daemon.address, "--json"]) == 0
-        [result] = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+        [result] = replay(spool_root, daemon.address, capsys)
         assert (result["ok"], result["sent"]) == (True, 3000)
         assert steps_in(daemon, "replayed") == list(range(3000))
     finally:

@@ -7,7 +7,6 @@ The daemon refuses file paths that would leave the run directory or touch its ow
 
 from __future__ import annotations
 
-import json
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -21,9 +20,8 @@ from google.protobuf import text_format
 from tensorboard.plugins.projector.projector_config_pb2 import ProjectorConfig
 from torch.utils.tensorboard import SummaryWriter as TorchSummaryWriter
 
-from conftest import Daemon, start_daemon, unused_port, wait_for
+from conftest import Daemon, replay, start_daemon, unused_port, wait_for
 from summaryd.client import SummaryWriter, _torch
-from summaryd.server.cli import main
 from summaryd.v1 import summaryd_pb2 as pb
 from summaryd.v1 import summaryd_pb2_grpc as pb_grpc
 
@@ -187,12 +185,6 @@ def test_put_file_writes_replaces_and_needs_a_live_session(daemon: Daemon, stub:
     with pytest.raises(grpc.RpcError) as raised:
         stub.PutFile(pb.PutFileRequest(session_id=session_id, path="x.txt", content=b"x"), timeout=10)
     assert raised.value.code() == grpc.StatusCode.FAILED_PRECONDITION
-
-
-def replay(spool_root: Path, address: str, capsys: pytest.CaptureFixture[str]) -> list[dict[str, Any]]:
-    capsys.readouterr()
-    assert main(["replay", str(spool_root), "--address", address, "--json"]) == 0
-    return [json.loads(line) for line in capsys.readouterr().out.splitlines()]
 
 
 def test_projector_files_wait_in_the_spool_while_the_daemon_is_away(
