@@ -1,5 +1,6 @@
-"""The client's cut of a batch to the daemon's stated limits, checked against protobuf's own size of the message
-the daemon measures."""
+"""The client's cut of its batches to the daemon's stated limits (the events no message can carry sorted out
+before they are numbered, the rest cut into messages as they are sent), checked against protobuf's own size of
+the message the daemon measures."""
 
 from __future__ import annotations
 
@@ -27,7 +28,8 @@ def test_every_cut_is_a_message_the_daemon_takes(
 ) -> None:
     events = [index.to_bytes(2, "big") + b"x" * size for index, size in enumerate(sizes)]  # each one distinct
     limits = DaemonLimits(max_message, max_event, max_events)
-    cuts, too_large = limits.fit(events, sum(map(len, events)), SESSION)
+    kept, too_large = limits.sort_out(events, sum(map(len, events)), SESSION)
+    cuts = limits.split(kept, sum(map(len, kept)), SESSION)
     for cut in cuts:
         # The largest first sequence number: the size the daemon sees can only be smaller.
         request = pb.WriteRequest(session_id=SESSION, first_sequence=2**64 - 1, events=cut)
@@ -36,8 +38,7 @@ def test_every_cut_is_a_message_the_daemon_takes(
         assert not max_event or max(map(len, cut)) <= max_event
     # Nothing lost or reordered: the cuts and the refused events are the events, and only events that no message
     # could carry are refused.
-    kept = [event for cut in cuts for event in cut]
-    assert kept == [event for event in events if event not in too_large]
+    assert [event for cut in cuts for event in cut] == kept == [event for event in events if event not in too_large]
     assert len(kept) + len(too_large) == len(events) and too_large == [e for e in events if e in too_large]
     for event in too_large:
         alone = pb.WriteRequest(session_id=SESSION, first_sequence=2**64 - 1, events=[event]).ByteSize()
@@ -46,13 +47,16 @@ def test_every_cut_is_a_message_the_daemon_takes(
 
 def test_a_daemon_that_states_no_limits_gets_the_batch_whole() -> None:
     events = [b"x" * 1000] * 5000
-    assert DaemonLimits().fit(events, 5_000_000, SESSION) == ([events], [])
+    assert DaemonLimits().sort_out(events, 5_000_000, SESSION) == (events, [])
+    assert DaemonLimits().split(events, 5_000_000, SESSION) == [events]
 
 
 def test_a_full_batch_is_not_cut() -> None:
     """The client's default batch (1,024 scalars) under the daemon's defaults goes as one message."""
     events = [b"e" * 40] * 1024
-    assert DaemonLimits(64 << 20, 16 << 20, 10_000).fit(events, 40 * 1024, SESSION) == ([events], [])
+    limits = DaemonLimits(64 << 20, 16 << 20, 10_000)
+    assert limits.sort_out(events, 40 * 1024, SESSION) == (events, [])
+    assert limits.split(events, 40 * 1024, SESSION) == [events]
 
 
 @given(**BATCHES_AND_LIMITS)
@@ -65,7 +69,7 @@ def test_numbered_events_are_cut_without_a_loss(
     limits = DaemonLimits(max_message, max_event, max_events)
     cuts = limits.split(events, sum(map(len, events)), SESSION)
     assert [event for cut in cuts for event in cut] == events
-    _, too_large = limits.fit(events, sum(map(len, events)), SESSION)
+    _, too_large = limits.sort_out(events, sum(map(len, events)), SESSION)
     for cut in cuts:
         request = pb.WriteRequest(session_id=SESSION, first_sequence=2**64 - 1, events=cut)
         alone_and_too_large = len(cut) == 1 and cut[0] in too_large

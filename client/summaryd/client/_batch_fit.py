@@ -1,5 +1,6 @@
 """Batches cut to what the daemon takes: it states its limits when a session opens, and a batch over them would
-be refused whole (and resent forever, when the refusal is about size)."""
+be refused whole (and resent forever, when the refusal is about size). Events that no message can carry are
+sorted out before they are numbered; every batch is split into messages as it is sent."""
 
 from __future__ import annotations
 
@@ -31,48 +32,56 @@ class DaemonLimits:
     def of(cls, answer: pb.OpenSessionResponse) -> DaemonLimits:
         return cls(answer.max_message_bytes, answer.max_event_bytes, answer.max_batch_events)
 
-    def fit(self, events: list[bytes], nbytes: int, session_id: str) -> tuple[list[list[bytes]], list[bytes]]:
-        """`events` (of `nbytes` together) in order, cut into batches that the daemon takes, and the events that
-        no batch can carry."""
+    def sort_out(self, events: list[bytes], nbytes: int, session_id: str) -> tuple[list[bytes], list[bytes]]:
+        """`events` (of `nbytes` together) that a message can carry, in order, and those none can: to be dropped
+        before they are numbered."""
+        room = self._room(session_id)
+        if self._fit_in_one(events, nbytes, room):
+            return events, []  # the usual case, decided without a look at each event
+        kept: list[bytes] = []
         too_large: list[bytes] = []
-        return self._cut(events, nbytes, session_id, too_large), too_large
+        for event in events:
+            (too_large if self._too_large(event, room) else kept).append(event)
+        return kept, too_large
 
     def split(self, events: list[bytes], nbytes: int, session_id: str) -> list[list[bytes]]:
-        """As `fit`, for events numbered already, which cannot be dropped here (a batch spooled, or made before
-        the daemon's limits shrank): an event too large for any message goes alone, for the daemon to refuse."""
-        return self._cut(events, nbytes, session_id, None)
-
-    def _cut(
-        self, events: list[bytes], nbytes: int, session_id: str, too_large: list[bytes] | None
-    ) -> list[list[bytes]]:
-        room = self.max_message_bytes - _HEADER_BYTES - len(session_id.encode()) if self.max_message_bytes else 0
+        """`events` (of `nbytes` together) in order, cut into messages the daemon takes. They are numbered
+        already and cannot be dropped here: an event too large for any message goes alone, for the daemon to
+        refuse by its rules."""
+        room = self._room(session_id)
         most = self.max_batch_events
-        fits_whole = (
-            (not room or nbytes + _MAX_FIELD_OVERHEAD * len(events) <= room)
-            and (not most or len(events) <= most)
-            and (not self.max_event_bytes or nbytes <= self.max_event_bytes)
-        )
-        if fits_whole:  # the usual case, decided without a look at each event
-            return [events] if events else []
+        if self._fit_in_one(events, nbytes, room) and (not most or len(events) <= most):
+            return [events] if events else []  # the usual case, decided without a look at each event
         batches: list[list[bytes]] = []
         batch: list[bytes] = []
         size = 0
         for event in events:
             wire = field_bytes(len(event))
-            if (self.max_event_bytes and len(event) > self.max_event_bytes) or (room and wire > room):
-                if too_large is not None:
-                    too_large.append(event)
-                    continue
-                if batch:
-                    batches.append(batch)
-                batches.append([event])
-                batch, size = [], 0
-                continue
-            if batch and ((room and size + wire > room) or (most and len(batch) == most)):
+            alone = self._too_large(event, room)
+            if batch and (alone or (room and size + wire > room) or (most and len(batch) == most)):
                 batches.append(batch)
                 batch, size = [], 0
             batch.append(event)
             size += wire
+            if alone:
+                batches.append(batch)
+                batch, size = [], 0
         if batch:
             batches.append(batch)
         return batches
+
+    def _room(self, session_id: str) -> int:
+        """Bytes a message has for its events; 0: no limit known."""
+        return self.max_message_bytes - _HEADER_BYTES - len(session_id.encode()) if self.max_message_bytes else 0
+
+    def _fit_in_one(self, events: list[bytes], nbytes: int, room: int) -> bool:
+        """Whether `events` (of `nbytes`) fit one message by their size, judged from the total alone (no event
+        is larger than all of them together)."""
+        return (not self.max_event_bytes or nbytes <= self.max_event_bytes) and (
+            not room or nbytes + _MAX_FIELD_OVERHEAD * len(events) <= room
+        )
+
+    def _too_large(self, event: bytes, room: int) -> bool:
+        return bool(
+            (self.max_event_bytes and len(event) > self.max_event_bytes) or (room and field_bytes(len(event)) > room)
+        )

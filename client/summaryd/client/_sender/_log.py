@@ -11,8 +11,9 @@ from summaryd.client._sender._state import SenderState, log
 class BatchLog(SenderState):
     """The sender's log: every numbered batch until the daemon acknowledges it (or it is given up)."""
 
-    def _take_batch(self) -> list[Batch]:
-        """Number the next queued events as batches: one, unless the daemon's limits cut it (see `_batch_fit`)."""
+    def _take_batch(self) -> Batch | None:
+        """Number the next queued events as one batch (the send cuts it to the daemon's limits, `_batch_fit`);
+        an event no message may carry is dropped first."""
         events: list[bytes] = []
         nbytes = 0
         while len(events) < self.max_batch_events and nbytes < self.max_batch_bytes:
@@ -25,23 +26,20 @@ class BatchLog(SenderState):
                 if data is not None:
                     events.append(data)
                     nbytes += len(data)
-        if not events:
-            return []
-        cuts, too_large = self._daemon_limits.fit(events, nbytes, self.session_id)
+        events, too_large = self._daemon_limits.sort_out(events, nbytes, self.session_id)
         if too_large:
             self._drop_too_large(too_large)
-        batches = []
+            nbytes -= sum(map(len, too_large))
+        if not events:
+            return None
         with self._cond:
-            for cut in cuts:
-                size = nbytes if len(cuts) == 1 and not too_large else sum(map(len, cut))
-                batch = Batch(self._next_sequence, len(cut), size, cut)
-                self._next_sequence += len(cut)
-                self._log.append(batch)
-                self._held_bytes += size
-                self._held_events += len(cut)
-                batches.append(batch)
+            batch = Batch(self._next_sequence, len(events), nbytes, events)
+            self._next_sequence += len(events)
+            self._log.append(batch)
+            self._held_bytes += nbytes
+            self._held_events += len(events)
             self._cond.notify_all()
-        return batches
+        return batch
 
     def _drop_too_large(self, events: list[bytes]) -> None:
         """Events over the daemon's limits: no resend could deliver them (counted as rejected, and logged)."""

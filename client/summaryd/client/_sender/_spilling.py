@@ -46,7 +46,7 @@ class Spilling(BatchLog):
                 if not self._queue or not (everything or self._must_spill()):
                     return
             taken = self._take_batch()
-            if not taken or not all(self._spill_batch(batch) for batch in taken):
+            if taken is None or not self._spill_batch(taken):
                 return
 
     def _spill_batch(self, batch: Batch) -> bool:

@@ -83,12 +83,11 @@ class SenderThread(Connection):
                     small = len(self._queue) < self.max_batch_events and self._queued_bytes < self.max_batch_bytes
                     if lingering and small and not self._closing:
                         return
-            batches = self._take_batch()
-            if not batches:
+            batch = self._take_batch()
+            if batch is None:
                 return
             if spilling:
-                for batch in batches:
-                    self._spill_batch(batch)
+                self._spill_batch(batch)
 
     def _next_wakeup(self) -> float:
         now = time.monotonic()
