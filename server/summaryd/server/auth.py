@@ -1,10 +1,14 @@
-"""Bearer tokens and the run prefixes each may write, read from `--token-file` (re-read on SIGHUP).
+"""Bearer tokens and the run prefixes each may reach, read from `--token-file` (re-read on SIGHUP).
 
-The file holds one token a line, followed by the run prefixes it may write (`*` for every run)::
+The file holds one token a line, followed by the run prefixes it may reach (`*` for every run)::
 
     # token                              prefixes
     9f2c1e0d7a5b4c3e8f1a2b3c4d5e6f70     team-a/ shared/eval
     4b1d9e8f7c6a5b4c3d2e1f0a9b8c7d6e     *
+
+This module only authenticates: `AuthInterceptor` turns a call's token into a `Caller` that the servicer reads
+with `current_caller()`. The servicer authorizes, because only it knows which run a session id belongs to (from
+the live session, or from the durable session store after a restart).
 
 Tokens are compared in constant time and never logged; logs name a token by a short fingerprint.
 """
@@ -14,6 +18,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
+from contextvars import ContextVar
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -21,18 +26,26 @@ from typing import Any
 import grpc
 from grpc import aio
 
+from summaryd.server.errors import RunPathError
+from summaryd.server.runpath import validate_run
+
 MIN_TOKEN_LENGTH = 16
 
 
 @dataclass(frozen=True)
 class Grant:
-    """What one token may do: write runs under its prefixes."""
+    """What one token may do: write, read and see the runs under its prefixes."""
 
     fingerprint: str
     prefixes: tuple[str, ...]
 
+    @property
+    def reaches_all(self) -> bool:
+        """True for a `*` token, which may know of every run and session."""
+        return "*" in self.prefixes
+
     def allows(self, run_dir: str) -> bool:
-        """True when `run_dir` is one of the prefixes or lies below one (`a/` and `a` both cover `a/b`)."""
+        """True when `run_dir` is one of the prefixes or lies below one (`a/` and `a` both cover `a/b`, not `ab`)."""
         for prefix in self.prefixes:
             if prefix == "*":
                 return True
@@ -40,6 +53,19 @@ class Grant:
             if run_dir == bare or run_dir.startswith(bare + "/"):
                 return True
         return False
+
+
+def _prefix_problem(prefix: str) -> str | None:
+    """Why `prefix` can never match a run as meant, or None: a prefix that matches nothing denies silently."""
+    if prefix == "*":
+        return None
+    if "*" in prefix:
+        return "prefixes are not patterns; '*' alone means every run, otherwise give a run path like 'team-a/'"
+    try:
+        validate_run(prefix)
+    except RunPathError as exc:
+        return f"prefixes are run paths relative to the logdir, like 'team-a/' ({exc})"
+    return None
 
 
 def fingerprint(token: str) -> str:
@@ -73,8 +99,10 @@ class TokenTable:
             token, prefixes = words[0], words[1:]
             if len(token) < MIN_TOKEN_LENGTH:
                 raise ValueError(f"{path}:{number}: tokens must be at least {MIN_TOKEN_LENGTH} characters")
-            if any(p.startswith("/") or ".." in p.split("/") for p in prefixes):
-                raise ValueError(f"{path}:{number}: prefixes are run paths relative to the logdir, or '*'")
+            for prefix in prefixes:
+                problem = _prefix_problem(prefix)
+                if problem:
+                    raise ValueError(f"{path}:{number}: prefix {prefix!r}: {problem}")
             entries.append((token, prefixes))
         if not entries:
             raise ValueError(f"{path}: no tokens; every client would be refused")
@@ -102,6 +130,36 @@ _UNAUTHENTICATED = (
 )
 
 
+class Caller:
+    """The token a call came with, judged by the token table in force whenever it is asked.
+
+    A token file re-read by SIGHUP applies to calls already under way: a write stream asks before each batch,
+    so a removed token is refused at its next message. Asking costs one identity check until a reload.
+    """
+
+    def __init__(self, auth: AuthInterceptor, authorization: str, grant: Grant) -> None:
+        self._auth = auth
+        self._authorization = authorization
+        self._tokens = auth.tokens
+        self._grant: Grant | None = grant
+
+    def grant(self) -> Grant | None:
+        """What the token may do now; None once it is no longer in the token file."""
+        tokens = self._auth.tokens
+        if tokens is not self._tokens:
+            self._tokens, self._grant = tokens, tokens.grant_for(self._authorization)
+        return self._grant
+
+
+# The caller of the RPC being served; each RPC runs in a task of its own, so this never leaks between calls.
+_CALLER: ContextVar[Caller | None] = ContextVar("summaryd_caller", default=None)
+
+
+def current_caller() -> Caller | None:
+    """The caller of the RPC being served, or None when the daemon has no token file (every caller may do all)."""
+    return _CALLER.get()
+
+
 def _aborting(handler: Handler, code: grpc.StatusCode, message: str) -> Handler:
     """A handler of the same kind as `handler` that only refuses the call."""
 
@@ -118,19 +176,42 @@ def _aborting(handler: Handler, code: grpc.StatusCode, message: str) -> Handler:
     return grpc.stream_stream_rpc_method_handler(refuse, **kwargs)
 
 
+def _serving_as(handler: Handler, caller: Caller) -> Handler:
+    """`handler` with `caller` made the current caller of the call (the service has unary and bidi methods)."""
+    kwargs = {"request_deserializer": handler.request_deserializer, "response_serializer": handler.response_serializer}
+    if handler.unary_unary:
+        inner = handler.unary_unary
+
+        async def unary(request: Any, context: aio.ServicerContext[Any, Any]) -> Any:
+            _CALLER.set(caller)
+            return await inner(request, context)
+
+        return grpc.unary_unary_rpc_method_handler(unary, **kwargs)
+    if handler.stream_stream:
+        inner_stream = handler.stream_stream
+
+        async def stream(requests: AsyncIterator[Any], context: aio.ServicerContext[Any, Any]) -> AsyncIterator[Any]:
+            _CALLER.set(caller)
+            async for answer in inner_stream(requests, context):
+                yield answer
+
+        return grpc.stream_stream_rpc_method_handler(stream, **kwargs)
+    # A method kind the service does not have: refuse rather than serve it without an authorizable caller.
+    return _aborting(handler, grpc.StatusCode.UNIMPLEMENTED, "this method is not served with a token file")
+
+
 class AuthInterceptor(aio.ServerInterceptor):  # type: ignore[type-arg]
     """Checks bearer tokens on the summaryd service (health and reflection stay open for probes).
 
-    A token may open sessions only on runs under its prefixes (`PERMISSION_DENIED` otherwise), and a session is
-    bound to the token that opened it: writing, flushing or closing it with another token is refused too.
+    A call without a token in the current table is refused with `UNAUTHENTICATED`; any other reaches the
+    servicer as its `current_caller()`, which the servicer checks against the run of what the call touches.
     """
 
     def __init__(self, tokens: TokenTable) -> None:
         self.tokens = tokens
-        self._owners: dict[str, str] = {}
 
     def reload(self, tokens: TokenTable) -> None:
-        """Swap in a re-read token file; sessions of removed tokens are refused from their next call on."""
+        """Swap in a re-read token file; it applies to every later call and to the next message of open streams."""
         self.tokens = tokens
 
     async def intercept_service(
@@ -143,76 +224,9 @@ class AuthInterceptor(aio.ServerInterceptor):  # type: ignore[type-arg]
             return handler
         metadata = dict(details.invocation_metadata or ())
         authorization = metadata.get("authorization")
-        grant = self.tokens.grant_for(authorization if isinstance(authorization, str) else None)
+        if not isinstance(authorization, str):
+            authorization = ""
+        grant = self.tokens.grant_for(authorization)
         if grant is None:
             return _aborting(handler, grpc.StatusCode.UNAUTHENTICATED, _UNAUTHENTICATED)
-        method = details.method[len(_SERVICE) :]
-        if method == "OpenSession":
-            return self._guard_open(handler, grant)
-        if method in ("Flush", "CloseSession", "PutFile"):
-            return self._guard_unary(handler, grant, forget=method == "CloseSession")
-        if method == "Write":
-            return self._guard_write(handler, grant)
-        return handler
-
-    def _owned(self, session_id: str, grant: Grant) -> bool:
-        owner = self._owners.get(session_id)
-        return owner is None or hmac.compare_digest(owner, grant.fingerprint)
-
-    def _guard_open(self, handler: Handler, grant: Grant) -> Handler:
-        inner = handler.unary_unary
-
-        async def open_session(request: Any, context: aio.ServicerContext[Any, Any]) -> Any:
-            run_dir = "/".join(part for part in (request.run.rstrip("/"), request.worker) if part)
-            if not grant.allows(run_dir):
-                await context.abort(
-                    grpc.StatusCode.PERMISSION_DENIED,
-                    f"this token may not write run {run_dir!r}; ask for a token whose prefixes cover it",
-                )
-            if not self._owned(request.session_id, grant):
-                await context.abort(grpc.StatusCode.PERMISSION_DENIED, "the session belongs to another token")
-            answer = await inner(request, context)
-            self._owners[request.session_id] = grant.fingerprint
-            return answer
-
-        return grpc.unary_unary_rpc_method_handler(
-            open_session,
-            request_deserializer=handler.request_deserializer,
-            response_serializer=handler.response_serializer,
-        )
-
-    def _guard_unary(self, handler: Handler, grant: Grant, *, forget: bool) -> Handler:
-        inner = handler.unary_unary
-
-        async def guarded(request: Any, context: aio.ServicerContext[Any, Any]) -> Any:
-            if not self._owned(request.session_id, grant):
-                await context.abort(grpc.StatusCode.PERMISSION_DENIED, "the session belongs to another token")
-            answer = await inner(request, context)
-            if forget:
-                self._owners.pop(request.session_id, None)
-            return answer
-
-        return grpc.unary_unary_rpc_method_handler(
-            guarded,
-            request_deserializer=handler.request_deserializer,
-            response_serializer=handler.response_serializer,
-        )
-
-    def _guard_write(self, handler: Handler, grant: Grant) -> Handler:
-        inner = handler.stream_stream
-
-        async def write(requests: AsyncIterator[Any], context: aio.ServicerContext[Any, Any]) -> AsyncIterator[Any]:
-            async def checked() -> AsyncIterator[Any]:
-                async for request in requests:
-                    if request.session_id and not self._owned(request.session_id, grant):
-                        await context.abort(grpc.StatusCode.PERMISSION_DENIED, "the session belongs to another token")
-                    yield request
-
-            async for answer in inner(checked(), context):
-                yield answer
-
-        return grpc.stream_stream_rpc_method_handler(
-            write,
-            request_deserializer=handler.request_deserializer,
-            response_serializer=handler.response_serializer,
-        )
+        return _serving_as(handler, Caller(self, authorization, grant))

@@ -81,13 +81,21 @@ class Config:
     tls_cert: str = _option("", "PEM certificate chain of the server; with --tls-key serves TLS", "FILE")
     tls_key: str = _option("", "PEM private key of --tls-cert", "FILE")
     tls_client_ca: str = _option("", "PEM CA bundle; when set, clients must present a certificate it signed", "FILE")
-    insecure: bool = _option(False, "allow a non-loopback --listen without token or TLS (anyone may write)")
-    metrics_listen: str = _option("", "serve Prometheus metrics over HTTP on HOST:PORT (off when empty)", "HOST:PORT")
+    insecure: bool = _option(
+        False,
+        "allow a non-loopback --listen without token or TLS (anyone may write), and a non-loopback "
+        "--metrics-listen (anyone may read run names)",
+    )
+    metrics_listen: str = _option(
+        "",
+        "serve Prometheus metrics over HTTP on HOST:PORT (off when empty; no token or TLS, keep it on loopback)",
+        "HOST:PORT",
+    )
     log_format: str = _option("text", "log lines as 'text' or 'json' (one object a line, for log shippers)", "FORMAT")
 
     @property
     def host(self) -> str:
-        return self.listen.rsplit(":", 1)[0].strip("[]")
+        return _host(self.listen)
 
     @property
     def port(self) -> int:
@@ -132,17 +140,33 @@ class Config:
                 f"--listen {self.listen} reaches beyond this machine, but anyone could write to it: give "
                 "--token-file and/or --tls-cert/--tls-key, or --insecure to accept that"
             )
+        if self.metrics_listen:
+            self._check_metrics_listen()
+
+    def _check_metrics_listen(self) -> None:
+        # The metrics endpoint has neither token nor TLS and names every run: off loopback only when told.
+        value = self.metrics_listen
+        host, sep, port = value.rpartition(":")
+        if not sep or not host:
+            raise ValueError(f"--metrics-listen {value!r} needs HOST:PORT, e.g. 127.0.0.1:9090")
+        if not port.isdigit() or not 0 <= int(port) <= 65535:
+            raise ValueError(f"--metrics-listen {value!r}: the port must be a number 0..65535")
+        if not (self.metrics_is_loopback or self.insecure):
+            raise ValueError(
+                f"--metrics-listen {value} reaches beyond this machine, and metrics name every run with neither "
+                "token nor TLS: serve them on loopback (e.g. 127.0.0.1:9090) behind a proxy, or give --insecure "
+                "to accept that"
+            )
 
     @property
     def is_loopback(self) -> bool:
         """True when `listen` only accepts connections from this machine."""
-        host = self.host
-        if host == "localhost":
-            return True
-        try:
-            return ipaddress.ip_address(host).is_loopback
-        except ValueError:
-            return False  # a host name that may resolve anywhere
+        return _is_loopback(self.host)
+
+    @property
+    def metrics_is_loopback(self) -> bool:
+        """True when `metrics_listen` only accepts connections from this machine (or metrics are off)."""
+        return not self.metrics_listen or _is_loopback(_host(self.metrics_listen))
 
     @property
     def transport_message_bytes(self) -> int:
@@ -160,6 +184,21 @@ class Config:
     def state_path(self) -> str:
         """The state directory: `state_dir`, else `.summaryd` inside the logdir."""
         return self.state_dir or os.path.join(self.logdir, ".summaryd")
+
+
+def _host(address: str) -> str:
+    """The host of `HOST:PORT` (`[::1]:6065` gives `::1`)."""
+    return address.rsplit(":", 1)[0].strip("[]")
+
+
+def _is_loopback(host: str) -> bool:
+    """True when `host` names only this machine."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False  # a host name that may resolve anywhere
 
 
 def fields() -> list[dataclasses.Field[Any]]:

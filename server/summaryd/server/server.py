@@ -152,6 +152,12 @@ class Server:
         if config.metrics_listen:
             stop_metrics = self.metrics.serve(config.metrics_listen)
             self.metrics_port = self.metrics.port
+            if not config.metrics_is_loopback:
+                log.warning(
+                    "metrics on %s reach beyond this machine with neither token nor TLS (--insecure): anyone who "
+                    "reaches them can read every run's name",
+                    config.metrics_listen,
+                )
         self._started.set()
         leases = asyncio.create_task(self._expire_sessions(service), name="summaryd-leases")
         try:

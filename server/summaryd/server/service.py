@@ -18,6 +18,7 @@ from typing import Any, NoReturn, TypeVar
 import grpc
 from grpc import aio
 
+from summaryd.server.auth import Grant, current_caller
 from summaryd.server.errors import REFUSED_SEQUENCE_KEY, EventError, LimitError, RunPathError
 from summaryd.server.limits import DEFAULT, Limits
 from summaryd.server.runpath import validate_run, validate_worker
@@ -36,6 +37,12 @@ T = TypeVar("T")
 VERSION = "0.1.0"
 _MAX_SESSION_ID = 128
 _DISK_FULL = frozenset({errno.ENOSPC, errno.EDQUOT})
+# One answer for a session id the caller's token may not reach and for one the daemon does not know, so that a
+# token cannot learn which session ids exist on runs beyond its prefixes.
+_NOT_ITS_SESSION = (
+    "the session is unknown or on a run outside this token's prefixes; open a session with a new id on a run "
+    "the token may write"
+)
 
 
 def _io_status(exc: OSError, run_dir: str, what: str) -> tuple[grpc.StatusCode, str]:
@@ -165,6 +172,8 @@ class SummariesService(pb_grpc.SummariesServicer):
             )
         parts = await self._run_parts(request, context)
         run_dir = "/".join(parts)
+        await self._authorize_run(run_dir, context)
+        await self._authorize_session(session_id, context, opening=True)
         session = self.sessions.get(session_id)
         if session is None:
             record = self.store.get(session_id)
@@ -181,7 +190,8 @@ class SummariesService(pb_grpc.SummariesServicer):
                 await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(exc))
             except OSError as exc:
                 await context.abort(*_io_status(exc, run_dir, "the run directory could not be opened"))
-        elif session.run.run_dir != run_dir:
+        if session.run.run_dir != run_dir:  # held already, or opened meanwhile by a racing call of the same id
+            await self._authorize_session(session_id, context)
             await self._abort_run_switch(session_id, session.run.run_dir, run_dir, context)
         session.touch()
         return pb.OpenSessionResponse(
@@ -293,12 +303,16 @@ class SummariesService(pb_grpc.SummariesServicer):
                 if request is None:
                     return
                 if session is None:
+                    await self._authorize_session(request.session_id, context)
                     session = await self._live_session(request.session_id, context)
                     session.streams.add(task)
-                elif request.session_id and request.session_id != session.session_id:
-                    await context.abort(
-                        grpc.StatusCode.INVALID_ARGUMENT, "a write stream carries one session; open another stream"
-                    )
+                else:
+                    if request.session_id and request.session_id != session.session_id:
+                        await context.abort(
+                            grpc.StatusCode.INVALID_ARGUMENT, "a write stream carries one session; open another stream"
+                        )
+                    # Every batch: a token removed or narrowed by a re-read token file stops here.
+                    await self._authorize_run(session.run.run_dir, context)
                 acked = await self._write_batch(session, request, context)
                 yield pb.WriteAck(acked_sequence=acked)
                 if self._draining:
@@ -349,6 +363,7 @@ class SummariesService(pb_grpc.SummariesServicer):
     # ---- Flush, CloseSession ---------------------------------------------------------------------------
 
     async def Flush(self, request: pb.FlushRequest, context: Context) -> pb.FlushResponse:
+        await self._authorize_session(request.session_id, context)
         session = await self._live_session(request.session_id, context)
         session.touch()
         try:
@@ -365,6 +380,7 @@ class SummariesService(pb_grpc.SummariesServicer):
             return session.acked
 
     async def CloseSession(self, request: pb.CloseSessionRequest, context: Context) -> pb.CloseSessionResponse:
+        await self._authorize_session(request.session_id, context)
         session = self.sessions.get(request.session_id)
         try:
             if session is not None:
@@ -417,6 +433,7 @@ class SummariesService(pb_grpc.SummariesServicer):
         """Write a file beside the session's event files (the projector's data); see `run_files`."""
         from summaryd.server import run_files
 
+        await self._authorize_session(request.session_id, context)
         try:
             file_parts = run_files.validate_file_path(request.path)
         except RunPathError as exc:
@@ -443,9 +460,13 @@ class SummariesService(pb_grpc.SummariesServicer):
     # ---- GetStatus -------------------------------------------------------------------------------------
 
     async def GetStatus(self, request: pb.GetStatusRequest, context: Context) -> pb.GetStatusResponse:
+        """The open runs and live sessions the caller's token reaches (all of them without a token file)."""
+        grant = await self._grant(context)
         now = time.monotonic()
         response = pb.GetStatusResponse(logdir=self.registry.logdir, version=VERSION)
         for run in self.registry.runs:
+            if grant is not None and not grant.allows(run.run_dir):
+                continue
             response.runs.add(
                 run_dir=run.run_dir,
                 event_file=run.file.name if run.file else "",
@@ -454,6 +475,8 @@ class SummariesService(pb_grpc.SummariesServicer):
                 sessions=run.sessions,
             )
         for s in self.sessions:
+            if grant is not None and not grant.allows(s.run.run_dir):
+                continue
             response.sessions.add(
                 session_id=s.session_id,
                 run_dir=s.run.run_dir,
@@ -466,6 +489,54 @@ class SummariesService(pb_grpc.SummariesServicer):
                 streaming=bool(s.streams),
             )
         return response
+
+    # ---- authorization ---------------------------------------------------------------------------------
+
+    async def _grant(self, context: Context) -> Grant | None:
+        """What the caller's token may do now; None when the daemon has no token file (anyone may do all).
+
+        The token table may have been re-read since the call began: a removed token is refused here.
+        """
+        caller = current_caller()
+        if caller is None:
+            return None
+        grant = caller.grant()
+        if grant is None:
+            await context.abort(
+                grpc.StatusCode.UNAUTHENTICATED,
+                "the token is no longer accepted (the daemon re-read its token file); ask for a current token",
+            )
+        return grant
+
+    async def _authorize_run(self, run_dir: str, context: Context) -> None:
+        """Refuse a caller whose token's prefixes do not cover `run_dir`."""
+        grant = await self._grant(context)
+        if grant is not None and not grant.allows(run_dir):
+            await context.abort(
+                grpc.StatusCode.PERMISSION_DENIED,
+                f"this token may not write run {run_dir!r}; ask for a token whose prefixes cover it",
+            )
+
+    async def _authorize_session(self, session_id: str, context: Context, *, opening: bool = False) -> None:
+        """Refuse a caller whose token may not reach the session's run, before anything about it is told or changed.
+
+        The run comes from the live session or, once it was released (a lease ran out, the daemon restarted),
+        from the durable session store, so the rule holds across restarts. A session id the daemon does not
+        know gets the same refusal from a token that does not reach every run, unless it is being opened.
+        """
+        grant = await self._grant(context)
+        if grant is None or grant.reaches_all or not session_id:  # an empty id is refused as invalid later
+            return
+        session = self.sessions.get(session_id)
+        if session is not None:
+            run_dir: str | None = session.run.run_dir
+        else:
+            record = self.store.get(session_id)
+            run_dir = record.run_dir if record is not None else None
+        if run_dir is None and opening:
+            return
+        if run_dir is None or not grant.allows(run_dir):
+            await context.abort(grpc.StatusCode.PERMISSION_DENIED, _NOT_ITS_SESSION)
 
     # ---- statuses --------------------------------------------------------------------------------------
 
