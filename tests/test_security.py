@@ -30,6 +30,7 @@ from summaryd.v1 import summaryd_pb2_grpc as pb_grpc
 
 ALICE = "alice-token-0123456789abcdef"  # may write team-a/ and shared/eval
 ROOT_TOKEN = "root-token-0123456789abcdef"  # may write everything
+BOB = "bob-token-0123456789abcdefgh"  # may write team-ab/ (a prefix of team-a's name, not of its runs)
 
 
 def _token_file(path: Path, *lines: str) -> Path:
@@ -39,7 +40,7 @@ def _token_file(path: Path, *lines: str) -> Path:
 
 @pytest.fixture
 def guarded(tmp_path: Path) -> Iterator[Daemon]:
-    tokens = _token_file(tmp_path / "tokens", f"{ALICE} team-a/ shared/eval", f"{ROOT_TOKEN} *")
+    tokens = _token_file(tmp_path / "tokens", f"{ALICE} team-a/ shared/eval", f"{ROOT_TOKEN} *", f"{BOB} team-ab/")
     daemon = start_daemon(tmp_path, "--token-file", str(tokens))
     try:
         yield daemon
@@ -77,14 +78,14 @@ def test_token_outside_its_prefixes_is_permission_denied(guarded: Daemon) -> Non
     assert not (guarded.logdir / "team-b").exists()
 
 
-def test_right_token_writes_and_sessions_are_bound_to_their_token(guarded: Daemon) -> None:
+def test_right_token_writes_and_sessions_answer_only_tokens_of_their_run(guarded: Daemon) -> None:
     session = _open(guarded.address, "team-a/run1", ALICE)
     _open(guarded.address, "shared/eval/r", ALICE)
     event = Event(wall_time=1.0, step=1, summary=Summary(value=[Summary.Value(tag="t", simple_value=2.0)]))
     request = pb.WriteRequest(session_id=session, first_sequence=1, events=[event.SerializeToString()])
     with grpc.insecure_channel(guarded.address) as channel:
         stub = pb_grpc.SummariesStub(channel)
-        other = [("authorization", f"Bearer {ROOT_TOKEN}")]
+        other = [("authorization", f"Bearer {BOB}")]
         assert _code(lambda: list(stub.Write(iter([request]), timeout=10, metadata=other))) == (
             grpc.StatusCode.PERMISSION_DENIED
         )

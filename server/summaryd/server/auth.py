@@ -166,14 +166,19 @@ def _aborting(handler: Handler, code: grpc.StatusCode, message: str) -> Handler:
     async def refuse(request: Any, context: aio.ServicerContext[Any, Any]) -> Any:
         await context.abort(code, message)
 
+    # A streaming handler must be an async generator: interceptors in front of this one iterate it.
+    async def refuse_stream(request: Any, context: aio.ServicerContext[Any, Any]) -> AsyncIterator[Any]:
+        await context.abort(code, message)
+        yield  # never reached: abort() raises
+
     kwargs = {"request_deserializer": handler.request_deserializer, "response_serializer": handler.response_serializer}
     if handler.unary_unary:
         return grpc.unary_unary_rpc_method_handler(refuse, **kwargs)
     if handler.unary_stream:
-        return grpc.unary_stream_rpc_method_handler(refuse, **kwargs)
+        return grpc.unary_stream_rpc_method_handler(refuse_stream, **kwargs)
     if handler.stream_unary:
         return grpc.stream_unary_rpc_method_handler(refuse, **kwargs)
-    return grpc.stream_stream_rpc_method_handler(refuse, **kwargs)
+    return grpc.stream_stream_rpc_method_handler(refuse_stream, **kwargs)
 
 
 def _serving_as(handler: Handler, caller: Caller) -> Handler:
