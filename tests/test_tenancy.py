@@ -13,9 +13,12 @@ from __future__ import annotations
 import os
 import queue
 import signal
+import subprocess
+import sys
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 
 import grpc
@@ -85,6 +88,10 @@ def _call(call: Callable[[], object]) -> Outcome:
     if isinstance(answer, pb.GetStatusResponse):
         visible = [r.run_dir for r in answer.runs] + [s.run_dir for s in answer.sessions]
     return Outcome(OK, visible=visible, answer=answer)
+
+
+def _write(stub: pb_grpc.SummariesStub, batch: pb.WriteRequest, metadata: list[tuple[str, str]] | None) -> object:
+    return list(stub.Write(iter([batch]), timeout=10, metadata=metadata))
 
 
 class Stream:
@@ -205,33 +212,34 @@ class Scenario:
         stub, metadata = self.stub, _metadata(TOKEN[caller])
         right = caller == "right_token"
         target = session_id or self.victim
+        call: Callable[[], object]
         if rpc == "open_new":
-            run = f"team-a/{'right' if right else 'attacker'}-{phase}"
-            request = self._open(str(uuid.uuid4()), run)
-            return _call(lambda: stub.OpenSession(request, timeout=10, metadata=metadata))
-        if rpc == "open_resume":
+            request = self._open(str(uuid.uuid4()), f"team-a/{'right' if right else 'attacker'}-{phase}")
+            call = partial(stub.OpenSession, request, timeout=10, metadata=metadata)
+        elif rpc == "open_resume":
             # The other tenant names a run it may write: only the session's own run can refuse it.
             run = f"team-ab/own-{phase}" if caller == "other_tenant" else "team-a/victim"
-            request = self._open(target, run, self.next_sequence)
-            return _call(lambda: stub.OpenSession(request, timeout=10, metadata=metadata))
-        if rpc == "write":
-            steps = [self.next_sequence] if right else [ATTACKER_STEP]
-            batch = _batch(target, self.next_sequence, steps)
-            outcome = _call(lambda: list(stub.Write(iter([batch]), timeout=10, metadata=metadata)))
-            if right and outcome.code == OK:
-                self.next_sequence += 1
-            return outcome
-        if rpc == "flush":
+            resume = self._open(target, run, self.next_sequence)
+            call = partial(stub.OpenSession, resume, timeout=10, metadata=metadata)
+        elif rpc == "write":
+            batch = _batch(target, self.next_sequence, [self.next_sequence] if right else [ATTACKER_STEP])
+            call = partial(_write, stub, batch, metadata)
+        elif rpc == "flush":
             flush = pb.FlushRequest(session_id=target, durable=True)
-            return _call(lambda: stub.Flush(flush, timeout=10, metadata=metadata))
-        if rpc == "close":
+            call = partial(stub.Flush, flush, timeout=10, metadata=metadata)
+        elif rpc == "close":
             close = pb.CloseSessionRequest(session_id=self.closing[phase] if right else target)
-            return _call(lambda: stub.CloseSession(close, timeout=10, metadata=metadata))
-        if rpc == "put_file":
+            call = partial(stub.CloseSession, close, timeout=10, metadata=metadata)
+        elif rpc == "put_file":
             put = pb.PutFileRequest(session_id=target, path=f"{caller}-{phase}.txt", content=b"x")
-            return _call(lambda: stub.PutFile(put, timeout=10, metadata=metadata))
-        assert rpc == "get_status"
-        return _call(lambda: stub.GetStatus(pb.GetStatusRequest(), timeout=10, metadata=metadata))
+            call = partial(stub.PutFile, put, timeout=10, metadata=metadata)
+        else:
+            assert rpc == "get_status"
+            call = partial(stub.GetStatus, pb.GetStatusRequest(), timeout=10, metadata=metadata)
+        outcome = _call(call)
+        if rpc == "write" and right and outcome.code == OK:
+            self.next_sequence += 1
+        return outcome
 
     def _snapshot(self) -> tuple[object, ...]:
         """What a refused call must leave as it was: live sessions, logdir files, the victim's session."""
@@ -310,3 +318,47 @@ def test_the_victim_is_unharmed(scenario: Scenario) -> None:
     # A '*' token sees every tenant.
     for phase in PHASES:
         assert {run.split("/")[0] for run in scenario.root_visible[phase]} == {"team-a", "team-ab"}
+
+
+def _serve(tmp_path: Path, *flags: str) -> subprocess.CompletedProcess[str]:
+    argv = [sys.executable, "-m", "summaryd.server", "serve", "--logdir", str(tmp_path / "runs"), *flags]
+    return subprocess.run(argv, capture_output=True, text=True, timeout=30, check=False)
+
+
+@pytest.mark.parametrize("value", ["0.0.0.0:0", "[::]:0", "metrics.example.org:9090"])
+def test_non_loopback_metrics_need_insecure(tmp_path: Path, value: str) -> None:
+    """Metrics name every run and have no token: a token file for gRPC does not make them safe to expose."""
+    tokens = tmp_path / "tokens"
+    tokens.write_text(f"{VICTIM} team-a/\n")
+    result = _serve(tmp_path, "--listen", "127.0.0.1:0", "--token-file", str(tokens), "--metrics-listen", value)
+    assert result.returncode == 2, result.stderr
+    line = result.stderr.strip().splitlines()[-1]  # after argparse's usage line
+    assert "--metrics-listen" in line and "--insecure" in line and "loopback" in line
+
+
+def test_metrics_listen_needs_host_and_port(tmp_path: Path) -> None:
+    result = _serve(tmp_path, "--metrics-listen", "9090")
+    assert result.returncode == 2
+    line = result.stderr.strip().splitlines()[-1]  # after argparse's usage line
+    assert "--metrics-listen" in line and "HOST:PORT" in line
+
+
+def test_insecure_non_loopback_metrics_start_with_a_warning(tmp_path: Path) -> None:
+    """With --insecure they are served, and the daemon says what that exposes. Run in a private network
+    namespace, where 0.0.0.0 reaches only its own loopback."""
+    port_file = tmp_path / "port"
+    script = (
+        f"ip link set lo up && exec {sys.executable} -m summaryd.server serve --logdir {tmp_path / 'runs'} "
+        f"--listen 127.0.0.1:0 --metrics-listen 0.0.0.0:0 --insecure --port-file {port_file}"
+    )
+    log_path = tmp_path / "daemon.log"
+    with open(log_path, "wb") as log:
+        proc = subprocess.Popen(["unshare", "--net", "sh", "-c", script], stdout=log, stderr=subprocess.STDOUT)
+    try:
+        wait_for(lambda: proc.poll() is not None or "run's name" in log_path.read_text(), 30, "the metrics warning")
+        warnings = [line for line in log_path.read_text().splitlines() if "WARNING" in line]
+        assert any("metrics on 0.0.0.0:0" in line and "--insecure" in line for line in warnings), warnings
+    finally:
+        os.kill(proc.pid, signal.SIGTERM)
+        proc.wait(30)
+    assert proc.returncode == 0
