@@ -34,6 +34,7 @@ VICTIM = "victim-token-0123456789abcdef"  # team-a/
 OTHER = "other-token-0123456789abcdefg"  # team-ab/
 REVOKED = "revoked-token-0123456789abcd"  # team-a/, until the token file is re-read without it
 ROOT = "root-token-0123456789abcdefgh"  # *
+NARROWED = "narrowed-token-0123456789ab"  # team-a/ and team-c/, until the token file is re-read with team-a/ alone
 WRONG = "wrong-token-never-issued-0000"
 
 PHASES = ("live", "restarted")
@@ -122,8 +123,11 @@ class Scenario:
         self.next_sequence = 1  # the victim's next sequence number
         self.cells: dict[tuple[str, str, str], Outcome] = {}
         self.unknown: dict[tuple[str, str], Outcome] = {}  # (phase, rpc): the other tenant on an unknown id
-        self.open_stream: dict[str, Outcome] = {}  # phase: the revoked token's next batch on its open stream
+        # phase: the next batch, after the SIGHUP, on the open stream of the revoked and of the narrowed token
+        self.open_stream: dict[str, Outcome] = {}
+        self.narrowed_stream: dict[str, Outcome] = {}
         self.revoked_steps: dict[str, list[int]] = {}
+        self.narrowed_steps: dict[str, list[int]] = {}
         self.root_visible: dict[str, list[str]] = {}
         self.victim_calls: list[Outcome] = []  # the victim's own writes between the phases' cells, and its close
         self.stub: pb_grpc.SummariesStub
@@ -150,13 +154,14 @@ class Scenario:
             assert daemon.terminate() == 0, daemon.log()
 
     def _start(self) -> Daemon:
-        self._write_tokens(revoked=True)
+        self._write_tokens(reloaded=False)
         daemon = start_daemon(self.root, "--token-file", str(self.root / "tokens"), logdir=self.logdir)
         self.stub = pb_grpc.SummariesStub(grpc.insecure_channel(daemon.address))
         return daemon
 
-    def _write_tokens(self, *, revoked: bool) -> None:
-        lines = [f"{VICTIM} team-a/", f"{OTHER} team-ab/", f"{ROOT} *"] + ([f"{REVOKED} team-a/"] if revoked else [])
+    def _write_tokens(self, *, reloaded: bool) -> None:
+        lines = [f"{VICTIM} team-a/", f"{OTHER} team-ab/", f"{ROOT} *"]
+        lines += [f"{NARROWED} team-a/"] if reloaded else [f"{NARROWED} team-a/ team-c/", f"{REVOKED} team-a/"]
         staged = self.root / "tokens.new"
         staged.write_text("\n".join(lines) + "\n")
         staged.rename(self.root / "tokens")  # whole, so that the daemon never reads half a file
@@ -177,19 +182,24 @@ class Scenario:
         stub = self.stub
         # The other tenant's own live session, which its GetStatus must show.
         stub.OpenSession(self._open(str(uuid.uuid4()), f"team-ab/own-{phase}"), timeout=10, metadata=_metadata(OTHER))
-        # The revoked token writes on a stream it keeps open across the SIGHUP that removes it.
-        doomed = str(uuid.uuid4())
+        # The revoked and the narrowed token write on streams they keep open across the SIGHUP that changes them.
+        doomed, narrowed = str(uuid.uuid4()), str(uuid.uuid4())
         stub.OpenSession(self._open(doomed, f"team-a/revoked-{phase}"), timeout=10, metadata=_metadata(REVOKED))
-        stream = Stream(stub, REVOKED)
+        stub.OpenSession(self._open(narrowed, f"team-c/narrowed-{phase}"), timeout=10, metadata=_metadata(NARROWED))
+        streams = Stream(stub, REVOKED), Stream(stub, NARROWED)
         try:
-            assert stream.send(_batch(doomed, 1, [1])) == 1
-            self._write_tokens(revoked=False)
+            assert streams[0].send(_batch(doomed, 1, [1])) == 1
+            assert streams[1].send(_batch(narrowed, 1, [1])) == 1
+            self._write_tokens(reloaded=True)
             os.kill(daemon.proc.pid, signal.SIGHUP)
-            wait_for(lambda: "SIGHUP: 3 tokens" in daemon.log(), 20, "the token file to be re-read")
-            self.open_stream[phase] = _call(lambda: stream.send(_batch(doomed, 2, [2])))
+            wait_for(lambda: "SIGHUP: 4 tokens" in daemon.log(), 20, "the token file to be re-read")
+            self.open_stream[phase] = _call(lambda: streams[0].send(_batch(doomed, 2, [2])))
+            self.narrowed_stream[phase] = _call(lambda: streams[1].send(_batch(narrowed, 2, [2])))
         finally:
-            stream.close()
+            for stream in streams:
+                stream.close()
         self.revoked_steps[phase] = steps_in(self.logdir / "team-a" / f"revoked-{phase}")
+        self.narrowed_steps[phase] = steps_in(self.logdir / "team-c" / f"narrowed-{phase}")
 
         for caller in ATTACKERS:
             for rpc in RPCS:
@@ -301,6 +311,15 @@ def test_a_revoked_token_is_refused_on_its_open_stream(scenario: Scenario, phase
     assert scenario.revoked_steps[phase] == [1]
 
 
+@pytest.mark.parametrize("phase", PHASES)
+def test_a_narrowed_token_is_refused_on_its_open_stream(scenario: Scenario, phase: str) -> None:
+    """A token whose prefixes no longer cover the run of its open stream gets its next batch refused."""
+    outcome = scenario.narrowed_stream[phase]
+    assert outcome.code == PERMISSION_DENIED, outcome.details
+    assert f"team-c/narrowed-{phase}" in outcome.details
+    assert scenario.narrowed_steps[phase] == [1]
+
+
 def test_the_victim_is_unharmed(scenario: Scenario) -> None:
     """After every refused call, in both phases: the victim wrote and closed, each of its events exactly once,
     and no other caller's event, file or run directory reached the logdir."""
@@ -317,7 +336,7 @@ def test_the_victim_is_unharmed(scenario: Scenario) -> None:
     assert not any((scenario.logdir / "team-a").glob("attacker-*"))
     # A '*' token sees every tenant.
     for phase in PHASES:
-        assert {run.split("/")[0] for run in scenario.root_visible[phase]} == {"team-a", "team-ab"}
+        assert {run.split("/")[0] for run in scenario.root_visible[phase]} == {"team-a", "team-ab", "team-c"}
 
 
 def _serve(tmp_path: Path, *flags: str) -> subprocess.CompletedProcess[str]:
@@ -362,3 +381,35 @@ def test_insecure_non_loopback_metrics_start_with_a_warning(tmp_path: Path) -> N
         os.kill(proc.pid, signal.SIGTERM)
         proc.wait(30)
     assert proc.returncode == 0
+
+
+def test_a_missing_token_file_is_one_line(tmp_path: Path) -> None:
+    absent = tmp_path / "absent"
+    result = _serve(tmp_path, "--listen", "127.0.0.1:0", "--token-file", str(absent))
+    assert result.returncode == 2
+    last = result.stderr.strip().splitlines()[-1]  # after argparse's usage line
+    assert last.endswith(f"--token-file {absent}: No such file or directory"), last
+
+
+@pytest.mark.parametrize(
+    ("line", "says"),
+    [
+        ("short team-a/", "at least 16 characters"),
+        (f"{VICTIM}", "at least one run prefix"),
+        (f"{VICTIM} team-*", "not patterns"),
+        (f"{VICTIM} ./team-a", "'.' or '..'"),
+        (f"{VICTIM} team-a//x", "empty"),
+        (f"{VICTIM} /srv/runs/team-a", "absolute"),
+    ],
+)
+def test_a_token_file_that_cannot_mean_what_it_says_is_one_line(tmp_path: Path, line: str, says: str) -> None:
+    """A prefix that would never match (a pattern, a path not in run-path form) is refused at start-up, in one
+    line naming the file's line, before the logdir or its state is created."""
+    tokens = tmp_path / "tokens"
+    tokens.write_text(f"# token prefixes\n{line}\n")
+    result = _serve(tmp_path, "--listen", "127.0.0.1:0", "--token-file", str(tokens))
+    assert result.returncode == 2, result.stderr
+    last = result.stderr.strip().splitlines()[-1]  # after argparse's usage line
+    assert f"{tokens}:2:" in last and says in last, last
+    assert "Traceback" not in result.stderr
+    assert not (tmp_path / "runs").exists()

@@ -8,6 +8,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Any
 
+from summaryd.server.auth import TokenTable
 from summaryd.server.limits import DEFAULT as _LIMITS
 from summaryd.server.limits import Limits, flag
 
@@ -142,6 +143,15 @@ class Config:
             )
         if self.metrics_listen:
             self._check_metrics_listen()
+        if self.token_file:
+            self._check_token_file()
+
+    def _check_token_file(self) -> None:
+        # Read now, so that a bad file is one line before anything is created; the server reads it again.
+        try:
+            TokenTable.load(self.token_file)
+        except OSError as exc:
+            raise ValueError(f"--token-file {self.token_file}: {exc.strerror or exc}") from None
 
     def _check_metrics_listen(self) -> None:
         # The metrics endpoint has neither token nor TLS and names every run: off loopback only when told.
