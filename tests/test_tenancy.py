@@ -27,6 +27,7 @@ from tensorboard.compat.proto.event_pb2 import Event
 from tensorboard.compat.proto.summary_pb2 import Summary
 
 from conftest import Daemon, start_daemon, steps_in, wait_for
+from summaryd.server.auth import fingerprint
 from summaryd.v1 import summaryd_pb2 as pb
 from summaryd.v1 import summaryd_pb2_grpc as pb_grpc
 
@@ -128,6 +129,7 @@ class Scenario:
         self.narrowed_stream: dict[str, Outcome] = {}
         self.revoked_steps: dict[str, list[int]] = {}
         self.narrowed_steps: dict[str, list[int]] = {}
+        self.logs: dict[str, str] = {}
         self.root_visible: dict[str, list[str]] = {}
         self.victim_calls: list[Outcome] = []  # the victim's own writes between the phases' cells, and its close
         self.stub: pb_grpc.SummariesStub
@@ -195,6 +197,7 @@ class Scenario:
             wait_for(lambda: "SIGHUP: 4 tokens" in daemon.log(), 20, "the token file to be re-read")
             self.open_stream[phase] = _call(lambda: streams[0].send(_batch(doomed, 2, [2])))
             self.narrowed_stream[phase] = _call(lambda: streams[1].send(_batch(narrowed, 2, [2])))
+            self.logs[phase] = daemon.log()
         finally:
             for stream in streams:
                 stream.close()
@@ -309,6 +312,8 @@ def test_a_revoked_token_is_refused_on_its_open_stream(scenario: Scenario, phase
     assert outcome.code == UNAUTHENTICATED, outcome.details
     assert "token file" in outcome.details
     assert scenario.revoked_steps[phase] == [1]
+    [line] = [line for line in scenario.logs[phase].splitlines() if "no longer in the token file" in line]
+    assert fingerprint(REVOKED) in line and REVOKED not in scenario.logs[phase]
 
 
 @pytest.mark.parametrize("phase", PHASES)

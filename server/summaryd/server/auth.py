@@ -142,6 +142,7 @@ class Caller:
         self._authorization = authorization
         self._tokens = auth.tokens
         self._grant: Grant | None = grant
+        self.fingerprint = grant.fingerprint
 
     def grant(self) -> Grant | None:
         """What the token may do now; None once it is no longer in the token file."""

@@ -502,6 +502,7 @@ class SummariesService(pb_grpc.SummariesServicer):
             return None
         grant = caller.grant()
         if grant is None:
+            log.info("token %s is no longer in the token file: its call under way is refused", caller.fingerprint)
             await context.abort(
                 grpc.StatusCode.UNAUTHENTICATED,
                 "the token is no longer accepted (the daemon re-read its token file); ask for a current token",
