@@ -12,9 +12,11 @@ from __future__ import annotations
 
 import os
 import queue
+import re
 import signal
 import subprocess
 import sys
+import urllib.request
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -130,6 +132,7 @@ class Scenario:
         self.revoked_steps: dict[str, list[int]] = {}
         self.narrowed_steps: dict[str, list[int]] = {}
         self.logs: dict[str, str] = {}
+        self.victim_events_received: dict[str, float] = {}  # phase: the metric, scraped at the phase's end
         self.root_visible: dict[str, list[str]] = {}
         self.victim_calls: list[Outcome] = []  # the victim's own writes between the phases' cells, and its close
         self.stub: pb_grpc.SummariesStub
@@ -157,7 +160,8 @@ class Scenario:
 
     def _start(self) -> Daemon:
         self._write_tokens(reloaded=False)
-        daemon = start_daemon(self.root, "--token-file", str(self.root / "tokens"), logdir=self.logdir)
+        tokens = str(self.root / "tokens")
+        daemon = start_daemon(self.root, "--token-file", tokens, "--metrics-listen", "127.0.0.1:0", logdir=self.logdir)
         self.stub = pb_grpc.SummariesStub(grpc.insecure_channel(daemon.address))
         return daemon
 
@@ -219,6 +223,11 @@ class Scenario:
         status = stub.GetStatus(pb.GetStatusRequest(), timeout=10, metadata=_metadata(ROOT))
         self.root_visible[phase] = [s.run_dir for s in status.sessions]
         self._victim_writes()  # the victim still writes once every other caller has had its go
+        [port] = re.findall(r"metrics on http://127\.0\.0\.1:(\d+)/metrics", daemon.log())
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as answer:
+            scraped = answer.read().decode()
+        victim = re.search(r'^summaryd_events_received_total\{run="team-a/victim"\} (\S+)$', scraped, re.M)
+        self.victim_events_received[phase] = float(victim.group(1)) if victim else 0.0
 
     def _cell(self, rpc: str, caller: str, phase: str, session_id: str | None = None) -> Outcome:
         """One call of `rpc` by `caller` aimed at the victim's session (the right token at its own sessions)."""
@@ -339,6 +348,8 @@ def test_the_victim_is_unharmed(scenario: Scenario) -> None:
     files = sorted(p.name for p in (scenario.logdir / "team-a" / "victim").iterdir() if "tfevents" not in p.name)
     assert files == ["right_token-live.txt", "right_token-restarted.txt"]
     assert not any((scenario.logdir / "team-a").glob("attacker-*"))
+    # Its run's metrics count its own events only: 3 written while live, 2 more after the restart.
+    assert scenario.victim_events_received == {"live": 3.0, "restarted": 2.0}
     # A '*' token sees every tenant.
     for phase in PHASES:
         assert {run.split("/")[0] for run in scenario.root_visible[phase]} == {"team-a", "team-ab", "team-c"}

@@ -17,7 +17,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1.health import aio as health_aio  # type: ignore[attr-defined]  # stubs predate aio
 from grpc_reflection.v1alpha import reflection
 
-from summaryd.server.auth import AuthInterceptor, TokenTable
+from summaryd.server.auth import AuthInterceptor, TokenTable, current_caller
 from summaryd.server.config import Config
 from summaryd.server.metrics import Metrics, MetricsInterceptor, ServiceCollector
 from summaryd.server.open_files import ensure_open_files
@@ -242,7 +242,14 @@ def run(config: Config) -> None:
 def _run_of(service: SummariesService) -> Callable[[str], str | None]:
     def run_of(session_id: str) -> str | None:
         session = service.sessions.get(session_id)
-        return session.run.run_dir if session is not None else None
+        if session is None:
+            return None
+        # Counted before the service refuses a caller: what a token may not write is not counted as its run's.
+        caller = current_caller()
+        grant = caller.grant() if caller is not None else None
+        if caller is not None and (grant is None or not grant.allows(session.run.run_dir)):
+            return None
+        return session.run.run_dir
 
     return run_of
 
