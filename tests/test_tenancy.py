@@ -135,35 +135,36 @@ class Scenario:
         self.victim_events_received: dict[str, float] = {}  # phase: the metric, scraped at the phase's end
         self.root_visible: dict[str, list[str]] = {}
         self.victim_calls: list[Outcome] = []  # the victim's own writes between the phases' cells, and its close
+        self.exit_codes: list[int] = []
         self.stub: pb_grpc.SummariesStub
 
     def run(self) -> None:
-        daemon = self._start()
-        try:
-            self.stub.OpenSession(self._open(self.victim, "team-a/victim"), timeout=10, metadata=_metadata(VICTIM))
-            self._victim_writes()
-            for phase in PHASES:
-                run = f"team-a/closing-{phase}"
-                self.stub.OpenSession(self._open(self.closing[phase], run), timeout=10, metadata=_metadata(VICTIM))
-            self._phase("live", daemon)
-        finally:
-            assert daemon.terminate() == 0, daemon.log()
-        daemon = self._start()
-        try:
-            self._phase("restarted", daemon)
-            close = pb.CloseSessionRequest(session_id=self.victim)
-            self.victim_calls.append(
-                _call(lambda: self.stub.CloseSession(close, timeout=10, metadata=_metadata(VICTIM)))
+        for phase in PHASES:
+            self._write_tokens(reloaded=False)
+            tokens = str(self.root / "tokens")
+            daemon = start_daemon(
+                self.root, "--token-file", tokens, "--metrics-listen", "127.0.0.1:0", logdir=self.logdir
             )
-        finally:
-            assert daemon.terminate() == 0, daemon.log()
+            try:
+                with grpc.insecure_channel(daemon.address) as channel:
+                    self.stub = pb_grpc.SummariesStub(channel)
+                    if phase == "live":
+                        self._set_up()
+                    self._phase(phase, daemon)
+                    if phase == "restarted":
+                        close = pb.CloseSessionRequest(session_id=self.victim)
+                        call = partial(self.stub.CloseSession, close, timeout=10, metadata=_metadata(VICTIM))
+                        self.victim_calls.append(_call(call))
+            finally:
+                self.exit_codes.append(daemon.terminate())
 
-    def _start(self) -> Daemon:
-        self._write_tokens(reloaded=False)
-        tokens = str(self.root / "tokens")
-        daemon = start_daemon(self.root, "--token-file", tokens, "--metrics-listen", "127.0.0.1:0", logdir=self.logdir)
-        self.stub = pb_grpc.SummariesStub(grpc.insecure_channel(daemon.address))
-        return daemon
+    def _set_up(self) -> None:
+        """The victim's session with its first batch, and one session a phase for the right token to close."""
+        self.stub.OpenSession(self._open(self.victim, "team-a/victim"), timeout=10, metadata=_metadata(VICTIM))
+        self._victim_writes()
+        for phase in PHASES:
+            run = f"team-a/closing-{phase}"
+            self.stub.OpenSession(self._open(self.closing[phase], run), timeout=10, metadata=_metadata(VICTIM))
 
     def _write_tokens(self, *, reloaded: bool) -> None:
         lines = [f"{VICTIM} team-a/", f"{OTHER} team-ab/", f"{ROOT} *"]
@@ -337,6 +338,7 @@ def test_a_narrowed_token_is_refused_on_its_open_stream(scenario: Scenario, phas
 def test_the_victim_is_unharmed(scenario: Scenario) -> None:
     """After every refused call, in both phases: the victim wrote and closed, each of its events exactly once,
     and no other caller's event, file or run directory reached the logdir."""
+    assert scenario.exit_codes == [0, 0]
     assert [(c.code, c.details) for c in scenario.victim_calls] == [(OK, "")] * 4
     closed = scenario.victim_calls[-1].answer
     assert isinstance(closed, pb.CloseSessionResponse) and closed.acked_sequence == 5
