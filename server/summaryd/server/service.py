@@ -20,6 +20,8 @@ from grpc import aio
 
 from summaryd.server.errors import REFUSED_SEQUENCE_KEY, EventError, LimitError, RunPathError
 from summaryd.server.limits import DEFAULT, Limits
+from summaryd.server.logs import Throttle
+from summaryd.server.request_checks import MAX_SEQUENCE, open_problem, session_id_problem, write_problem
 from summaryd.server.runpath import validate_run, validate_worker
 from summaryd.server.runs import RunRegistry, run_to_completion
 from summaryd.server.session_store import SessionRecord, SessionStore
@@ -34,12 +36,16 @@ Context = aio.ServicerContext[Any, Any]
 T = TypeVar("T")
 
 VERSION = "0.1.0"
-_MAX_SESSION_ID = 128
 _DISK_FULL = frozenset({errno.ENOSPC, errno.EDQUOT})
+
+
+# What the daemon fails to write is logged at a limited rate: a client retrying into a broken disk must not flood.
+_write_failures = Throttle(log)
 
 
 def _io_status(exc: OSError, run_dir: str, what: str) -> tuple[grpc.StatusCode, str]:
     """The status for a failed file operation: a full disk is RESOURCE_EXHAUSTED, anything else UNAVAILABLE."""
+    _write_failures.warning(f"io {exc.errno}", "run %s: %s: %s", run_dir, what, exc)
     if exc.errno in _DISK_FULL:
         return grpc.StatusCode.RESOURCE_EXHAUSTED, (
             f"the disk holding run {run_dir!r} is full ({exc.strerror}); {what}: keep the events and send them "
@@ -158,11 +164,9 @@ class SummariesService(pb_grpc.SummariesServicer):
         if self._draining:
             await context.abort(grpc.StatusCode.UNAVAILABLE, "the daemon is shutting down; retry later")
         session_id = request.session_id
-        if not session_id or len(session_id) > _MAX_SESSION_ID or not session_id.isprintable():
-            await context.abort(
-                grpc.StatusCode.INVALID_ARGUMENT,
-                f"session_id must be 1..{_MAX_SESSION_ID} printable characters (a UUID)",
-            )
+        problem = open_problem(request)
+        if problem is not None:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, problem)
         parts = await self._run_parts(request, context)
         run_dir = "/".join(parts)
         session = self.sessions.get(session_id)
@@ -172,6 +176,11 @@ class SummariesService(pb_grpc.SummariesServicer):
                 await self._abort_closed(session_id, context)
             if record is not None and record.run_dir != run_dir:
                 await self._abort_run_switch(session_id, record.run_dir, run_dir, context)
+            if record is not None and record.last > MAX_SEQUENCE:  # kept by a daemon that did not bound them
+                await context.abort(
+                    grpc.StatusCode.FAILED_PRECONDITION,
+                    f"session {session_id} holds sequence numbers beyond {MAX_SEQUENCE}; open a new session",
+                )
             try:
                 peer = _peer_host(context.peer() or "")
                 session = await self._complete(self._start_session(request, parts, record, peer))
@@ -309,6 +318,9 @@ class SummariesService(pb_grpc.SummariesServicer):
                 session.streams.discard(task)
 
     async def _write_batch(self, session: Session, request: pb.WriteRequest, context: Context) -> int:
+        problem = write_problem(request)
+        if problem is not None:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, problem)
         size = request.ByteSize()
         if size > self.limits.max_message_bytes:
             await context.abort(
@@ -342,7 +354,6 @@ class SummariesService(pb_grpc.SummariesServicer):
         except SessionEndedError as exc:
             await self._abort_ended(exc.session_id, exc.ending, context)
         except OSError as exc:
-            log.error("run %s: write failed: %s", session.run.run_dir, exc)
             await context.abort(*_io_status(exc, session.run.run_dir, "the batch was not written"))
         raise AssertionError("unreachable")  # abort() raises
 
@@ -365,6 +376,9 @@ class SummariesService(pb_grpc.SummariesServicer):
             return session.acked
 
     async def CloseSession(self, request: pb.CloseSessionRequest, context: Context) -> pb.CloseSessionResponse:
+        problem = session_id_problem(request.session_id)
+        if problem is not None:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, problem)
         session = self.sessions.get(request.session_id)
         try:
             if session is not None:
@@ -475,6 +489,9 @@ class SummariesService(pb_grpc.SummariesServicer):
             return session
         if not session_id:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "session_id is empty; open a session first")
+        problem = session_id_problem(session_id)
+        if problem is not None:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, problem)
         record = self.store.get(session_id)
         if record is not None and record.closed:
             await self._abort_closed(session_id, context)
