@@ -120,8 +120,13 @@ class SummariesService(pb_grpc.SummariesServicer):
         """
         now = time.monotonic()
         for session in self.sessions:
-            if session.idle_for(now) > self.lease:
+            if session.idle_for(now) > self._lease_of(session):
                 await self._complete(self._release(session, now))
+
+    def _lease_of(self, session: Session) -> float:
+        """The lease, or half of it for a session never heard from since it opened: a client heartbeats at a
+        third of the lease at most, so only one that opened a session and walked away is released early."""
+        return self.lease if session.heard else self.lease / 2
 
     async def release_all(self) -> None:
         """Release every session (shutdown); clients resume them when the daemon is back."""
@@ -132,7 +137,8 @@ class SummariesService(pb_grpc.SummariesServicer):
         async with session.lock:
             if session.ending is not None:
                 return
-            if expired_at is not None and session.idle_for(expired_at) <= self.lease:
+            lease = self._lease_of(session)
+            if expired_at is not None and session.idle_for(expired_at) <= lease:
                 return  # a batch or heartbeat arrived meanwhile
             # Into the store before leaving the table, so that a resume always finds where it stood.
             await self._remember(session, closed=False)
@@ -145,13 +151,15 @@ class SummariesService(pb_grpc.SummariesServicer):
                 "session %s released after %.0fs without a batch or heartbeat: run %s, client pid %d, "
                 "%d events written",
                 session.session_id,
-                self.lease,
+                lease,
                 session.run.run_dir,
                 session.client.pid,
                 session.events_written,
             )
 
     async def _remember(self, session: Session, *, closed: bool) -> None:
+        if not (closed or session.wrote or self.store.get(session.session_id)):
+            return  # released having written nothing: a resume starts where its client says, as now
         record = SessionRecord(session.session_id, session.run.run_dir, session.acked, closed=closed)
         try:
             await run_to_completion(self.registry.executor, lambda: self.store.record([record], sync=closed))
@@ -444,6 +452,7 @@ class SummariesService(pb_grpc.SummariesServicer):
 
         try:
             await self._complete(run_to_completion(self.registry.executor, put))
+            session.files_written += 1
         except RunPathError as exc:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
         except IsADirectoryError:
