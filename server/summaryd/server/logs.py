@@ -15,6 +15,7 @@ import sys
 import threading
 import time
 import unicodedata
+from collections.abc import Callable
 from typing import Any
 
 _TEXT_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
@@ -145,16 +146,19 @@ class Throttle:
     of trouble behind its own. Thread-safe; kinds are a few fixed strings, so the table stays small.
     """
 
-    def __init__(self, logger: logging.Logger, interval: float = 10.0) -> None:
+    def __init__(
+        self, logger: logging.Logger, interval: float = 10.0, clock: Callable[[], float] = time.monotonic
+    ) -> None:
         self._logger = logger
         self._interval = interval
+        self._clock = clock
         self._lock = threading.Lock()
         self._last: dict[str, float] = {}
         self._suppressed: dict[str, int] = {}
 
     def warning(self, kind: str, message: str, *args: object) -> None:
         """Log `message % args` as a WARNING unless a line of `kind` was logged within the interval."""
-        now = time.monotonic()
+        now = self._clock()
         with self._lock:
             last = self._last.get(kind)
             if last is not None and now - last < self._interval:
