@@ -267,10 +267,11 @@ class RunRegistry:
 
 
 def _check_run_dir(logdir_fd: int, parts: list[str]) -> None:
-    """Refuse at once a run path that `open_run_dir` will refuse at the first write; create nothing.
+    """Refuse at once a run path that the first write would fail on; create nothing.
 
     Raises:
         RunPathError: a part of the path exists already as a symlink or a file.
+        OSError: the deepest part that exists cannot be written (EROFS, EACCES).
     """
     fd = os.dup(logdir_fd)
     try:
@@ -278,7 +279,7 @@ def _check_run_dir(logdir_fd: int, parts: list[str]) -> None:
             try:
                 child = os.open(part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=fd)
             except FileNotFoundError:
-                return  # the rest is made at the first write
+                break  # the rest is made at the first write
             except OSError as exc:
                 if exc.errno in (errno.ELOOP, errno.ENOTDIR):
                     where = "/".join(parts[: depth + 1])
@@ -289,5 +290,10 @@ def _check_run_dir(logdir_fd: int, parts: list[str]) -> None:
                 raise
             os.close(fd)
             fd = child
+        # Where the first write creates its directory or file: tell the client now if it cannot.
+        if os.fstatvfs(fd).f_flag & os.ST_RDONLY:
+            raise OSError(errno.EROFS, os.strerror(errno.EROFS))
+        if not os.access(".", os.W_OK | os.X_OK, dir_fd=fd):
+            raise OSError(errno.EACCES, os.strerror(errno.EACCES))
     finally:
         os.close(fd)

@@ -45,12 +45,12 @@ _write_failures = Throttle(log)
 
 def _io_status(exc: OSError, run_dir: str, what: str) -> tuple[grpc.StatusCode, str]:
     """The status for a failed file operation: a full disk is RESOURCE_EXHAUSTED, anything else UNAVAILABLE."""
-    _write_failures.warning(f"io {exc.errno}", "run %s: %s: %s", run_dir, what, exc)
-    if exc.errno in _DISK_FULL:
+    if exc.errno in _DISK_FULL:  # logged with every other RESOURCE_EXHAUSTED (`refusals`)
         return grpc.StatusCode.RESOURCE_EXHAUSTED, (
             f"the disk holding run {run_dir!r} is full ({exc.strerror}); {what}: keep the events and send them "
             "again once space is freed"
         )
+    _write_failures.warning(f"errno {exc.errno}", "run %s: %s: %s", run_dir, what, exc)
     return grpc.StatusCode.UNAVAILABLE, f"the daemon cannot write run {run_dir!r} ({exc.strerror}); {what}"
 
 
