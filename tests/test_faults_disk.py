@@ -99,7 +99,7 @@ def test_a_full_disk_is_resource_exhausted_and_nothing_is_lost(
 
 
 def test_an_unwritable_run_directory_is_unavailable_with_the_reason(disks: tuple[Daemon, Path, Path]) -> None:
-    """A run whose directory cannot be created (read-only filesystem): UNAVAILABLE, saying why."""
+    """A run whose directory cannot be created (read-only filesystem): UNAVAILABLE, saying why, and logged."""
     daemon = disks[0]
     with grpc.insecure_channel(daemon.address) as channel:
         stub = pb_grpc.SummariesStub(channel)
@@ -108,3 +108,6 @@ def test_an_unwritable_run_directory_is_unavailable_with_the_reason(disks: tuple
     assert refused.value.code() == grpc.StatusCode.UNAVAILABLE
     assert "cannot write run 'ro/x' (Read-only file system)" in refused.value.details()
     assert os.listdir(daemon.logdir / "ro") == []
+    # The operator learns it too, at the default level: one WARNING line.
+    [line] = [line for line in daemon.log().splitlines() if "ro/x" in line]
+    assert " WARNING " in line and "Read-only file system" in line

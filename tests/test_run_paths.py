@@ -80,9 +80,12 @@ def test_symlink_out_of_the_logdir_is_refused(daemon: Daemon, tmp_path: Path) ->
 
 
 def test_good_nested_run_resolves_inside_the_logdir(daemon: Daemon) -> None:
-    """A nested run path plus worker label maps to `<run>/<worker>` under the logdir."""
+    """A nested run path plus worker label maps to `<run>/<worker>` under the logdir, made at its first event."""
     answer = _open(daemon, "sweep/lr-0.1", "rank-2")
     assert answer.run_dir == "sweep/lr-0.1/rank-2"
+    assert not (daemon.logdir / "sweep").exists()
+    with SummaryWriter("sweep/lr-0.1", address=daemon.address, worker="rank-2") as writer:
+        writer.add_scalar("loss", 1.0, 0)
     assert (daemon.logdir / "sweep" / "lr-0.1" / "rank-2").is_dir()
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import logging
 import os
 import time
@@ -12,6 +13,7 @@ from concurrent.futures import Executor
 from dataclasses import dataclass, field
 from typing import TypeVar
 
+from summaryd.server.errors import RunPathError
 from summaryd.server.event_check import check_and_frame
 from summaryd.server.event_file import EventFile, next_name
 from summaryd.server.journal import FileJournal
@@ -45,14 +47,16 @@ class RunWriter:
     """Appends batches to a run's event file; file I/O runs on the executor, one batch at a time, in order.
 
     Every batch is journaled (`journal.FileJournal`) right after it is written, before it is acknowledged;
-    `marks` holds each session's last sequence number in the current file, for the session store.
+    `marks` holds each session's last sequence number in the current file, for the session store. The run's
+    directory is made and opened at its first event file, so a session that never writes leaves no directory.
     """
 
     run_dir: str
-    dir_fd: int
+    logdir_fd: int
     executor: Executor
     journal_dir_fd: int
     store: SessionStore
+    dir_fd: int = -1
     file: EventFile | None = None
     journal: FileJournal | None = None
     marks: dict[str, int] = field(default_factory=dict)
@@ -104,6 +108,8 @@ class RunWriter:
             log.exception("run %s: compacting the journal failed; it keeps growing", self.run_dir)
 
     def _open_file(self) -> None:
+        if self.dir_fd < 0:
+            self.dir_fd = open_run_dir(self.logdir_fd, self.run_dir.split("/"))
         # The journal comes first: an event file never exists without the journal that recovery reads.
         name = next_name(self.dir_fd)
         journal = FileJournal(self.journal_dir_fd, self.run_dir, name)
@@ -207,10 +213,11 @@ class RunRegistry:
         return self._executor
 
     async def acquire(self, parts: list[str], limits: Limits = DEFAULT) -> RunWriter:
-        """Return the run's writer, opening the directory (inside the logdir only) when needed.
+        """Return the run's writer; its directory (inside the logdir only) is made when it is first written.
 
         Raises:
             LimitError: opening the run would exceed `limits.max_open_runs`.
+            RunPathError: a part of the run path exists already as a symlink or a file.
         """
         run_dir = "/".join(parts)
         async with self._lock:
@@ -221,10 +228,10 @@ class RunRegistry:
                         f"the daemon has {len(self._runs)} runs open, its limit (--max-open-runs); close sessions "
                         "of finished runs or raise the limit"
                     )
-                dir_fd = await run_to_completion(self._executor, lambda: open_run_dir(self.logdir_fd, parts))
+                await run_to_completion(self._executor, lambda: _check_run_dir(self.logdir_fd, parts))
                 writer = RunWriter(
                     run_dir,
-                    dir_fd,
+                    self.logdir_fd,
                     self._executor,
                     self._journal_dir_fd,
                     self.store,
@@ -257,3 +264,36 @@ class RunRegistry:
             except OSError:
                 log.exception("run %s: closing the event file failed", writer.run_dir)
         os.close(self.logdir_fd)
+
+
+def _check_run_dir(logdir_fd: int, parts: list[str]) -> None:
+    """Refuse at once a run path that the first write would fail on; create nothing.
+
+    Raises:
+        RunPathError: a part of the path exists already as a symlink or a file.
+        OSError: the deepest part that exists cannot be written (EROFS, EACCES).
+    """
+    fd = os.dup(logdir_fd)
+    try:
+        for depth, part in enumerate(parts):
+            try:
+                child = os.open(part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=fd)
+            except FileNotFoundError:
+                break  # the rest is made at the first write
+            except OSError as exc:
+                if exc.errno in (errno.ELOOP, errno.ENOTDIR):
+                    where = "/".join(parts[: depth + 1])
+                    raise RunPathError(
+                        f"{where!r} in the logdir is a symlink or a file; summaryd writes only into real "
+                        "directories inside its logdir"
+                    ) from None
+                raise
+            os.close(fd)
+            fd = child
+        # Where the first write creates its directory or file: tell the client now if it cannot.
+        if os.fstatvfs(fd).f_flag & os.ST_RDONLY:
+            raise OSError(errno.EROFS, os.strerror(errno.EROFS))
+        if not os.access(".", os.W_OK | os.X_OK, dir_fd=fd):
+            raise OSError(errno.EACCES, os.strerror(errno.EACCES))
+    finally:
+        os.close(fd)

@@ -21,6 +21,7 @@ from summaryd.server.auth import AuthInterceptor, TokenTable, current_caller
 from summaryd.server.config import Config
 from summaryd.server.metrics import Metrics, MetricsInterceptor, ServiceCollector
 from summaryd.server.open_files import ensure_open_files
+from summaryd.server.refusals import RefusalInterceptor
 from summaryd.server.runs import RunRegistry
 from summaryd.server.service import SummariesService
 from summaryd.server.state import StateDir
@@ -98,7 +99,8 @@ class Server:
         config = self.config
         health_servicer = health_aio.HealthServicer()
         self.metrics.registry.register(ServiceCollector(service))
-        interceptors: list[Any] = [MetricsInterceptor(self.metrics, _run_of(service))]
+        # Outermost first: the refusal interceptor parses requests for all the others (see `refusals`).
+        interceptors: list[Any] = [RefusalInterceptor(), MetricsInterceptor(self.metrics, _run_of(service))]
         if config.token_file:
             self.auth = AuthInterceptor(TokenTable.load(config.token_file))
             interceptors.append(self.auth)

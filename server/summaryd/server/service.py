@@ -21,6 +21,8 @@ from grpc import aio
 from summaryd.server.auth import Grant, current_caller
 from summaryd.server.errors import REFUSED_SEQUENCE_KEY, EventError, LimitError, RunPathError
 from summaryd.server.limits import DEFAULT, Limits
+from summaryd.server.logs import Throttle
+from summaryd.server.request_checks import MAX_SEQUENCE, open_problem, session_id_problem, write_problem
 from summaryd.server.runpath import validate_run, validate_worker
 from summaryd.server.runs import RunRegistry, run_to_completion
 from summaryd.server.session_store import SessionRecord, SessionStore
@@ -35,7 +37,6 @@ Context = aio.ServicerContext[Any, Any]
 T = TypeVar("T")
 
 VERSION = "0.1.0"
-_MAX_SESSION_ID = 128
 _DISK_FULL = frozenset({errno.ENOSPC, errno.EDQUOT})
 # One answer for a session id the caller's token may not reach and for one the daemon does not know, so that a
 # token cannot learn which session ids exist on runs beyond its prefixes.
@@ -45,13 +46,18 @@ _NOT_ITS_SESSION = (
 )
 
 
+# What the daemon fails to write is logged at a limited rate: a client retrying into a broken disk must not flood.
+_write_failures = Throttle(log)
+
+
 def _io_status(exc: OSError, run_dir: str, what: str) -> tuple[grpc.StatusCode, str]:
     """The status for a failed file operation: a full disk is RESOURCE_EXHAUSTED, anything else UNAVAILABLE."""
-    if exc.errno in _DISK_FULL:
+    if exc.errno in _DISK_FULL:  # logged with every other RESOURCE_EXHAUSTED (`refusals`)
         return grpc.StatusCode.RESOURCE_EXHAUSTED, (
             f"the disk holding run {run_dir!r} is full ({exc.strerror}); {what}: keep the events and send them "
             "again once space is freed"
         )
+    _write_failures.warning(f"errno {exc.errno}", "run %s: %s: %s", run_dir, what, exc)
     return grpc.StatusCode.UNAVAILABLE, f"the daemon cannot write run {run_dir!r} ({exc.strerror}); {what}"
 
 
@@ -121,8 +127,13 @@ class SummariesService(pb_grpc.SummariesServicer):
         """
         now = time.monotonic()
         for session in self.sessions:
-            if session.idle_for(now) > self.lease:
+            if session.idle_for(now) > self._lease_of(session):
                 await self._complete(self._release(session, now))
+
+    def _lease_of(self, session: Session) -> float:
+        """The lease, or half of it for a session never heard from since it opened: a client heartbeats at a
+        third of the lease at most, so only one that opened a session and walked away is released early."""
+        return self.lease if session.heard else self.lease / 2
 
     async def release_all(self) -> None:
         """Release every session (shutdown); clients resume them when the daemon is back."""
@@ -133,7 +144,8 @@ class SummariesService(pb_grpc.SummariesServicer):
         async with session.lock:
             if session.ending is not None:
                 return
-            if expired_at is not None and session.idle_for(expired_at) <= self.lease:
+            lease = self._lease_of(session)
+            if expired_at is not None and session.idle_for(expired_at) <= lease:
                 return  # a batch or heartbeat arrived meanwhile
             # Into the store before leaving the table, so that a resume always finds where it stood.
             await self._remember(session, closed=False)
@@ -146,13 +158,15 @@ class SummariesService(pb_grpc.SummariesServicer):
                 "session %s released after %.0fs without a batch or heartbeat: run %s, client pid %d, "
                 "%d events written",
                 session.session_id,
-                self.lease,
+                lease,
                 session.run.run_dir,
                 session.client.pid,
                 session.events_written,
             )
 
     async def _remember(self, session: Session, *, closed: bool) -> None:
+        if not (closed or session.wrote or self.store.get(session.session_id)):
+            return  # released having written nothing: a resume starts where its client says, as now
         record = SessionRecord(session.session_id, session.run.run_dir, session.acked, closed=closed)
         try:
             await run_to_completion(self.registry.executor, lambda: self.store.record([record], sync=closed))
@@ -165,11 +179,9 @@ class SummariesService(pb_grpc.SummariesServicer):
         if self._draining:
             await context.abort(grpc.StatusCode.UNAVAILABLE, "the daemon is shutting down; retry later")
         session_id = request.session_id
-        if not session_id or len(session_id) > _MAX_SESSION_ID or not session_id.isprintable():
-            await context.abort(
-                grpc.StatusCode.INVALID_ARGUMENT,
-                f"session_id must be 1..{_MAX_SESSION_ID} printable characters (a UUID)",
-            )
+        problem = open_problem(request)
+        if problem is not None:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, problem)
         parts = await self._run_parts(request, context)
         run_dir = "/".join(parts)
         await self._authorize_run(run_dir, context)
@@ -181,6 +193,11 @@ class SummariesService(pb_grpc.SummariesServicer):
                 await self._abort_closed(session_id, context)
             if record is not None and record.run_dir != run_dir:
                 await self._abort_run_switch(session_id, record.run_dir, run_dir, context)
+            if record is not None and record.last > MAX_SEQUENCE:  # kept by a daemon that did not bound them
+                await context.abort(
+                    grpc.StatusCode.FAILED_PRECONDITION,
+                    f"session {session_id} holds sequence numbers beyond {MAX_SEQUENCE}; open a new session",
+                )
             try:
                 peer = _peer_host(context.peer() or "")
                 session = await self._complete(self._start_session(request, parts, record, peer))
@@ -323,6 +340,9 @@ class SummariesService(pb_grpc.SummariesServicer):
                 session.streams.discard(task)
 
     async def _write_batch(self, session: Session, request: pb.WriteRequest, context: Context) -> int:
+        problem = write_problem(request)
+        if problem is not None:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, problem)
         size = request.ByteSize()
         if size > self.limits.max_message_bytes:
             await context.abort(
@@ -356,7 +376,6 @@ class SummariesService(pb_grpc.SummariesServicer):
         except SessionEndedError as exc:
             await self._abort_ended(exc.session_id, exc.ending, context)
         except OSError as exc:
-            log.error("run %s: write failed: %s", session.run.run_dir, exc)
             await context.abort(*_io_status(exc, session.run.run_dir, "the batch was not written"))
         raise AssertionError("unreachable")  # abort() raises
 
@@ -380,6 +399,9 @@ class SummariesService(pb_grpc.SummariesServicer):
             return session.acked
 
     async def CloseSession(self, request: pb.CloseSessionRequest, context: Context) -> pb.CloseSessionResponse:
+        problem = session_id_problem(request.session_id)
+        if problem is not None:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, problem)
         await self._authorize_session(request.session_id, context)
         session = self.sessions.get(request.session_id)
         try:
@@ -447,6 +469,7 @@ class SummariesService(pb_grpc.SummariesServicer):
 
         try:
             await self._complete(run_to_completion(self.registry.executor, put))
+            session.files_written += 1
         except RunPathError as exc:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
         except IsADirectoryError:
@@ -547,6 +570,9 @@ class SummariesService(pb_grpc.SummariesServicer):
             return session
         if not session_id:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "session_id is empty; open a session first")
+        problem = session_id_problem(session_id)
+        if problem is not None:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, problem)
         record = self.store.get(session_id)
         if record is not None and record.closed:
             await self._abort_closed(session_id, context)

@@ -52,6 +52,9 @@ class Session:
     acked: int = 0
     events_written: int = 0
     duplicates_dropped: int = 0
+    files_written: int = 0
+    # Whether any batch or heartbeat came since OpenSession: a session never heard from is released sooner.
+    heard: bool = False
     ending: Ending | None = None
     last_seen: float = field(default_factory=time.monotonic)
     # The write streams of this session (a reconnecting client may briefly have two).
@@ -64,6 +67,11 @@ class Session:
 
     def idle_for(self, now: float) -> float:
         return now - self.last_seen
+
+    @property
+    def wrote(self) -> bool:
+        """Whether the session wrote anything (events or files): only then is it worth remembering."""
+        return self.events_written > 0 or self.files_written > 0
 
     async def apply(self, first: int, events: Sequence[bytes]) -> int:
         """Write what is new in a batch whose first event has sequence `first`; return the new `acked`.
@@ -80,6 +88,7 @@ class Session:
         """
         async with self.lock:
             self.touch()
+            self.heard = True
             if self.ending is not None:
                 raise SessionEndedError(self.session_id, self.ending)
             if not events:

@@ -1,0 +1,71 @@
+"""Bounds on every integer and string a client sends, checked at the edge before anything is stored or shown.
+
+A value the daemon keeps (a session's identity, its sequence numbers) is echoed by `GetStatus`, written to the
+session store and quoted in logs, so one client's oversized or out-of-range value would fail those for every
+caller. Each check returns the one-line reason for `INVALID_ARGUMENT` (naming the field and what it may be), or
+None when the request is fine. Run paths, worker labels and file paths have their own rules (`runpath`).
+"""
+
+from __future__ import annotations
+
+from summaryd.v1 import summaryd_pb2 as pb
+
+MAX_SEQUENCE = 2**63 - 1
+"""Highest sequence number: every sequence, sum and count derived from one fits the proto's uint64 fields and
+the signed 64-bit integers of the session store and journals."""
+MAX_SESSION_ID = 128
+"""Longest session id, in characters (a UUID has 36)."""
+MAX_WORLD_SIZE = 2**20
+MAX_PID = 2**31 - 1
+"""The largest `pid_t`; 0 means not stated."""
+MAX_HOST_BYTES = 255
+"""A DNS name has at most 253 characters."""
+MAX_LABEL_BYTES = 64
+"""Longest `ClientIdentity.framework` and `.version`."""
+
+
+def _text(field: str, value: str, max_bytes: int) -> str | None:
+    size = len(value.encode("utf-8", "surrogatepass"))
+    if size > max_bytes:
+        return f"{field} is {size} bytes, over the limit of {max_bytes}; send a shorter one"
+    if not value.isprintable():
+        return f"{field} contains a control or format character; send printable characters only"
+    return None
+
+
+def _integer(field: str, value: int, top: int, what: str) -> str | None:
+    if not 0 <= value <= top:
+        return f"{field} is {value}; it must be 0..{top} ({what})"
+    return None
+
+
+def session_id_problem(session_id: str) -> str | None:
+    """Why `session_id` is not one the daemon takes: 1..`MAX_SESSION_ID` printable characters."""
+    if not session_id or len(session_id) > MAX_SESSION_ID or not session_id.isprintable():
+        return f"session_id must be 1..{MAX_SESSION_ID} printable characters (a UUID)"
+    return None
+
+
+def open_problem(request: pb.OpenSessionRequest) -> str | None:
+    """What is wrong with an `OpenSession` request's id, numbers and client identity (its run path aside)."""
+    client = request.client
+    return (
+        session_id_problem(request.session_id)
+        or _integer("next_sequence", request.next_sequence, MAX_SEQUENCE, "the first sequence number not yet acked")
+        or _integer("world_size", request.world_size, MAX_WORLD_SIZE, "the number of workers of the job")
+        or _integer("client.pid", client.pid, MAX_PID, "the client's process id, 0 when unknown")
+        or _text("client.host", client.host, MAX_HOST_BYTES)
+        or _text("client.framework", client.framework, MAX_LABEL_BYTES)
+        or _text("client.version", client.version, MAX_LABEL_BYTES)
+    )
+
+
+def write_problem(request: pb.WriteRequest) -> str | None:
+    """What is wrong with a batch's numbering: its events must be numbered within 1..`MAX_SEQUENCE`."""
+    first, count = request.first_sequence, len(request.events)
+    if first > MAX_SEQUENCE or (count and first + count - 1 > MAX_SEQUENCE):
+        return (
+            f"a batch of {count} events from first_sequence {first} reaches beyond {MAX_SEQUENCE}, the highest "
+            "sequence number; open a new session"
+        )
+    return None
