@@ -172,6 +172,15 @@ def test_log_lines_escape_control_characters_and_cut_long_values(capsys: pytest.
             assert "node-1\\n2026-01-01" in message
             assert "more characters]" in message
             assert "\u202e" not in line and "\u2028" not in line
+        # A traceback (the daemon's own failures) follows its event line indented, its text escaped too.
+        configure_logging("info", "text")
+        try:
+            raise ValueError("bad host " + FORGED)
+        except ValueError:
+            logging.getLogger("summaryd.server.service").exception("failed for %s", "node-1")
+        event, *traceback = capsys.readouterr().err.splitlines()
+        assert LOG_LINE.match(event) and event.endswith("failed for node-1")
+        assert traceback and all(line.startswith("    ") for line in traceback)  # the forged line too
     finally:
         root.handlers[:], _ = saved
         root.setLevel(saved[1])
