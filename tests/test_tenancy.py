@@ -159,12 +159,15 @@ class Scenario:
                 self.exit_codes.append(daemon.terminate())
 
     def _set_up(self) -> None:
-        """The victim's session with its first batch, and one session a phase for the right token to close."""
+        """The victim's session with its first batch, and one written session a phase for the right token to close."""
         self.stub.OpenSession(self._open(self.victim, "team-a/victim"), timeout=10, metadata=_metadata(VICTIM))
         self._victim_writes()
         for phase in PHASES:
             run = f"team-a/closing-{phase}"
             self.stub.OpenSession(self._open(self.closing[phase], run), timeout=10, metadata=_metadata(VICTIM))
+            # One event, so that the session is remembered across the restart (an unused one is not).
+            batch = _batch(self.closing[phase], 1, [0])
+            list(self.stub.Write(iter([batch]), timeout=10, metadata=_metadata(VICTIM)))
 
     def _write_tokens(self, *, reloaded: bool) -> None:
         lines = [f"{VICTIM} team-a/", f"{OTHER} team-ab/", f"{ROOT} *"]
@@ -343,10 +346,9 @@ def test_the_victim_is_unharmed(scenario: Scenario) -> None:
     closed = scenario.victim_calls[-1].answer
     assert isinstance(closed, pb.CloseSessionResponse) and closed.acked_sequence == 5
     assert steps_in(scenario.logdir / "team-a" / "victim") == [1, 2, 3, 4, 5]
-    for run_dir in (scenario.logdir / "team-a", scenario.logdir / "team-ab"):
-        for child in run_dir.iterdir():
-            if child.is_dir():
-                assert ATTACKER_STEP not in steps_in(child), child
+    # Run directories are made at their first event: walk whatever exists.
+    for run_dir in (p for p in scenario.logdir.rglob("*") if p.is_dir() and any(p.glob("*tfevents*"))):
+        assert ATTACKER_STEP not in steps_in(run_dir), run_dir
     files = sorted(p.name for p in (scenario.logdir / "team-a" / "victim").iterdir() if "tfevents" not in p.name)
     assert files == ["right_token-live.txt", "right_token-restarted.txt"]
     assert not any((scenario.logdir / "team-a").glob("attacker-*"))
