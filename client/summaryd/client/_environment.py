@@ -10,7 +10,9 @@ from dataclasses import dataclass
 
 DEFAULT_PORT = 6065
 DEFAULT_ADDRESS = f"localhost:{DEFAULT_PORT}"
-_ADDRESS_FORMS = f"give HOST:PORT (e.g. localhost:{DEFAULT_PORT}), HOST alone (port {DEFAULT_PORT}), [IPv6]:PORT or unix:/PATH"
+_ADDRESS_FORMS = (
+    f"give HOST:PORT (e.g. localhost:{DEFAULT_PORT}), HOST alone (port {DEFAULT_PORT}), [IPv6]:PORT or unix:/PATH"
+)
 
 
 def resolve_address(address: str | None, environ: Mapping[str, str] = os.environ) -> str:

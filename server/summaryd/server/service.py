@@ -194,9 +194,7 @@ class SummariesService(pb_grpc.SummariesServicer):
 
     async def _run_parts(self, request: pb.OpenSessionRequest, context: Context) -> list[str]:
         try:
-            return run_dir_parts(
-                request.run, request.worker, self.limits.max_run_path_bytes, self.limits.max_run_depth
-            )
+            return run_dir_parts(request.run, request.worker, self.limits.max_run_path_bytes, self.limits.max_run_depth)
         except RunPathError as exc:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
 
