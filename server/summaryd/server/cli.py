@@ -199,7 +199,7 @@ def _message_json(message: Message) -> dict[str, Any]:
 
 
 def _is_repeated(field: Any) -> bool:
-    return bool(getattr(field, "is_repeated", False) or field.label == field.LABEL_REPEATED)
+    return bool(field.is_repeated)
 
 
 def _status(address: str, settings: ChannelSettings, timeout: float, as_json: bool) -> int:
@@ -227,12 +227,16 @@ def _status(address: str, settings: ChannelSettings, timeout: float, as_json: bo
             f"{s.session_id:<36} {s.run_dir:<30} {s.worker or '-':<10} {s.client.host:<16} {s.client.pid:>7} "
             f"{s.events_written:>9} {s.acked_sequence:>9} {s.idle_seconds:>7.1f}s"
         )
+    open_files = sum(1 for run in status.runs if run.event_file)
     print(
-        f"\n{len(status.runs)} open runs (runs with a live session or an open event file; finished runs stay on "
-        f"disk under the logdir), {len(status.sessions)} live sessions, "
-        f"{sum(1 for run in status.runs if run.event_file)} open files"
+        f"\n{_count(len(status.runs), 'open run')} (with a live session or an open event file; finished runs "
+        f"stay in the logdir), {_count(len(status.sessions), 'live session')}, {_count(open_files, 'open file')}"
     )
     return 0
+
+
+def _count(n: int, what: str) -> str:
+    return f"{n} {what}{'' if n == 1 else 's'}"
 
 
 def _health(address: str, settings: ChannelSettings, timeout: float) -> int:
