@@ -129,7 +129,7 @@ def _build_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.Argumen
         description="Deliver the events a client spooled while the daemon was away, exactly once: what the "
         "daemon holds already is skipped, so replaying twice writes nothing twice. The projector files kept "
         "beside them (SESSION.files) are uploaded in the same session. A spool the daemon confirmed whole is "
-        "removed. PATH is one spool (a directory with manifest.json) or a spool root holding several "
+        "removed (unless --keep). PATH is one spool (a directory with manifest.json) or a spool root holding several "
         "(SUMMARYD_SPOOL_DIR, by default ~/.cache/summaryd/spool). Token and TLS as for the client "
         "(SUMMARYD_TOKEN, SUMMARYD_TLS_*).",
     )
@@ -141,6 +141,7 @@ def _build_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.Argumen
     )
     replay.add_argument("--timeout", type=float, default=30.0, help="seconds each call may take")
     replay.add_argument("--json", action="store_true", help="print one JSON object per spool")
+    replay.add_argument("--keep", action="store_true", help="keep a delivered spool (replaying it again sends nothing)")
     return parser, subs
 
 
@@ -273,17 +274,20 @@ def _client_command(args: argparse.Namespace, sub: argparse.ArgumentParser) -> i
     return 1
 
 
-def _replay(path: str, address: str | None, timeout: float, as_json: bool) -> int:
+def _replay(args: argparse.Namespace, sub: argparse.ArgumentParser) -> int:
     from pathlib import Path
 
     from summaryd.client._replay import replay
 
-    results = replay(Path(path), address, timeout)
+    try:
+        results = replay(Path(args.path), args.address, args.timeout, keep=args.keep)
+    except ValueError as exc:
+        sub.error(str(exc))
     if not results:
-        print(f"{path}: no spool here (a spool is a directory holding manifest.json)", file=sys.stderr)
+        print(f"{args.path}: no spool here (a spool is a directory holding manifest.json)", file=sys.stderr)
         return 1
     for result in results:
-        print(json.dumps(result.to_json()) if as_json else result.describe())
+        print(json.dumps(result.to_json()) if args.json else result.describe())
     return 0 if all(r.ok for r in results) else 1
 
 
@@ -302,7 +306,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command in ("status", "health"):
         return _client_command(args, sub)
     if args.command == "replay":
-        return _replay(args.path, args.address, args.timeout, args.json)
+        return _replay(args, sub)
     try:
         config = config_from(args, os.environ)
     except ValueError as exc:
