@@ -1,7 +1,7 @@
 """A run directory on a disk that fills up, or that cannot be written: clear statuses, nothing lost.
 
 The test mounts small tmpfs filesystems inside the daemon's logdir (it runs as root), so that one run's disk
-fills while the rest of the logdir, and the daemon's state directory, stay writable (issue 5, acceptance 5).
+fills while the rest of the logdir, and the daemon's state directory, stay writable.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """The daemon away: training goes on at full speed, events wait in the spool, and arrive exactly once.
 
-Covers issue 5, acceptance 2 (daemon down for the whole run, `summaryd replay` twice) and the overflow
+Covers the daemon down for the whole run (`summaryd replay`, twice with `--keep`) and the overflow
 policies (`spill`, `drop_oldest`, `block`): counted, warned about at a limited rate, bounded in memory.
 """
 

@@ -1,4 +1,4 @@
-"""`summaryd.client.keras.SummaryCallback` in Keras' `model.fit` (issue 3), with real `tensorflow-cpu`.
+"""`summaryd.client.keras.SummaryCallback` in Keras' `model.fit`, with real `tensorflow-cpu`.
 
 Parity: one `fit` runs with both `tf.keras.callbacks.TensorBoard` writing locally and our callback writing
 through a real daemon, so both see the very same logs; TensorBoard's plugin-level reader (which turns our

@@ -1,4 +1,4 @@
-"""Issue 4: `add_embedding` writes the projector's files beside the run's event files, as torch's does.
+"""`add_embedding` writes the projector's files beside the run's event files, as torch's does.
 
 torch's `SummaryWriter` (local files) and ours (through a real daemon, `PutFile`) get the same calls; the
 projector's data files must be byte-identical and `projector_config.pbtxt` must hold the same `ProjectorConfig`.
