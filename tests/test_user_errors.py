@@ -120,6 +120,16 @@ def test_a_missing_token_file(tmp_path: Path) -> None:
     assert not (tmp_path / "runs").exists()
 
 
+def test_tls_files_that_cannot_be_used(tmp_path: Path) -> None:
+    """A certificate that is not PEM, and one that is missing: one line each naming the flags, nothing made."""
+    (tmp_path / "garbage.pem").write_text("garbage\n")
+    for cert, says in (("garbage.pem", "gRPC refused the certificate or key"), ("missing.pem", "missing.pem")):
+        tls = ["--tls-cert", str(tmp_path / cert), "--tls-key", str(tmp_path / cert)]
+        line = one_line(cli("serve", "--logdir", str(tmp_path / "runs"), "--listen", "127.0.0.1:0", *tls), 1)
+        assert says in line and "--tls-cert" in line
+    assert not (tmp_path / "runs").exists()
+
+
 def test_an_unknown_log_level_is_a_usage_error(tmp_path: Path) -> None:
     line = one_line(cli("serve", "--logdir", str(tmp_path / "runs"), "--log-level", "verbose"), 2)
     assert "--log-level 'verbose'" in line and "debug" in line

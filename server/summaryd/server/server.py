@@ -146,6 +146,12 @@ class Server:
                 port = 0
         if port == 0:
             reason = _bind_reason(captured[0])
+            if credentials is not None and reason is None:
+                # The core refuses a certificate or key it cannot use here, in the same call.
+                raise StartupError(
+                    f"cannot serve TLS: gRPC refused the certificate or key ({_core_message(captured[0])}); "
+                    "check --tls-cert and --tls-key (PEM files of a matching pair)"
+                )
             raise ListenError(
                 f"cannot listen on {config.listen}: {reason or 'the port is in use or the address is not this machine'}"
                 "; choose another with --listen (port 0 picks a free one)"
@@ -361,6 +367,15 @@ def _bind_reason(core_log: str) -> str | None:
     """The OS's reason in gRPC core's bind failure line, e.g. 'Address already in use'."""
     match = re.search(r"':\s*([^()':]+)\)\s*$", core_log.strip())
     return match.group(1).strip() if match else None
+
+
+def _core_message(core_log: str) -> str:
+    """The text of gRPC core's first log line, without its level, time, thread and source file."""
+    for line in core_log.splitlines():
+        text = line.split("] ", 1)[-1].strip()
+        if text:
+            return text
+    return "no reason given"
 
 
 @contextlib.contextmanager
