@@ -212,6 +212,25 @@ def test_unsupported_options_are_refused_with_a_reason(tf: Any, options: dict[st
     assert str(raised.value).startswith(message)
 
 
+@pytest.mark.parametrize(
+    ("log_dir", "address", "message"),
+    [
+        ("../up", None, "run path '../up/train' has an empty, '.' or '..' component"),
+        ("/abs", None, "run path '/abs/train' is absolute"),
+        ("ok", "http://localhost:6065", "address 'http://localhost:6065' is a URL"),
+    ],
+)
+def test_a_run_or_address_the_daemon_refuses_raises_at_once(
+    tf: Any, log_dir: str, address: str | None, message: str
+) -> None:
+    """When the callback is made, not at the first epoch when its writers are."""
+    from summaryd.client.keras import SummaryCallback
+
+    with pytest.raises(ValueError) as raised:
+        SummaryCallback(log_dir, address=address, worker="")
+    assert str(raised.value).startswith(message)
+
+
 # ---- a real TensorBoard serves the runs ------------------------------------------------------------------------
 
 SERVING = re.compile(r"TensorBoard \S+ at http://127\.0\.0\.1:(\d+)/")
