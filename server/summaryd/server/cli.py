@@ -23,6 +23,7 @@ if TYPE_CHECKING:
     from summaryd.client._channel import ChannelSettings
 
 ENV_PREFIX = "SUMMARYD_"
+# The client's default (summaryd.client._environment), named here for --help without importing the client.
 DEFAULT_ADDRESS = "localhost:6065"
 
 
@@ -191,16 +192,10 @@ def _message_json(message: Message) -> dict[str, Any]:
     for field in message.DESCRIPTOR.fields:
         value = getattr(message, field.name)
         if field.message_type is not None:
-            result[field.name] = (
-                [_message_json(item) for item in value] if _is_repeated(field) else _message_json(value)
-            )
+            result[field.name] = [_message_json(item) for item in value] if field.is_repeated else _message_json(value)
         else:
-            result[field.name] = list(value) if _is_repeated(field) else value
+            result[field.name] = list(value) if field.is_repeated else value
     return result
-
-
-def _is_repeated(field: Any) -> bool:
-    return bool(field.is_repeated)
 
 
 def _status(address: str, settings: ChannelSettings, timeout: float, as_json: bool) -> int:
