@@ -219,3 +219,14 @@ def test_replay_refuses_a_bad_address_in_one_line(tmp_path: Path) -> None:
         "summaryd replay: error: address 'http://localhost:6065' is a URL; give HOST:PORT (e.g. localhost:6065), "
         "HOST alone (port 6065), [IPv6]:PORT or unix:/PATH (see 'summaryd replay --help')"
     ]
+
+
+def test_replay_refuses_tls_settings_that_do_not_go_together(tmp_path: Path) -> None:
+    """A certificate without its key is the settings' fault, not the spool's: one usage line, nothing replayed."""
+    spool_root = tmp_path / "spool"
+    spool = _leave_a_spool(spool_root, unused_port())
+    result = _replay_cli(str(spool_root), env={"SUMMARYD_TLS_CERT": str(tmp_path / "client.pem")})
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    [line] = [line for line in result.stderr.splitlines() if line]
+    assert line.startswith("summaryd replay: error: a client certificate needs both")
+    assert spool.is_dir()

@@ -147,8 +147,10 @@ def replay(
     address each spool records; remove each spool the daemon confirmed whole unless `keep`.
 
     Raises:
-        ValueError: `address` (or `SUMMARYD_ADDRESS`) is not a daemon address.
+        ValueError: `address` (or `SUMMARYD_ADDRESS`) is not a daemon address, or the token and TLS variables
+            do not go together.
     """
+    settings = ChannelSettings.from_environment(environ=environ)
     if address:
         target: tuple[str, str] | None = (parse_address(address), "--address")
     elif environ.get("SUMMARYD_ADDRESS"):
@@ -158,14 +160,20 @@ def replay(
             raise ValueError(f"SUMMARYD_ADDRESS: {exc}") from None
     else:
         target = None
-    return [replay_spool(spool, target, timeout, keep=keep) for spool in find_spools(path)]
+    return [replay_spool(spool, target, timeout, keep=keep, settings=settings) for spool in find_spools(path)]
 
 
 def replay_spool(
-    directory: Path, target: tuple[str, str] | None = None, timeout: float = 30.0, *, keep: bool = False
+    directory: Path,
+    target: tuple[str, str] | None = None,
+    timeout: float = 30.0,
+    *,
+    keep: bool = False,
+    settings: ChannelSettings | None = None,
 ) -> ReplayResult:
     """Deliver one spool to `target` (an address and where it came from; default: the daemon its process was
-    logging to); then remove it unless `keep`."""
+    logging to) with `settings` (default: from the environment); then remove it unless `keep`."""
+    settings = settings or ChannelSettings.from_environment()
     if _goes_with_events(directory):
         directory = _events_of(directory)
     result = ReplayResult(str(directory))
@@ -178,9 +186,9 @@ def replay_spool(
         return result
     try:
         if directory.name.endswith(FILES_SUFFIX):
-            _replay_files_alone(directory, timeout, result)
+            _replay_files_alone(directory, timeout, result, settings)
         else:
-            _replay_locked(directory, timeout, result)
+            _replay_locked(directory, timeout, result, settings)
         if not keep and result.synced:
             _remove(files_spool_of(directory))
             _remove(directory)
@@ -206,19 +214,19 @@ def _address(result: ReplayResult, manifest: dict[str, Any]) -> None:
         result.address, result.address_from = str(manifest["address"]), RECORDED
 
 
-def _replay_locked(directory: Path, timeout: float, result: ReplayResult) -> None:
+def _replay_locked(directory: Path, timeout: float, result: ReplayResult, settings: ChannelSettings) -> None:
     files_spool = files_spool_of(directory)
     if not (files_spool / MANIFEST).is_file():
-        _replay_events(directory, timeout, result)
+        _replay_events(directory, timeout, result, settings)
         return
     files_lock = lock(files_spool)  # its process may still be writing it
     try:
-        _replay_events(directory, timeout, result)
+        _replay_events(directory, timeout, result, settings)
     finally:
         os.close(files_lock)
 
 
-def _replay_events(directory: Path, timeout: float, result: ReplayResult) -> None:
+def _replay_events(directory: Path, timeout: float, result: ReplayResult, settings: ChannelSettings) -> None:
     manifest = _manifest(directory, FORMAT)
     records = list(whole_records((directory / manifest["file"]).read_bytes()))
     events = records[1:]  # after the file_version record
@@ -231,7 +239,7 @@ def _replay_events(directory: Path, timeout: float, result: ReplayResult) -> Non
     if int(manifest.get("delivered_through", 0)) >= result.last_sequence and files is None:
         result.already, result.held, result.synced = True, len(events), True
         return
-    with open_channel(result.address, ChannelSettings.from_environment()) as ch:
+    with open_channel(result.address, settings) as ch:
         stub = pb_grpc.SummariesStub(ch)
         resumed = _resume(stub, manifest, first, result, timeout)
         if resumed is None:  # the session was closed: the daemon holds all it ever will
@@ -255,7 +263,7 @@ def _replay_events(directory: Path, timeout: float, result: ReplayResult) -> Non
     write_manifest(directory, manifest)
 
 
-def _replay_files_alone(directory: Path, timeout: float, result: ReplayResult) -> None:
+def _replay_files_alone(directory: Path, timeout: float, result: ReplayResult, settings: ChannelSettings) -> None:
     """A files spool whose session has no events spool: upload into that session (resumed, then closed), or
     into a new one of the same run when it was closed."""
     manifest = _manifest(directory, FILES_FORMAT)
@@ -265,7 +273,7 @@ def _replay_files_alone(directory: Path, timeout: float, result: ReplayResult) -
     if files is None:
         result.already, result.synced = True, True
         return
-    with open_channel(result.address, ChannelSettings.from_environment()) as ch:
+    with open_channel(result.address, settings) as ch:
         stub = pb_grpc.SummariesStub(ch)
         try:
             stub.OpenSession(open_request(manifest, 1, "summaryd-replay"), timeout=timeout)
