@@ -143,4 +143,6 @@ class SenderState:
         text = f"{exc.code().name}: {exc.details()}" if isinstance(exc, grpc.RpcError) else repr(exc)
         self._last_error = text
         self._error_passing = isinstance(exc, grpc.RpcError) and exc.code() in _PASSING
-        self._warn("daemon", f"daemon at {self.address} for run {self.run!r}: {text}")
+        # Say what becomes of the events, so that the line is not read as data lost.
+        then = "; the events are kept and sent when it answers" if self._error_passing else ""
+        self._warn("daemon", f"daemon at {self.address} for run {self.run!r}: {text}{then}")
