@@ -87,7 +87,8 @@ def test_a_state_dir_that_is_a_file(tmp_path: Path) -> None:
     result = cli(
         "serve", "--logdir", str(tmp_path / "runs"), "--state-dir", str(tmp_path / "state"), "--listen", "127.0.0.1:0"
     )
-    assert "cannot open the state directory" in one_line(result, 1)
+    assert "--state-dir" in one_line(result, 1) and "is a file" in result.stderr
+    assert not (tmp_path / "runs").exists()
 
 
 def test_a_port_in_use_creates_nothing(tmp_path: Path, taken_port: int) -> None:

@@ -339,6 +339,8 @@ def _open_state(config: Config) -> StateDir:
     logdir = config.logdir
     if os.path.exists(logdir) and not os.path.isdir(logdir):
         raise StartupError(f"--logdir {logdir} is a file; give a directory (it is created when missing)")
+    if config.state_dir and os.path.exists(config.state_dir) and not os.path.isdir(config.state_dir):
+        raise StartupError(f"--state-dir {config.state_dir} is a file; give a directory (it is created when missing)")
     try:
         os.makedirs(logdir, exist_ok=True)
     except OSError as exc:
