@@ -128,7 +128,7 @@ PLANS = {
 
 @dataclass(frozen=True)
 class Target:
-    """One target of issue 7: a figure measured in this run (a ratio unless `unit` says otherwise) against the
+    """One target: a figure measured in this run (a ratio unless `unit` says otherwise) against the
     bound it should meet."""
 
     name: str

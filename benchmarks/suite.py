@@ -266,7 +266,7 @@ def targets_table(targets: list[Target]) -> str:
         ]
         for t in targets
     ]
-    body = table(["target (issue 7, ratio of medians)", "measured", "target", "met"], rows, [False, True, True, True])
+    body = table(["target (ratio of medians)", "measured", "target", "met"], rows, [False, True, True, True])
     return "\n".join(["### Targets", "", body])
 
 

@@ -154,9 +154,12 @@ def assert_whole_records(path: Path) -> int:
     return len(records)
 
 
-def replay(path: Path, address: str, capsys: pytest.CaptureFixture[str] | None = None) -> list[dict[str, object]]:
-    """`summaryd replay PATH --address ADDRESS --json`: as a user runs it, or (with `capsys`) in this process."""
-    command = ["replay", str(path), "--address", address, "--json"]
+def replay(
+    path: Path, address: str, capsys: pytest.CaptureFixture[str] | None = None, *, keep: bool = False
+) -> list[dict[str, object]]:
+    """`summaryd replay PATH --address ADDRESS --json [--keep]`: as a user runs it, or (with `capsys`) in this
+    process."""
+    command = ["replay", str(path), "--address", address, "--json", *(["--keep"] if keep else [])]
     if capsys is None:
         argv = [sys.executable, "-m", "summaryd.server", *command]
         done = subprocess.run(argv, check=False, capture_output=True, text=True, timeout=120)

@@ -133,7 +133,7 @@ def test_status_lists_runs_and_sessions(daemon: Daemon) -> None:
     status = json.loads(out)
     assert [r["run_dir"] for r in status["runs"]] == ["watched"]
     [session] = status["sessions"]
-    assert session["run_dir"] == "watched" and session["events_written"] == "1"
-    assert session["client"]["pid"] == str(os.getpid())
+    assert session["run_dir"] == "watched" and session["events_written"] == 1
+    assert session["client"]["pid"] == os.getpid()
     writer.close()
     assert Path(daemon.logdir / "watched").is_dir()

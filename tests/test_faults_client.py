@@ -1,6 +1,6 @@
 """Client processes that die, go quiet, are terminated or exit carelessly; a daemon that hangs.
 
-Covers issue 5, acceptance 3 (a client SIGKILLed mid-run: what it had acknowledged is in the file, the daemon
+Covers a client SIGKILLed mid-run (what it had acknowledged is in the file, the daemon
 releases the session after its lease, a new session writes a new file that sorts last), the lease renewed by
 heartbeats, and the exit paths: SIGTERM and interpreter exit deliver (or spool), `close()` keeps its timeout
 against a daemon that stopped answering.

@@ -1,5 +1,4 @@
-"""DESIGN.md states the delivery guarantees in one table, and each row points at the tests that show it
-(issue 5, acceptance 7)."""
+"""DESIGN.md states the delivery guarantees in one table, and each row points at the tests that show it."""
 
 from __future__ import annotations
 
@@ -8,7 +7,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 
-# The faults of issue 5, each of which the table must answer.
+# The faults the delivery guarantees cover, each of which the table must answer.
 FAULTS = {
     "daemon sigkilled": r"daemon sigkilled",
     "daemon down": r"daemon down for the whole run",

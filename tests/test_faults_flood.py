@@ -1,4 +1,4 @@
-"""A flood from clients that never read their acks does not grow the daemon's memory (issue 5, acceptance 6).
+"""A flood from clients that never read their acks does not grow the daemon's memory.
 
 The daemon takes one message of a write stream at a time and answers it before reading the next, so a client
 that sends without reading meets HTTP/2 flow control: its writes wait in its own buffers, not the daemon's.

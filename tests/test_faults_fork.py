@@ -2,7 +2,7 @@
 
 Each worker process logs through the writer it inherited: it gets its own session (the parent's session,
 channel and threads are left alone in the child), delivers at its exit, and the parent's stream goes on
-undisturbed, in order and complete (issue 5, acceptance 4).
+undisturbed, in order and complete.
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 The daemon journals every batch (`<logdir>/.summaryd/open/*.journal`) before acknowledging it; at start-up it
 cuts each file it left open back to the last journaled end and restores the sessions' sequence numbers, so a
-resuming client's resend is deduplicated exactly (issue 5, acceptance 1).
+resuming client's resend is deduplicated exactly.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """The daemon away: training goes on at full speed, events wait in the spool, and arrive exactly once.
 
-Covers issue 5, acceptance 2 (daemon down for the whole run, `summaryd replay` twice) and the overflow
+Covers the daemon down for the whole run (`summaryd replay`, twice with `--keep`) and the overflow
 policies (`spill`, `drop_oldest`, `block`): counted, warned about at a limited rate, bounded in memory.
 """
 
@@ -75,10 +75,10 @@ def test_daemon_down_for_the_whole_run(tmp_path: Path, capsys: pytest.CaptureFix
             print(f"\n{steps} add_scalar calls: {down_secs:.3f}s with the daemon down, {up_secs:.3f}s with it up")
         assert down_secs < 2 * up_secs + 0.5
 
-        [first] = replay(spool, daemon.address)
+        [first] = replay(spool, daemon.address, keep=True)
         assert (first["ok"], first["sent"], first["held"], first["synced"]) == (True, steps, 0, True)
         assert logged_steps(daemon.logdir / "down") == list(range(steps))
-        [again] = replay(spool_root, daemon.address, capsys)
+        [again] = replay(spool_root, daemon.address, capsys, keep=True)
         assert (again["ok"], again["already"], again["sent"]) == (True, True, 0)
         # Even without the manifest's record of the first replay, the daemon itself writes nothing twice.
         manifest = json.loads((spool / "manifest.json").read_text())
@@ -86,6 +86,7 @@ def test_daemon_down_for_the_whole_run(tmp_path: Path, capsys: pytest.CaptureFix
         (spool / "manifest.json").write_text(json.dumps(manifest))
         [forgetful] = replay(spool, daemon.address, capsys)
         assert (forgetful["ok"], forgetful["sent"], forgetful["held"]) == (True, 0, steps)
+        assert forgetful["removed"] and not spool.exists()
         assert logged_steps(daemon.logdir / "down") == list(range(steps))
     finally:
         daemon.terminate()

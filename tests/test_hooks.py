@@ -1,4 +1,4 @@
-"""`SummarySaverHook` and `StepCounterHook` (issue 2, acceptance 4) against a real daemon, read back with
+"""`SummarySaverHook` and `StepCounterHook` against a real daemon, read back with
 TensorBoard's own readers.
 
 Every loop runs 30 steps of a global step created at 0 that the step function increments, as a

@@ -72,7 +72,7 @@ def test_errors_are_counted_by_status(tmp_path: Path) -> None:
     daemon = start_daemon(tmp_path, "--metrics-listen", "127.0.0.1:0")
     try:
         port = _metrics_port(daemon)
-        writer = SummaryWriter("../bad", address=daemon.address, worker="")
+        writer = SummaryWriter("d/" * 20 + "bad", address=daemon.address, worker="")
         writer.add_scalar("x", 1.0)
         assert writer.close(timeout=10).delivered == 0
         # The client may hear the refusal a moment before the daemon's interceptor has counted it.

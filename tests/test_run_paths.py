@@ -89,12 +89,14 @@ def test_good_nested_run_resolves_inside_the_logdir(daemon: Daemon) -> None:
     assert (daemon.logdir / "sweep" / "lr-0.1" / "rank-2").is_dir()
 
 
-def test_writer_on_a_bad_run_reports_the_refusal_without_raising(daemon: Daemon) -> None:
-    """The training loop never sees the error; close() reports what was refused and why."""
-    writer = SummaryWriter("../escape", address=daemon.address, worker="")
+def test_writer_on_a_run_over_the_daemons_limits_reports_the_refusal_without_raising(daemon: Daemon) -> None:
+    """A run path only the daemon's configuration refuses (deeper than --max-run-depth): the training loop never
+    sees the error; close() reports what was refused and why. (Paths no daemon takes raise at construction:
+    test_user_errors.py.)"""
+    writer = SummaryWriter("d/" * 20 + "run", address=daemon.address, worker="")
     for step in range(5):
         writer.add_scalar("loss", 1.0, step)
     report = writer.close(timeout=10)
     assert report.delivered == 0
     assert report.dropped == {"rejected": 5}
-    assert report.error is not None and "INVALID_ARGUMENT" in report.error and "'..'" in report.error
+    assert report.error is not None and "INVALID_ARGUMENT" in report.error and "--max-run-depth" in report.error

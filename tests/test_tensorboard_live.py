@@ -1,4 +1,4 @@
-"""A real TensorBoard serves what client processes log, while they are still logging (issue 2, item 3).
+"""A real TensorBoard serves what client processes log, while they are still logging.
 
 For each loader (`--load_fast=false`: the Python multiplexer; `--load_fast=true`: the Rust data server, which
 is what the default `auto` picks when the binary is installed) the test:

@@ -1,4 +1,4 @@
-"""The hooks inside TensorFlow's `MonitoredTrainingSession` (issue 3), with real `tensorflow-cpu`.
+"""The hooks inside TensorFlow's `MonitoredTrainingSession`, with real `tensorflow-cpu`.
 
 Parity: the same graph runs once under TensorFlow's own `SummarySaverHook` + `StepCounterHook` writing locally
 and once under ours through a real daemon; TensorBoard's readers must find the same tags, steps, summary kinds,

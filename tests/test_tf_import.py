@@ -1,4 +1,4 @@
-"""Which hook classes `summaryd.client` hands out when TensorFlow is absent or broken (issue 3).
+"""Which hook classes `summaryd.client` hands out when TensorFlow is absent or broken.
 
 These run in the quick tier, with or without TensorFlow installed: each starts a fresh interpreter that hides
 TensorFlow (`sys.modules["tensorflow"] = None`, which makes it unfindable) or shadows it with a package that

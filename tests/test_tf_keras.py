@@ -1,4 +1,4 @@
-"""`summaryd.client.keras.SummaryCallback` in Keras' `model.fit` (issue 3), with real `tensorflow-cpu`.
+"""`summaryd.client.keras.SummaryCallback` in Keras' `model.fit`, with real `tensorflow-cpu`.
 
 Parity: one `fit` runs with both `tf.keras.callbacks.TensorBoard` writing locally and our callback writing
 through a real daemon, so both see the very same logs; TensorBoard's plugin-level reader (which turns our
@@ -209,6 +209,25 @@ def test_unsupported_options_are_refused_with_a_reason(tf: Any, options: dict[st
 
     with pytest.raises(ValueError) as raised:
         SummaryCallback("refused", **options)
+    assert str(raised.value).startswith(message)
+
+
+@pytest.mark.parametrize(
+    ("log_dir", "address", "message"),
+    [
+        ("../up", None, "run path '../up/train' has an empty, '.' or '..' component"),
+        ("/abs", None, "run path '/abs/train' is absolute"),
+        ("ok", "http://localhost:6065", "address 'http://localhost:6065' is a URL"),
+    ],
+)
+def test_a_run_or_address_the_daemon_refuses_raises_at_once(
+    tf: Any, log_dir: str, address: str | None, message: str
+) -> None:
+    """When the callback is made, not at the first epoch when its writers are."""
+    from summaryd.client.keras import SummaryCallback
+
+    with pytest.raises(ValueError) as raised:
+        SummaryCallback(log_dir, address=address, worker="")
     assert str(raised.value).startswith(message)
 
 

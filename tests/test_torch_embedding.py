@@ -1,4 +1,4 @@
-"""Issue 4: `add_embedding` writes the projector's files beside the run's event files, as torch's does.
+"""`add_embedding` writes the projector's files beside the run's event files, as torch's does.
 
 torch's `SummaryWriter` (local files) and ours (through a real daemon, `PutFile`) get the same calls; the
 projector's data files must be byte-identical and `projector_config.pbtxt` must hold the same `ProjectorConfig`.
@@ -208,13 +208,14 @@ def test_projector_files_wait_in_the_spool_while_the_daemon_is_away(
 
     daemon = start_daemon(tmp_path)
     try:
-        [result] = replay(spool_root, daemon.address, capsys)
+        [result] = replay(spool_root, daemon.address, capsys, keep=True)
         assert (result["ok"], result["sent"], result["files"], result["synced"]) == (True, 1, len(expected) + 1, True)
         run = daemon.logdir / "exp"
         assert projector_files(run) == expected
         assert projector_config(run) == projector_config(tmp_path / "torch" / "exp")
         [again] = replay(spool_root, daemon.address, capsys)
         assert (again["ok"], again["already"], again["sent"], again["files"]) == (True, True, 0, 0)
+        assert again["removed"] and list(spool_root.iterdir()) == []
     finally:
         daemon.terminate()
 
@@ -236,7 +237,7 @@ def test_projector_files_spooled_alone_reach_their_run(tmp_path: Path, capsys: p
 
     daemon = start_daemon(tmp_path, logdir=daemon.logdir)
     try:
-        [result] = replay(spool_root, daemon.address, capsys)
+        [result] = replay(spool_root, daemon.address, capsys, keep=True)
         assert (result["ok"], result["files"], result["events"]) == (True, 3, 0)
         assert (daemon.logdir / "late" / "00000" / "default" / "tensors.tsv").read_text() == (
             "1.0\t0.0\t0.0\n0.0\t1.0\t0.0\n0.0\t0.0\t1.0\n"
@@ -245,6 +246,7 @@ def test_projector_files_spooled_alone_reach_their_run(tmp_path: Path, capsys: p
         assert (daemon.logdir / "late" / "projector_config.pbtxt").is_file()
         [again] = replay(spool_root, daemon.address, capsys)
         assert (again["ok"], again["already"], again["files"]) == (True, True, 0)
+        assert again["removed"] and list(spool_root.iterdir()) == []
     finally:
         daemon.terminate()
 

@@ -1,4 +1,4 @@
-"""Issue 4, acceptance 2: the caller's thread never encodes. Logging a large image (or histogram) runs exactly
+"""The caller's thread never encodes. Logging a large image (or histogram) runs exactly
 the same Python code on the caller's thread as logging a small one — a copy and a queue append — and every PNG
 encode and every bucketing runs on the sender thread.
 

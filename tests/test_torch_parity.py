@@ -1,4 +1,4 @@
-"""Issue 4, acceptance 1: every method of torch's `SummaryWriter`, called with the same arguments on torch's
+"""Every method of torch's `SummaryWriter`, called with the same arguments on torch's
 writer (local files) and on ours (through a real daemon), gives the same TensorBoard data.
 
 Both logdirs are read with TensorBoard's own loader and compared event by event: the same runs (relative

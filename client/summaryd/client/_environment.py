@@ -2,17 +2,79 @@
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-DEFAULT_ADDRESS = "localhost:6065"
+DEFAULT_PORT = 6065
+DEFAULT_ADDRESS = f"localhost:{DEFAULT_PORT}"
+_ADDRESS_FORMS = (
+    f"give HOST:PORT (e.g. localhost:{DEFAULT_PORT}), HOST alone (port {DEFAULT_PORT}), [IPv6]:PORT or unix:/PATH"
+)
 
 
 def resolve_address(address: str | None, environ: Mapping[str, str] = os.environ) -> str:
-    """The argument, else `SUMMARYD_ADDRESS`, else `localhost:6065`."""
-    return address or environ.get("SUMMARYD_ADDRESS") or DEFAULT_ADDRESS
+    """The argument, else `SUMMARYD_ADDRESS`, else `localhost:6065`; checked and completed by `parse_address`.
+
+    Raises:
+        ValueError: the address is not one the client can dial; the message says what to give.
+    """
+    if address:
+        return parse_address(address)
+    from_env = environ.get("SUMMARYD_ADDRESS")
+    if from_env:
+        try:
+            return parse_address(from_env)
+        except ValueError as exc:
+            raise ValueError(f"SUMMARYD_ADDRESS: {exc}") from None
+    return DEFAULT_ADDRESS
+
+
+def parse_address(address: str) -> str:
+    """The gRPC target of a daemon address: `HOST:PORT`, `HOST` alone (port 6065), `[IPv6]:PORT`, a bare IPv6
+    address, or `unix:/PATH` (a Unix socket, passed through).
+
+    Raises:
+        ValueError: a URL (`http://...`), a port that is not 1..65535, or no host; the message says what to give.
+    """
+    text = address.strip()
+    if text.startswith(("unix:", "unix-abstract:")):
+        if text.partition(":")[2].strip("/") == "":
+            raise ValueError(f"address {address!r} names no socket path; {_ADDRESS_FORMS}")
+        return text
+    if "://" in text:
+        raise ValueError(f"address {address!r} is a URL; {_ADDRESS_FORMS}")
+    if not text or any(c.isspace() or c in "/?#@" for c in text):
+        raise ValueError(f"address {address!r} is not a daemon address; {_ADDRESS_FORMS}")
+    if text.startswith("["):
+        host, bracket, rest = text[1:].partition("]")
+        if not bracket or (rest and not rest.startswith(":")):
+            raise ValueError(f"address {address!r}: an IPv6 address goes in brackets, e.g. [::1]:{DEFAULT_PORT}")
+        port_text = rest[1:] if rest else None
+        _check_ipv6(host, address)
+    elif text.count(":") > 1:  # a bare IPv6 address, without a port
+        host, port_text = text, None
+        _check_ipv6(host, address)
+    else:
+        host, colon, port_text_or_empty = text.partition(":")
+        port_text = port_text_or_empty if colon else None
+        if not host:
+            raise ValueError(f"address {address!r} names no host; {_ADDRESS_FORMS}")
+    port = DEFAULT_PORT
+    if port_text is not None:
+        if not port_text.isdigit() or not 1 <= int(port_text) <= 65535:
+            raise ValueError(f"address {address!r}: the port must be a number from 1 to 65535")
+        port = int(port_text)
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+def _check_ipv6(host: str, address: str) -> None:
+    try:
+        ipaddress.IPv6Address(host.split("%", 1)[0])
+    except ValueError:
+        raise ValueError(f"address {address!r}: {host!r} is not an IPv6 address; {_ADDRESS_FORMS}") from None
 
 
 @dataclass(frozen=True)

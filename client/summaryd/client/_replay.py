@@ -10,12 +10,18 @@ answers how far it got).
 The session's files spool (`<spool>.files`, projector files the daemon did not take) is uploaded in the same
 session, after its events and before the close; when the session was closed already, in a new session of the
 same run. A files spool without events is replayed alone the same way.
+
+Once the daemon has confirmed everything (the session is closed, its file synced), the spool is removed, unless
+`keep` asks to leave it (a later replay of a kept spool sends nothing). The daemon is the one given, else
+`SUMMARYD_ADDRESS`, else the one the spool's process was logging to; the result says which.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import shutil
 import socket
 import time
 import uuid
@@ -28,6 +34,7 @@ import grpc
 
 from summaryd.client._batch_fit import DaemonLimits
 from summaryd.client._channel import ChannelSettings, open_channel
+from summaryd.client._environment import parse_address
 from summaryd.client._spool import (
     FILES_FORMAT,
     FILES_SUFFIX,
@@ -44,6 +51,8 @@ from summaryd.v1 import summaryd_pb2 as pb
 from summaryd.v1 import summaryd_pb2_grpc as pb_grpc
 
 _BATCH_EVENTS = 1024
+RECORDED = "recorded in the spool"
+"""`ReplayResult.address_from` when the address is the one the spool's process was logging to."""
 _BATCH_BYTES = 1024 * 1024
 
 
@@ -55,6 +64,8 @@ class ReplayResult:
     session_id: str = ""
     run: str = ""
     address: str = ""
+    address_from: str = ""
+    """Where the address came from: `--address`, `SUMMARYD_ADDRESS`, or `RECORDED`."""
     events: int = 0
     """Events in the spool."""
     first_sequence: int = 0
@@ -68,6 +79,8 @@ class ReplayResult:
     """An earlier replay delivered everything (per the manifest); nothing was sent."""
     files: int = 0
     """Projector files uploaded from the session's files spool."""
+    removed: bool = False
+    """The daemon confirmed everything and the spool was deleted."""
     error: str | None = None
 
     @property
@@ -77,19 +90,22 @@ class ReplayResult:
     def describe(self) -> str:
         """One line for the terminal."""
         if self.error is not None:
-            return f"{self.path}: FAILED: {self.error}"
+            target = f" (daemon {self.address}, {self.address_from})" if self.address else ""
+            return f"{self.path}: FAILED{target}: {self.error}"
+        ending = "; spool removed" if self.removed else "; spool kept"
         if self.already:
             return (
                 f"{self.path}: already delivered ({self.events} events of run {self.run!r} through sequence "
-                f"{self.last_sequence}); nothing sent"
+                f"{self.last_sequence}); nothing sent{ending}"
             )
+        daemon = f"{self.address} ({self.address_from})"
         files = f"; uploaded {self.files} projector files" if self.files else ""
         if not self.events:
-            return f"{self.path}: uploaded {self.files} projector files of run {self.run!r} to {self.address}"
+            return f"{self.path}: uploaded {self.files} projector files of run {self.run!r} to {daemon}{ending}"
         return (
-            f"{self.path}: delivered {self.sent} events of run {self.run!r} to {self.address} (session "
+            f"{self.path}: delivered {self.sent} events of run {self.run!r} to {daemon} (session "
             f"{self.session_id}, sequences {self.first_sequence}..{self.last_sequence}); {self.held} were there "
-            f"already; {'synced' if self.synced else 'NOT synced'}{files}"
+            f"already; {'synced' if self.synced else 'NOT synced'}{files}{ending}"
         )
 
     def to_json(self) -> dict[str, Any]:
@@ -119,16 +135,50 @@ def _events_of(spool: Path) -> Path:
     return spool.with_name(spool.name.removesuffix(FILES_SUFFIX))
 
 
-def replay(path: Path, address: str | None = None, timeout: float = 30.0) -> list[ReplayResult]:
-    """Replay every spool at `path` (a spool, or a spool root)."""
-    return [replay_spool(spool, address, timeout) for spool in find_spools(path)]
+def replay(
+    path: Path,
+    address: str | None = None,
+    timeout: float = 30.0,
+    *,
+    keep: bool = False,
+    environ: dict[str, str] | os._Environ[str] = os.environ,
+) -> list[ReplayResult]:
+    """Replay every spool at `path` (a spool, or a spool root) to `address`, else `SUMMARYD_ADDRESS`, else the
+    address each spool records; remove each spool the daemon confirmed whole unless `keep`.
+
+    Raises:
+        ValueError: `address` (or `SUMMARYD_ADDRESS`) is not a daemon address, or the token and TLS variables
+            do not go together.
+    """
+    settings = ChannelSettings.from_environment(environ=environ)
+    if address:
+        target: tuple[str, str] | None = (parse_address(address), "--address")
+    elif environ.get("SUMMARYD_ADDRESS"):
+        try:
+            target = (parse_address(environ["SUMMARYD_ADDRESS"]), "SUMMARYD_ADDRESS")
+        except ValueError as exc:
+            raise ValueError(f"SUMMARYD_ADDRESS: {exc}") from None
+    else:
+        target = None
+    return [replay_spool(spool, target, timeout, keep=keep, settings=settings) for spool in find_spools(path)]
 
 
-def replay_spool(directory: Path, address: str | None = None, timeout: float = 30.0) -> ReplayResult:
-    """Deliver one spool to `address` (default: the daemon its process was logging to)."""
+def replay_spool(
+    directory: Path,
+    target: tuple[str, str] | None = None,
+    timeout: float = 30.0,
+    *,
+    keep: bool = False,
+    settings: ChannelSettings | None = None,
+) -> ReplayResult:
+    """Deliver one spool to `target` (an address and where it came from; default: the daemon its process was
+    logging to) with `settings` (default: from the environment); then remove it unless `keep`."""
+    settings = settings or ChannelSettings.from_environment()
     if _goes_with_events(directory):
         directory = _events_of(directory)
     result = ReplayResult(str(directory))
+    if target is not None:
+        result.address, result.address_from = target
     try:
         lock_fd = lock(directory)
     except (SpoolLockedError, OSError) as exc:
@@ -136,9 +186,13 @@ def replay_spool(directory: Path, address: str | None = None, timeout: float = 3
         return result
     try:
         if directory.name.endswith(FILES_SUFFIX):
-            _replay_files_alone(directory, address, timeout, result)
+            _replay_files_alone(directory, timeout, result, settings)
         else:
-            _replay_locked(directory, address, timeout, result)
+            _replay_locked(directory, timeout, result, settings)
+        if not keep and result.synced:
+            _remove(files_spool_of(directory))
+            _remove(directory)
+            result.removed = True
     except (OSError, ValueError, KeyError) as exc:
         result.error = f"unreadable spool: {exc}"
     except grpc.RpcError as exc:
@@ -148,32 +202,44 @@ def replay_spool(directory: Path, address: str | None = None, timeout: float = 3
     return result
 
 
-def _replay_locked(directory: Path, address: str | None, timeout: float, result: ReplayResult) -> None:
+def _remove(spool: Path) -> None:
+    """Delete a delivered spool: the manifest first, so that a half-deleted spool is never replayed."""
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(spool / MANIFEST)
+    shutil.rmtree(spool, ignore_errors=True)
+
+
+def _address(result: ReplayResult, manifest: dict[str, Any]) -> None:
+    if not result.address:
+        result.address, result.address_from = str(manifest["address"]), RECORDED
+
+
+def _replay_locked(directory: Path, timeout: float, result: ReplayResult, settings: ChannelSettings) -> None:
     files_spool = files_spool_of(directory)
     if not (files_spool / MANIFEST).is_file():
-        _replay_events(directory, address, timeout, result)
+        _replay_events(directory, timeout, result, settings)
         return
     files_lock = lock(files_spool)  # its process may still be writing it
     try:
-        _replay_events(directory, address, timeout, result)
+        _replay_events(directory, timeout, result, settings)
     finally:
         os.close(files_lock)
 
 
-def _replay_events(directory: Path, address: str | None, timeout: float, result: ReplayResult) -> None:
+def _replay_events(directory: Path, timeout: float, result: ReplayResult, settings: ChannelSettings) -> None:
     manifest = _manifest(directory, FORMAT)
     records = list(whole_records((directory / manifest["file"]).read_bytes()))
     events = records[1:]  # after the file_version record
     first = int(manifest["first_sequence"])
     result.session_id, result.run = manifest["session_id"], manifest["run"]
-    result.address = address or manifest["address"]
+    _address(result, manifest)
     result.events, result.first_sequence, result.last_sequence = len(events), first, first + len(events) - 1
     files_spool = files_spool_of(directory)
     files = _pending_files(files_spool)
     if int(manifest.get("delivered_through", 0)) >= result.last_sequence and files is None:
         result.already, result.held, result.synced = True, len(events), True
         return
-    with open_channel(result.address, ChannelSettings.from_environment()) as ch:
+    with open_channel(result.address, settings) as ch:
         stub = pb_grpc.SummariesStub(ch)
         resumed = _resume(stub, manifest, first, result, timeout)
         if resumed is None:  # the session was closed: the daemon holds all it ever will
@@ -197,17 +263,17 @@ def _replay_events(directory: Path, address: str | None, timeout: float, result:
     write_manifest(directory, manifest)
 
 
-def _replay_files_alone(directory: Path, address: str | None, timeout: float, result: ReplayResult) -> None:
+def _replay_files_alone(directory: Path, timeout: float, result: ReplayResult, settings: ChannelSettings) -> None:
     """A files spool whose session has no events spool: upload into that session (resumed, then closed), or
     into a new one of the same run when it was closed."""
     manifest = _manifest(directory, FILES_FORMAT)
     result.session_id, result.run = manifest["session_id"], manifest["run"]
-    result.address = address or manifest["address"]
+    _address(result, manifest)
     files = _pending_files(directory)
     if files is None:
         result.already, result.synced = True, True
         return
-    with open_channel(result.address, ChannelSettings.from_environment()) as ch:
+    with open_channel(result.address, settings) as ch:
         stub = pb_grpc.SummariesStub(ch)
         try:
             stub.OpenSession(open_request(manifest, 1, "summaryd-replay"), timeout=timeout)

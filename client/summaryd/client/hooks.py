@@ -28,6 +28,7 @@ from tensorboard.compat.proto.event_pb2 import SessionLog
 from tensorboard.compat.proto.summary_pb2 import Summary
 
 from summaryd.client.writer import SummaryWriter
+from summaryd.v1.runpath import run_dir_parts
 
 log = logging.getLogger("summaryd.client")
 
@@ -302,6 +303,14 @@ def _check_writer(summary_writer: Any) -> None:
         )
 
 
+def _checked_output_dir(output_dir: str | None) -> str | None:
+    """`output_dir` when the daemon would accept it as a run path; a ValueError saying what to change if not
+    (raised when the hook is made, not when the first summary is dropped)."""
+    if output_dir:
+        run_dir_parts(str(output_dir), max_bytes=None, max_depth=None)
+    return output_dir
+
+
 def _writer_for(summary_writer: SummaryWriter | None, output_dir: str | None, graph: Any) -> SummaryWriter | None:
     if summary_writer is None and output_dir:
         return SummaryWriterCache.get(output_dir, graph)
@@ -354,7 +363,7 @@ class PlainSummarySaverHook(_PlainHookBase):
             raise ValueError("Exactly one of scaffold or summary_op must be provided.")
         self._summary_op = summary_op
         self._summary_writer: Any = summary_writer
-        self._output_dir = output_dir
+        self._output_dir = _checked_output_dir(output_dir)
         self._scaffold = scaffold
         self._timer = SecondOrStepTimer(every_secs=save_secs, every_steps=save_steps)
         _check_writer(summary_writer)  # after TensorFlow's own argument checks, which come first there
@@ -428,7 +437,7 @@ class PlainStepCounterHook(_PlainHookBase):
         self._timer = SecondOrStepTimer(every_steps=every_n_steps, every_secs=every_n_secs)
         _check_writer(summary_writer)
         self._summary_writer: Any = summary_writer
-        self._output_dir = output_dir
+        self._output_dir = _checked_output_dir(output_dir)
         self._last_global_step: int | None = None
         self._steps_per_run = 1
         self._global_step: Any = None

@@ -31,8 +31,9 @@ import tensorflow as tf
 from tensorboard.compat.proto.summary_pb2 import Summary, SummaryMetadata
 from tensorboard.util import tensor_util
 
-from summaryd.client._environment import detect_worker
+from summaryd.client._environment import detect_worker, resolve_address
 from summaryd.client.writer import SummaryWriter
+from summaryd.v1.runpath import run_dir_parts
 
 
 def _scalar(value: Any) -> float:
@@ -116,6 +117,10 @@ class SummaryCallback(tf.keras.callbacks.Callback):  # type: ignore[misc]
         self._address = address
         base = posixpath.join(self.log_dir, self.worker) if self.worker else self.log_dir
         self._run_dirs = {"train": posixpath.join(base, "train"), "validation": posixpath.join(base, "validation")}
+        # What the daemon would refuse fails here, as SummaryWriter's own checks do, not at the first epoch.
+        for run in self._run_dirs.values():
+            run_dir_parts(run, max_bytes=None, max_depth=None)
+        resolve_address(address)
         self._writers: dict[str, SummaryWriter] = {}
         self._training = False
         self._global_train_batch = 0

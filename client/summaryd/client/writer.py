@@ -102,7 +102,7 @@ class SummaryWriter:
 
     Args:
         log_dir: run path relative to the daemon's logdir.
-        address: daemon `host:port`; default `SUMMARYD_ADDRESS`, else `localhost:6065`.
+        address: daemon `host:port` (`host` alone: port 6065); default `SUMMARYD_ADDRESS`, else `localhost:6065`.
         worker: worker label; `""` forces a single writer even in a larger job.
         world_size: number of processes in the job (default from the environment).
         comment: appended to the default `log_dir`, as in torch.
@@ -111,6 +111,11 @@ class SummaryWriter:
         max_queue, flush_secs, filename_suffix: accepted for compatibility; events are shipped within
             `linger_secs` and the daemon names the files.
         sender_options: passed to `Sender` (queue bound, batch sizes, timeouts).
+
+    Raises:
+        ValueError: a run path or worker label the daemon refuses (absolute, with `..`, under `.summaryd`, with
+            control characters), or an address it cannot dial (a URL, a port outside 1..65535); the message says
+            what to give.
     """
 
     def __init__(

@@ -5,18 +5,40 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import difflib
+import importlib.metadata
 import json
 import logging
 import os
 import sys
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from summaryd.server.config import Config, fields
 from summaryd.server.logs import configure_logging
 
+if TYPE_CHECKING:
+    from google.protobuf.message import Message
+
+    from summaryd.client._channel import ChannelSettings
+
 ENV_PREFIX = "SUMMARYD_"
+# The client's default (summaryd.client._environment), named here for --help without importing the client.
 DEFAULT_ADDRESS = "localhost:6065"
+
+
+class _Parser(argparse.ArgumentParser):
+    """Usage errors are one line that names the command and where its help is, not a screen of usage."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message} (see '{self.prog} --help')\n")
+
+
+def _version() -> str:
+    try:
+        return importlib.metadata.version("summaryd")
+    except importlib.metadata.PackageNotFoundError:  # run from a source tree that was never installed
+        return "unknown"
 
 
 def _env_name(name: str) -> str:
@@ -67,12 +89,14 @@ def config_from(args: argparse.Namespace, environ: dict[str, str] | os._Environ[
     return Config(**values)
 
 
-def _build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+def _build_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParser]]:
+    """The top-level parser and each command's."""
+    parser = _Parser(
         prog="summaryd",
         description="summaryd: one daemon writes the TensorBoard event files of many training processes.",
     )
-    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    parser.add_argument("--version", action="version", version=f"summaryd {_version()}")
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND", parser_class=_Parser)
     serve = commands.add_parser(
         "serve",
         help="run the daemon",
@@ -80,46 +104,110 @@ def _build_parser() -> argparse.ArgumentParser:
         "Every flag can also be set by the environment variable shown.",
     )
     _add_config_flags(serve)
-    for name, text in (("status", "show runs and sessions of a running daemon"), ("health", "check a daemon")):
-        sub = commands.add_parser(name, help=text, description=text)
+    subs: dict[str, argparse.ArgumentParser] = {"serve": serve}
+    for name, text in (
+        ("status", "show the open runs and live sessions of a running daemon"),
+        ("health", "check a daemon"),
+    ):
+        sub = subs[name] = commands.add_parser(
+            name,
+            help=text,
+            description=f"{text[0].upper()}{text[1:]}. Token and TLS come from the flags, else the variables the "
+            "client reads (SUMMARYD_TOKEN, SUMMARYD_TLS_CA, SUMMARYD_TLS_CERT, SUMMARYD_TLS_KEY, SUMMARYD_TLS=1).",
+        )
         sub.add_argument(
             "--address",
-            default=os.environ.get(ENV_PREFIX + "ADDRESS", DEFAULT_ADDRESS),
-            help=f"daemon address (env {ENV_PREFIX}ADDRESS, default {DEFAULT_ADDRESS})",
+            default=None,
+            help=f"daemon HOST:PORT (env {ENV_PREFIX}ADDRESS, default {DEFAULT_ADDRESS})",
         )
+        _add_channel_flags(sub)
         sub.add_argument("--timeout", type=float, default=5.0, help="seconds to wait for the answer")
         if name == "status":
-            sub.add_argument("--json", action="store_true", help="print JSON for scripts")
-    replay = commands.add_parser(
+            sub.add_argument("--json", action="store_true", help="print one JSON object (schema in README)")
+    replay = subs["replay"] = commands.add_parser(
         "replay",
         help="deliver spooled events (and projector files) a client left behind",
         description="Deliver the events a client spooled while the daemon was away, exactly once: what the "
         "daemon holds already is skipped, so replaying twice writes nothing twice. The projector files kept "
-        "beside them (SESSION.files) are uploaded in the same session. PATH is one spool (a directory with "
-        "manifest.json) or a spool root holding several (SUMMARYD_SPOOL_DIR, by default "
-        "~/.cache/summaryd/spool).",
+        "beside them (SESSION.files) are uploaded in the same session. A spool the daemon confirmed whole is "
+        "removed (unless --keep). PATH is one spool (a directory with manifest.json) or a spool root holding several "
+        "(SUMMARYD_SPOOL_DIR, by default ~/.cache/summaryd/spool). Token and TLS as for the client "
+        "(SUMMARYD_TOKEN, SUMMARYD_TLS_*).",
     )
     replay.add_argument("path", metavar="PATH", help="a spool directory, or a directory of spools")
-    replay.add_argument("--address", default=None, help="daemon address (default: the one the client was logging to)")
+    replay.add_argument(
+        "--address",
+        default=None,
+        help=f"daemon HOST:PORT (default {ENV_PREFIX}ADDRESS, else the address the client was logging to)",
+    )
     replay.add_argument("--timeout", type=float, default=30.0, help="seconds each call may take")
     replay.add_argument("--json", action="store_true", help="print one JSON object per spool")
-    return parser
+    replay.add_argument("--keep", action="store_true", help="keep a delivered spool (replaying it again sends nothing)")
+    return parser, subs
 
 
-def _status(address: str, timeout: float, as_json: bool) -> int:
-    import grpc
-    from google.protobuf.json_format import MessageToDict
+def _add_channel_flags(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--token", default=None, help="bearer token (env SUMMARYD_TOKEN)")
+    parser.add_argument(
+        "--tls-ca", default=None, metavar="FILE", help="PEM CA bundle of the daemon (env SUMMARYD_TLS_CA)"
+    )
+    parser.add_argument(
+        "--tls-cert", default=None, metavar="FILE", help="PEM client certificate (env SUMMARYD_TLS_CERT)"
+    )
+    parser.add_argument("--tls-key", default=None, metavar="FILE", help="PEM key of --tls-cert (env SUMMARYD_TLS_KEY)")
 
+
+def _channel_settings(args: argparse.Namespace) -> ChannelSettings:
+    from summaryd.client._channel import ChannelSettings
+
+    return ChannelSettings.from_environment(
+        token=args.token, tls_ca=args.tls_ca, tls_cert=args.tls_cert, tls_key=args.tls_key
+    )
+
+
+def _call(address: str, settings: ChannelSettings, call: str, timeout: float) -> Message:
+    """One unary call (`status` or `health`) over a channel with the client's token and TLS.
+
+    Raises:
+        grpc.RpcError: the daemon could not be reached or refused the call.
+    """
+    from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+    from summaryd.client._channel import open_channel
     from summaryd.v1 import summaryd_pb2 as pb
     from summaryd.v1 import summaryd_pb2_grpc as pb_grpc
 
-    with grpc.insecure_channel(address) as channel:
-        status = pb_grpc.SummariesStub(channel).GetStatus(pb.GetStatusRequest(), timeout=timeout)
+    with open_channel(address, settings) as channel:
+        if call == "status":
+            answer: Message = pb_grpc.SummariesStub(channel).GetStatus(pb.GetStatusRequest(), timeout=timeout)
+        else:
+            answer = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=timeout)
+    return answer
+
+
+def _message_json(message: Message) -> dict[str, Any]:
+    """Every field of `message` by its proto name, always present: integers as JSON numbers (64-bit ones too),
+    strings, floats, booleans, nested messages as objects and repeated fields as lists."""
+    result: dict[str, Any] = {}
+    for field in message.DESCRIPTOR.fields:
+        value = getattr(message, field.name)
+        if field.message_type is not None:
+            result[field.name] = [_message_json(item) for item in value] if field.is_repeated else _message_json(value)
+        else:
+            result[field.name] = list(value) if field.is_repeated else value
+    return result
+
+
+def _status(address: str, settings: ChannelSettings, timeout: float, as_json: bool) -> int:
+    from summaryd.v1 import summaryd_pb2 as pb
+
+    status = _call(address, settings, "status", timeout)
+    assert isinstance(status, pb.GetStatusResponse)
     if as_json:
-        print(json.dumps(MessageToDict(status, preserving_proto_field_name=True), indent=2))
+        print(json.dumps({"address": address, **_message_json(status)}, indent=2))
         return 0
     print(f"logdir {status.logdir}  (summaryd {status.version})")
-    print(f"{'RUN':<40} {'FILE':<58} {'EVENTS':>9} {'BYTES':>11} {'SESSIONS':>8}")
+    print(f"{'OPEN RUN':<40} {'FILE':<58} {'EVENTS':>9} {'BYTES':>11} {'SESSIONS':>8}")
     for run in status.runs:
         print(
             f"{run.run_dir:<40} {run.event_file or '-':<58} {run.events_written:>9} {run.bytes_written:>11} "
@@ -135,68 +223,98 @@ def _status(address: str, timeout: float, as_json: bool) -> int:
             f"{s.session_id:<36} {s.run_dir:<30} {s.worker or '-':<10} {s.client.host:<16} {s.client.pid:>7} "
             f"{s.events_written:>9} {s.acked_sequence:>9} {s.idle_seconds:>7.1f}s"
         )
+    open_files = sum(1 for run in status.runs if run.event_file)
     print(
-        f"\n{len(status.runs)} runs, {len(status.sessions)} sessions, "
-        f"{sum(1 for run in status.runs if run.event_file)} open files"
+        f"\n{_count(len(status.runs), 'open run')} (with a live session or an open event file; finished runs "
+        f"stay in the logdir), {_count(len(status.sessions), 'live session')}, {_count(open_files, 'open file')}"
     )
     return 0
 
 
-def _health(address: str, timeout: float) -> int:
-    import grpc
-    from grpc_health.v1 import health_pb2, health_pb2_grpc
+def _count(n: int, what: str) -> str:
+    return f"{n} {what}{'' if n == 1 else 's'}"
 
-    try:
-        with grpc.insecure_channel(address) as channel:
-            answer = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=timeout)
-    except grpc.RpcError as exc:
-        print(f"summaryd at {address}: {exc.code().name}: {exc.details()}", file=sys.stderr)
-        return 1
+
+def _health(address: str, settings: ChannelSettings, timeout: float) -> int:
+    from grpc_health.v1 import health_pb2
+
+    answer = _call(address, settings, "health", timeout)
+    assert isinstance(answer, health_pb2.HealthCheckResponse)
     name = health_pb2.HealthCheckResponse.ServingStatus.Name(answer.status)
     print(f"summaryd at {address}: {name}")
     return 0 if answer.status == health_pb2.HealthCheckResponse.SERVING else 1
 
 
-def _replay(path: str, address: str | None, timeout: float, as_json: bool) -> int:
+def _client_command(args: argparse.Namespace, sub: argparse.ArgumentParser) -> int:
+    """`status` or `health`: every failure is one line on stderr."""
+    import grpc
+
+    from summaryd.client._environment import resolve_address
+
+    try:
+        address = resolve_address(args.address)
+        settings = _channel_settings(args)
+    except ValueError as exc:
+        sub.error(str(exc))
+    try:
+        if args.command == "status":
+            return _status(address, settings, args.timeout, args.json)
+        return _health(address, settings, args.timeout)
+    except grpc.RpcError as exc:
+        code = exc.code() if isinstance(exc, grpc.Call) else None
+        details = exc.details() if isinstance(exc, grpc.Call) else str(exc)
+        print(f"summaryd at {address}: {code.name if code else 'ERROR'}: {details}", file=sys.stderr)
+    except OSError as exc:  # a TLS file that cannot be read
+        print(f"summaryd {args.command}: {exc.strerror or exc}: {exc.filename}", file=sys.stderr)
+    return 1
+
+
+def _replay(args: argparse.Namespace, sub: argparse.ArgumentParser) -> int:
     from pathlib import Path
 
     from summaryd.client._replay import replay
 
-    results = replay(Path(path), address, timeout)
+    try:
+        results = replay(Path(args.path), args.address, args.timeout, keep=args.keep)
+    except ValueError as exc:
+        sub.error(str(exc))
     if not results:
-        print(f"{path}: no spool here (a spool is a directory holding manifest.json)", file=sys.stderr)
+        print(f"{args.path}: no spool here (a spool is a directory holding manifest.json)", file=sys.stderr)
         return 1
     for result in results:
-        print(json.dumps(result.to_json()) if as_json else result.describe())
+        print(json.dumps(result.to_json()) if args.json else result.describe())
     return 0 if all(r.ok for r in results) else 1
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the `summaryd` console script."""
-    parser = _build_parser()
-    args = parser.parse_args(argv)
-    if args.command == "status":
-        return _status(args.address, args.timeout, args.json)
-    if args.command == "health":
-        return _health(args.address, args.timeout)
+    parser, subs = _build_parser()
+    args, unknown = parser.parse_known_args(argv)
+    sub = subs[args.command]
+    if unknown:
+        # Told by the command's parser, not the top-level one: its help is where the right flag is.
+        known = [option for action in sub._actions for option in action.option_strings]
+        hints = [match for flag in unknown for match in difflib.get_close_matches(flag.split("=")[0], known, 1)]
+        sub.error(
+            f"unrecognized arguments: {' '.join(unknown)}" + (f"; did you mean {', '.join(hints)}?" if hints else "")
+        )
+    if args.command in ("status", "health"):
+        return _client_command(args, sub)
     if args.command == "replay":
-        return _replay(args.path, args.address, args.timeout, args.json)
+        return _replay(args, sub)
     try:
         config = config_from(args, os.environ)
     except ValueError as exc:
-        parser.error(str(exc))
+        sub.error(str(exc))
     configure_logging(config.log_level, config.log_format)
-    from summaryd.server.server import ListenError, run
+    from summaryd.server.server import StartupError, run
     from summaryd.server.state import StateLockedError
 
     log = logging.getLogger("summaryd")
     log.debug("config %s", dataclasses.asdict(config))
     try:
         run(config)
-    except StateLockedError as exc:
-        log.error("%s", exc)
-        return 1
-    except ListenError as exc:
+    except (StartupError, StateLockedError) as exc:
         log.error("%s", exc)
         return 1
     return 0

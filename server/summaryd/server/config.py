@@ -14,6 +14,7 @@ from summaryd.server.limits import Limits, flag
 
 # How far beyond --max-message-bytes a message still reaches the service (which refuses it naming the flag).
 MESSAGE_SLACK_BYTES = 4 * 1024 * 1024
+LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
 # HTTP/2's initial window; a smaller one only slows every stream down.
 MIN_STREAM_WINDOW_BYTES = 65_535
 
@@ -134,6 +135,8 @@ class Config:
             raise ValueError("TLS needs both --tls-cert and --tls-key")
         if self.tls_client_ca and not self.tls_cert:
             raise ValueError("--tls-client-ca needs --tls-cert and --tls-key (mutual TLS is TLS first)")
+        if self.log_level.lower() not in LOG_LEVELS:
+            raise ValueError(f"--log-level {self.log_level!r}: use one of {', '.join(LOG_LEVELS)}")
         if self.log_format not in ("text", "json"):
             raise ValueError(f"--log-format {self.log_format!r}: use 'text' or 'json'")
         if not (self.is_loopback or self.token_file or self.tls_cert or self.insecure):

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
+from summaryd.v1.runpath import RunPathError
 
-class RunPathError(ValueError):
-    """A run path or worker label that would leave the logdir or is not a plain relative path."""
+__all__ = ["REFUSED_SEQUENCE_KEY", "EventError", "LimitError", "RunPathError"]
 
 
 class EventError(ValueError):

@@ -1,9 +1,8 @@
 """Run paths: what a client may name, and opening that directory without ever leaving the logdir.
 
-A run path is relative to the logdir, `/`-separated, normalised (no empty, `.` or `..` parts), free of control
-characters and backslashes, and bounded in length and depth. The directories are walked one component at a
-time with `O_NOFOLLOW` relative to the parent's descriptor, so a symlink anywhere on the way (even one created
-after the path was checked) is refused instead of followed.
+What a client may name follows `summaryd.v1.runpath`'s rules, which the client checks too. The directories are
+walked one component at a time with `O_NOFOLLOW` relative to the parent's descriptor, so a symlink anywhere on the
+way (even one created after the path was checked) is refused instead of followed.
 """
 
 from __future__ import annotations
@@ -11,62 +10,11 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
-import unicodedata
 
 from summaryd.server.errors import RunPathError
+from summaryd.v1.runpath import MAX_DEPTH, MAX_RUN_PATH_BYTES, run_dir_parts, validate_run, validate_worker
 
-MAX_RUN_PATH_BYTES = 1024
-MAX_COMPONENT_BYTES = 255
-MAX_DEPTH = 16
-MAX_WORKER_BYTES = 128
-
-
-def _check_component(part: str, what: str) -> None:
-    if part in ("", ".", ".."):
-        raise RunPathError(f"{what} has an empty, '.' or '..' component; give a plain relative path like 'exp/lr-0.1'")
-    if len(part.encode()) > MAX_COMPONENT_BYTES:
-        raise RunPathError(f"{what} has a component longer than {MAX_COMPONENT_BYTES} bytes")
-    for char in part:
-        if char == "\\" or unicodedata.category(char) in ("Cc", "Cf", "Cs", "Co", "Cn", "Zl", "Zp"):
-            raise RunPathError(
-                f"{what} contains the character U+{ord(char):04X}; use printable characters without backslashes"
-            )
-
-
-def validate_run(run: str, max_bytes: int = MAX_RUN_PATH_BYTES, max_depth: int = MAX_DEPTH) -> list[str]:
-    """Check a client's run path (at most `max_bytes` long and `max_depth` directories deep); return its parts.
-
-    Raises:
-        RunPathError: with a message that says what to change.
-    """
-    if not run:
-        raise RunPathError("run path is empty; name the run, e.g. 'exp1'")
-    size = len(run.encode())
-    if size > max_bytes:
-        raise RunPathError(
-            f"run path is {size} bytes, over the limit of {max_bytes} bytes (--max-run-path-bytes); name a shorter run"
-        )
-    if run.startswith("/"):
-        raise RunPathError(f"run path {run!r} is absolute; give a path relative to the daemon's logdir")
-    if unicodedata.normalize("NFC", run) != run:
-        raise RunPathError(f"run path {run!r} is not in Unicode normal form NFC")
-    parts = run.rstrip("/").split("/")
-    if len(parts) > max_depth:
-        raise RunPathError(
-            f"run path {run!r} is deeper than {max_depth} directories ({len(parts)}), the limit (--max-run-depth)"
-        )
-    for part in parts:
-        _check_component(part, f"run path {run!r}")
-    return parts
-
-
-def validate_worker(worker: str) -> None:
-    """Check a worker label: one path component, such as `rank-3` or `worker-0`."""
-    if len(worker.encode()) > MAX_WORKER_BYTES:
-        raise RunPathError(f"worker label is longer than {MAX_WORKER_BYTES} bytes")
-    if "/" in worker:
-        raise RunPathError(f"worker label {worker!r} contains '/'; use a single name like 'rank-3'")
-    _check_component(worker, f"worker label {worker!r}")
+__all__ = ["MAX_DEPTH", "MAX_RUN_PATH_BYTES", "open_run_dir", "run_dir_parts", "validate_run", "validate_worker"]
 
 
 def open_run_dir(logdir_fd: int, parts: list[str]) -> int:

@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
+import re
 import signal
 import sys
-from collections.abc import Callable
+import tempfile
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -33,8 +36,12 @@ log = logging.getLogger(__name__)
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["Summaries"].full_name
 
 
-class ListenError(OSError):
-    """The gRPC address could not be bound."""
+class StartupError(Exception):
+    """The daemon cannot start; the message says what to change (the CLI prints it as one line)."""
+
+
+class ListenError(StartupError):
+    """The gRPC or metrics address could not be bound."""
 
 
 class Server:
@@ -46,6 +53,7 @@ class Server:
         self.auth: AuthInterceptor | None = None
         self.metrics = Metrics()
         self.metrics_port: int | None = None
+        self._service: SummariesService | None = None
         self._stop = asyncio.Event()
         self._started = asyncio.Event()
 
@@ -73,42 +81,33 @@ class Server:
         return self.port
 
     async def serve(self) -> None:
-        config = self.config
-        executor = ThreadPoolExecutor(max_workers=config.io_threads, thread_name_prefix="summaryd-io")
-        loop = asyncio.get_running_loop()
-        # Before anything is served: take the state directory's lock and repair what a killed daemon left.
-        state = await loop.run_in_executor(executor, StateDir, config.state_path, config.session_retention_days * 86400)
-        try:
-            registry = RunRegistry(config.logdir, executor, state.journal_dir_fd, state.store, self.metrics)
-            report = await loop.run_in_executor(executor, state.recover, registry.logdir_fd)
-            if report.files:
-                log.warning(
-                    "recovered %d event files left open by a stopped daemon: %d bytes cut, %d files deleted, "
-                    "%d sessions' sequence numbers restored",
-                    report.files,
-                    report.cut_bytes,
-                    report.deleted_files,
-                    report.sessions,
-                )
-            service = SummariesService(registry, state.store, config.session_lease, config.limits)
-            await self._serve(registry, service, executor)
-        finally:
-            state.close()
+        """Bind, open the logdir and state, recover, serve until asked to stop, then shut down in order.
 
-    async def _serve(self, registry: RunRegistry, service: SummariesService, executor: ThreadPoolExecutor) -> None:
-        config = self.config
+        Raises:
+            StartupError: the daemon cannot start; nothing was created on disk when it could not bind.
+        """
         health_servicer = health_aio.HealthServicer()
-        self.metrics.registry.register(ServiceCollector(service))
+        # Bind first: a port in use (or a bad token or TLS file) stops start-up before anything is made on disk.
+        server = self._bind(health_servicer)
+        stop_metrics: Callable[[], None] | None = None
+        try:
+            stop_metrics = self._serve_metrics()
+            await self._open_and_serve(server, health_servicer)
+        finally:
+            await server.stop(grace=0)  # already stopped after a shutdown; needed when start-up failed
+            if stop_metrics is not None:
+                stop_metrics()
+
+    def _bind(self, health_servicer: health_aio.HealthServicer) -> aio.Server:
+        config = self.config
         # Outermost first: the refusal interceptor parses requests for all the others (see `refusals`).
-        interceptors: list[Any] = [RefusalInterceptor(), MetricsInterceptor(self.metrics, _run_of(service))]
+        interceptors: list[Any] = [RefusalInterceptor(), MetricsInterceptor(self.metrics, self._run_of)]
         if config.token_file:
-            self.auth = AuthInterceptor(TokenTable.load(config.token_file))
+            try:
+                self.auth = AuthInterceptor(TokenTable.load(config.token_file))
+            except (OSError, ValueError) as exc:
+                raise StartupError(f"--token-file {config.token_file}: {_reason(exc)}") from None
             interceptors.append(self.auth)
-            log.info("clients need a bearer token (%d in %s)", len(self.auth.tokens), config.token_file)
-        if not (config.is_loopback or config.token_file or config.tls_cert):
-            log.warning(
-                "listening on %s without token or TLS (--insecure): anyone who reaches it can write", config.listen
-            )
         server = aio.server(
             interceptors=interceptors,
             options=[
@@ -125,41 +124,116 @@ class Server:
                 ("grpc.keepalive_timeout_ms", 20_000),
             ],
         )
-        pb_grpc.add_SummariesServicer_to_server(service, server)
         health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
         reflection.enable_server_reflection(
             (SERVICE_NAME, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name, reflection.SERVICE_NAME),
             server,
         )
-        try:
-            if config.tls_cert:
-                self.port = server.add_secure_port(config.listen, _server_credentials(config))
-            else:
-                self.port = server.add_insecure_port(config.listen)
-        except RuntimeError:  # grpc's way of saying the bind failed
-            self.port = 0
-        if self.port == 0:
+        credentials = None
+        if config.tls_cert:
+            try:
+                credentials = _server_credentials(config)
+            except OSError as exc:
+                raise StartupError(f"cannot read the TLS files: {_reason(exc)}; check --tls-cert/--tls-key") from None
+        # gRPC's core writes its own line about a failed bind to stderr; it is caught here and its reason
+        # folded into the one line the daemon reports.
+        with _stderr_captured() as captured:
+            try:
+                port = (
+                    server.add_secure_port(config.listen, credentials)
+                    if credentials is not None
+                    else server.add_insecure_port(config.listen)
+                )
+            except RuntimeError:  # grpc's way of saying the bind failed
+                port = 0
+        if port == 0:
+            reason = _bind_reason(captured[0])
+            if credentials is not None and reason is None:
+                # The core refuses a certificate or key it cannot use here, in the same call.
+                raise StartupError(
+                    f"cannot serve TLS: gRPC refused the certificate or key ({_core_message(captured[0])}); "
+                    "check --tls-cert and --tls-key (PEM files of a matching pair)"
+                )
             raise ListenError(
-                f"cannot listen on {config.listen}: the port is in use or the address is not this machine's; "
-                "choose another with --listen (port 0 picks a free one)"
+                f"cannot listen on {config.listen}: {reason or 'the port is in use or the address is not this machine'}"
+                "; choose another with --listen (port 0 picks a free one)"
             )
+        sys.stderr.write(captured[0])  # the bind succeeded: whatever the core said is not about a failure
+        self.port = port
+        return server
+
+    def _serve_metrics(self) -> Callable[[], None] | None:
+        if not self.config.metrics_listen:
+            return None
+        try:
+            stop = self.metrics.serve(self.config.metrics_listen)
+        except (OSError, ValueError) as exc:
+            raise ListenError(
+                f"cannot serve metrics on {self.config.metrics_listen}: {_reason(exc)}; choose another --metrics-listen"
+            ) from None
+        self.metrics_port = self.metrics.port
+        if not self.config.metrics_is_loopback:
+            log.warning(
+                "metrics on %s reach beyond this machine with neither token nor TLS (--insecure): anyone who "
+                "reaches them can read every run's name",
+                self.config.metrics_listen,
+            )
+        return stop
+
+    async def _open_and_serve(self, server: aio.Server, health_servicer: health_aio.HealthServicer) -> None:
+        config = self.config
+        executor = ThreadPoolExecutor(max_workers=config.io_threads, thread_name_prefix="summaryd-io")
+        loop = asyncio.get_running_loop()
+        # Before anything is served: take the state directory's lock and repair what a killed daemon left.
+        state = await loop.run_in_executor(executor, _open_state, config)
+        try:
+            try:
+                registry = RunRegistry(config.logdir, executor, state.journal_dir_fd, state.store, self.metrics)
+                report = await loop.run_in_executor(executor, state.recover, registry.logdir_fd)
+            except OSError as exc:
+                raise StartupError(f"cannot start on --logdir {config.logdir}: {_reason(exc)}") from None
+            if report.files:
+                log.warning(
+                    "recovered %d event files left open by a stopped daemon: %d bytes cut, %d files deleted, "
+                    "%d sessions' sequence numbers restored",
+                    report.files,
+                    report.cut_bytes,
+                    report.deleted_files,
+                    report.sessions,
+                )
+            service = SummariesService(registry, state.store, config.session_lease, config.limits)
+            await self._serve(server, health_servicer, registry, service, executor)
+        finally:
+            state.close()
+
+    async def _serve(
+        self,
+        server: aio.Server,
+        health_servicer: health_aio.HealthServicer,
+        registry: RunRegistry,
+        service: SummariesService,
+        executor: ThreadPoolExecutor,
+    ) -> None:
+        config = self.config
+        self._service = service
+        self.metrics.registry.register(ServiceCollector(service))
+        if self.auth is not None:
+            log.info("clients need a bearer token (%d in %s)", len(self.auth.tokens), config.token_file)
+        if not (config.is_loopback or config.token_file or config.tls_cert):
+            log.warning(
+                "listening on %s without token or TLS (--insecure): anyone who reaches it can write", config.listen
+            )
+        pb_grpc.add_SummariesServicer_to_server(service, server)
         await server.start()
         for name in ("", SERVICE_NAME):
             await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
         if config.port_file:
-            with open(config.port_file, "w") as f:
-                f.write(f"{self.port}\n")
+            try:
+                with open(config.port_file, "w") as f:
+                    f.write(f"{self.port}\n")
+            except OSError as exc:
+                raise StartupError(f"cannot write --port-file {config.port_file}: {_reason(exc)}") from None
         log.info("summaryd serving %s on %s (port %d)", registry.logdir, config.host, self.port)
-        stop_metrics = None
-        if config.metrics_listen:
-            stop_metrics = self.metrics.serve(config.metrics_listen)
-            self.metrics_port = self.metrics.port
-            if not config.metrics_is_loopback:
-                log.warning(
-                    "metrics on %s reach beyond this machine with neither token nor TLS (--insecure): anyone who "
-                    "reaches them can read every run's name",
-                    config.metrics_listen,
-                )
         self._started.set()
         leases = asyncio.create_task(self._expire_sessions(service), name="summaryd-leases")
         try:
@@ -168,8 +242,18 @@ class Server:
             leases.cancel()
             await asyncio.gather(leases, return_exceptions=True)
             await self._shutdown(server, service, registry, health_servicer, executor)
-            if stop_metrics is not None:
-                stop_metrics()
+
+    def _run_of(self, session_id: str) -> str | None:
+        """The run of a live session, for the metrics' labels."""
+        session = self._service.sessions.get(session_id) if self._service is not None else None
+        if session is None:
+            return None
+        # Counted before the service refuses a caller: what a token may not write is not counted as its run's.
+        caller = current_caller()
+        grant = caller.grant() if caller is not None else None
+        if caller is not None and (grant is None or not grant.allows(session.run.run_dir)):
+            return None
+        return session.run.run_dir
 
     async def _expire_sessions(self, service: SummariesService) -> None:
         """Release sessions whose lease ran out, checking a few times per lease."""
@@ -241,21 +325,6 @@ def run(config: Config) -> None:
         runner.run(main())
 
 
-def _run_of(service: SummariesService) -> Callable[[str], str | None]:
-    def run_of(session_id: str) -> str | None:
-        session = service.sessions.get(session_id)
-        if session is None:
-            return None
-        # Counted before the service refuses a caller: what a token may not write is not counted as its run's.
-        caller = current_caller()
-        grant = caller.grant() if caller is not None else None
-        if caller is not None and (grant is None or not grant.allows(session.run.run_dir)):
-            return None
-        return session.run.run_dir
-
-    return run_of
-
-
 def _server_credentials(config: Config) -> grpc.ServerCredentials:
     """TLS with the configured certificate; with `--tls-client-ca`, clients must present a certificate too."""
     with open(config.tls_key, "rb") as key, open(config.tls_cert, "rb") as cert:
@@ -274,3 +343,71 @@ def _loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:
 
     factory: Callable[[], asyncio.AbstractEventLoop] = uvloop.new_event_loop
     return factory
+
+
+def _open_state(config: Config) -> StateDir:
+    """The logdir, made when missing, and the locked state directory.
+
+    Raises:
+        StartupError: the logdir or state directory is a file, or cannot be made or written.
+    """
+    logdir = config.logdir
+    if os.path.exists(logdir) and not os.path.isdir(logdir):
+        raise StartupError(f"--logdir {logdir} is a file; give a directory (it is created when missing)")
+    if config.state_dir and os.path.exists(config.state_dir) and not os.path.isdir(config.state_dir):
+        raise StartupError(f"--state-dir {config.state_dir} is a file; give a directory (it is created when missing)")
+    try:
+        os.makedirs(logdir, exist_ok=True)
+    except OSError as exc:
+        raise StartupError(
+            f"cannot create --logdir {logdir}: {exc.strerror or exc}; give a directory this user can write"
+        ) from None
+    if not os.access(logdir, os.W_OK | os.X_OK):
+        raise StartupError(f"--logdir {logdir} is not writable by this user; give a directory it can write")
+    try:
+        return StateDir(config.state_path, config.session_retention_days * 86400)
+    except OSError as exc:
+        raise StartupError(
+            f"cannot open the state directory {config.state_path}: {_reason(exc)}; give a --state-dir "
+            "(or --logdir) this user can write"
+        ) from None
+
+
+def _reason(exc: BaseException) -> str:
+    """An OS error as `reason (path)`, without the errno; other errors as their message."""
+    if isinstance(exc, OSError) and exc.strerror:
+        return f"{exc.strerror} ({exc.filename})" if exc.filename else exc.strerror
+    return str(exc)
+
+
+def _bind_reason(core_log: str) -> str | None:
+    """The OS's reason in gRPC core's bind failure line, e.g. 'Address already in use'."""
+    match = re.search(r"':\s*([^()':]+)\)\s*$", core_log.strip())
+    return match.group(1).strip() if match else None
+
+
+def _core_message(core_log: str) -> str:
+    """The text of gRPC core's first log line, without its level, time, thread and source file."""
+    for line in core_log.splitlines():
+        text = line.split("] ", 1)[-1].strip()
+        if text:
+            return text
+    return "no reason given"
+
+
+@contextlib.contextmanager
+def _stderr_captured() -> Iterator[list[str]]:
+    """Catch what is written to file descriptor 2 (where gRPC's core logs) while the block runs; the list
+    holds it once the block is over."""
+    caught: list[str] = []
+    sys.stderr.flush()
+    with tempfile.TemporaryFile() as file:
+        saved = os.dup(2)
+        os.dup2(file.fileno(), 2)
+        try:
+            yield caught
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+            file.seek(0)
+            caught.append(file.read().decode(errors="replace"))

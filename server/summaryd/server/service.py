@@ -23,11 +23,10 @@ from summaryd.server.errors import REFUSED_SEQUENCE_KEY, EventError, LimitError,
 from summaryd.server.limits import DEFAULT, Limits
 from summaryd.server.logs import Throttle
 from summaryd.server.request_checks import MAX_SEQUENCE, open_problem, session_id_problem, write_problem
-from summaryd.server.runpath import validate_run, validate_worker
+from summaryd.server.runpath import run_dir_parts
 from summaryd.server.runs import RunRegistry, run_to_completion
 from summaryd.server.session_store import SessionRecord, SessionStore
 from summaryd.server.sessions import Ending, SequenceGapError, Session, SessionEndedError, SessionTable
-from summaryd.server.state import RESERVED_RUN
 from summaryd.v1 import summaryd_pb2 as pb
 from summaryd.v1 import summaryd_pb2_grpc as pb_grpc
 
@@ -222,19 +221,9 @@ class SummariesService(pb_grpc.SummariesServicer):
 
     async def _run_parts(self, request: pb.OpenSessionRequest, context: Context) -> list[str]:
         try:
-            parts = validate_run(request.run, self.limits.max_run_path_bytes, self.limits.max_run_depth)
-            if request.worker:
-                validate_worker(request.worker)
-                parts = [*parts, request.worker]
+            return run_dir_parts(request.run, request.worker, self.limits.max_run_path_bytes, self.limits.max_run_depth)
         except RunPathError as exc:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
-        if parts[0] == RESERVED_RUN:
-            await context.abort(
-                grpc.StatusCode.INVALID_ARGUMENT,
-                f"run path {request.run!r}: {RESERVED_RUN!r} is where the daemon keeps its state; name the run "
-                "otherwise",
-            )
-        return parts
 
     async def _start_session(
         self, request: pb.OpenSessionRequest, parts: list[str], record: SessionRecord | None, peer: str

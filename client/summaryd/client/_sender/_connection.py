@@ -82,8 +82,13 @@ class Connection(Spilling):
             self._in_flight = 0
         self._last_sent = time.monotonic()
         self._connect_failed = False
-        if self._spooled:
-            log.info("summaryd: %s is back; sending %d spooled events of %r", self.address, self._spooled, self.run)
+        if self._error_passing:  # overcome: not the error of what is now delivered
+            self._last_error = None
+            self._error_passing = False
+            if self._warned.pop("daemon", None) is not None:
+                # The user was told the daemon was away: say it is back, and what becomes of the spool.
+                spooled = f"; sending the {self._spooled} spooled events" if self._spooled else ""
+                log.warning("summaryd: daemon at %s answers again for run %r%s", self.address, self.run, spooled)
 
     def _connection_failed(self, exc: grpc.RpcError) -> None:
         self._note_error(exc)
@@ -155,6 +160,7 @@ class Connection(Spilling):
             head = self._log[0] if self._log and self._in_flight else None
         if head is not None and now - head.sent_at > self.rpc_timeout:
             self._last_error = f"no acknowledgement within {self.rpc_timeout}s; reconnecting"
+            self._error_passing = True
             stream.call.cancel()
         elif now - self._last_sent >= self._heartbeat_interval():
             self._last_sent = now

@@ -20,7 +20,8 @@ class DeliveryReport:
     synced: bool = False
     """True when the daemon confirmed every delivered event is fsynced (after `close`)."""
     error: str | None = None
-    """The last error the daemon or the connection reported, if any."""
+    """The last error the daemon or the connection reported, unless it was overcome since (the daemon was away
+    or slow, and a session opened again): the reason behind what was not delivered, else None."""
     spooled: int = 0
     """Of `undelivered`, the events safe in the local spool: `summaryd replay <spool_path>` delivers them."""
     spool_path: str | None = None

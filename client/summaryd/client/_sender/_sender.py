@@ -19,6 +19,7 @@ from summaryd.client._sender._thread import SenderThread
 from summaryd.client._spool import default_root
 from summaryd.v1 import summaryd_pb2 as pb
 from summaryd.v1 import summaryd_pb2_grpc as pb_grpc
+from summaryd.v1.runpath import run_dir_parts
 
 # Share of `close(timeout)` kept for spooling what the daemon did not acknowledge (at most a second).
 _SPOOL_RESERVE = 0.2
@@ -29,7 +30,8 @@ class Sender(SenderThread):
 
     Args:
         run: run path under the daemon's logdir.
-        address: `host:port` of the daemon; default `SUMMARYD_ADDRESS`, else `localhost:6065`.
+        address: `host:port` of the daemon (`host` alone: port 6065); default `SUMMARYD_ADDRESS`, else
+            `localhost:6065`.
         worker: worker label; the events land in `<run>/<worker>`. Empty for a single process.
         world_size: number of workers of the job (shown in status).
         max_queue_bytes: bound of the events held in memory (queued and unacknowledged), in estimated bytes.
@@ -78,6 +80,10 @@ class Sender(SenderThread):
     ) -> None:
         if overflow not in OVERFLOW_POLICIES:
             raise ValueError(f"overflow={overflow!r}: choose one of {', '.join(OVERFLOW_POLICIES)}")
+        # A run path or worker label the daemon would refuse fails here, where the caller sees it, instead of
+        # every event being dropped later on the sender thread. The daemon's length and depth limits are its
+        # configuration; it alone checks them.
+        run_dir_parts(run, worker, max_bytes=None, max_depth=None)
         self.run = run
         self.address = resolve_address(address)
         # Token and TLS: arguments, else SUMMARYD_TOKEN / SUMMARYD_TLS_*; checked here, not on the sender thread.

@@ -83,7 +83,7 @@ class Spilling(BatchLog):
             elif self._queued_bytes + self._held_bytes > self.max_queue_bytes:
                 why = f"more than max_queue_bytes={self.max_queue_bytes} waiting"
             else:
-                why = f"no acknowledgement from {self.address} for {self.spool_after:.0f}s"
+                why = f"no acknowledgement from {self.address} for {self.spool_after:g}s"
             log.warning(
                 "summaryd: spooling events of run %r to %s (%s); they are sent when the daemon answers, and any "
                 "left when this process ends are delivered by: summaryd replay %s",
@@ -126,4 +126,12 @@ class Spilling(BatchLog):
             still_spooled = self._spooled > 0
         if not still_spooled:
             self._spool.discard()
+            if self._told_spool:
+                log.warning(
+                    "summaryd: the daemon acknowledged every spooled event of run %r; removed the spool %s "
+                    "(nothing to replay)",
+                    self.run,
+                    self._spool.directory,
+                )
+                self._told_spool = False
             self._spool = None

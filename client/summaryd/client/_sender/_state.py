@@ -30,6 +30,10 @@ OVERFLOW_POLICIES: tuple[Overflow, ...] = ("spill", "drop_oldest", "block")
 _WARN_EVERY = 10.0
 
 
+# Failures that a later successful call overcomes: the daemon was away, restarting or slow.
+_PASSING = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.CANCELLED})
+
+
 class SenderState:
     """The settings (`Sender.__init__` sets them) and the per-process state (`_init_state`) of a sender, and
     the few questions about them that every layer asks."""
@@ -97,6 +101,9 @@ class SenderState:
         self._synced = False
         self._failed: str | None = None
         self._last_error: str | None = None
+        # Whether `_last_error` is the kind a later success overcomes (the daemon away, an ack overdue): then a
+        # session that opens again clears it, and the report does not blame what was in the end delivered.
+        self._error_passing = False
         self._refused: str | None = None
         self._refused_sequence: int | None = None  # the event the daemon named, if it did
         self._warned: dict[str, float] = {}
@@ -135,4 +142,7 @@ class SenderState:
     def _note_error(self, exc: BaseException) -> None:
         text = f"{exc.code().name}: {exc.details()}" if isinstance(exc, grpc.RpcError) else repr(exc)
         self._last_error = text
-        self._warn("daemon", f"daemon at {self.address} for run {self.run!r}: {text}")
+        self._error_passing = isinstance(exc, grpc.RpcError) and exc.code() in _PASSING
+        # Say what becomes of the events, so that the line is not read as data lost.
+        then = "; the events are kept and sent when it answers" if self._error_passing else ""
+        self._warn("daemon", f"daemon at {self.address} for run {self.run!r}: {text}{then}")
