@@ -407,8 +407,8 @@ def test_a_missing_token_file_is_one_line(tmp_path: Path) -> None:
     absent = tmp_path / "absent"
     result = _serve(tmp_path, "--listen", "127.0.0.1:0", "--token-file", str(absent))
     assert result.returncode == 2
-    last = result.stderr.strip().splitlines()[-1]  # after argparse's usage line
-    assert last.endswith(f"--token-file {absent}: No such file or directory"), last
+    [line] = result.stderr.strip().splitlines()
+    assert f"--token-file {absent}: No such file or directory" in line, line
 
 
 @pytest.mark.parametrize(

@@ -6,7 +6,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import difflib
-import importlib.metadata
 import json
 import logging
 import os
@@ -16,6 +15,7 @@ from typing import TYPE_CHECKING, Any, NoReturn
 
 from summaryd.server.config import Config, fields
 from summaryd.server.logs import configure_logging
+from summaryd.v1.version import VERSION
 
 if TYPE_CHECKING:
     from google.protobuf.message import Message
@@ -32,13 +32,6 @@ class _Parser(argparse.ArgumentParser):
 
     def error(self, message: str) -> NoReturn:
         self.exit(2, f"{self.prog}: error: {message} (see '{self.prog} --help')\n")
-
-
-def _version() -> str:
-    try:
-        return importlib.metadata.version("summaryd")
-    except importlib.metadata.PackageNotFoundError:  # run from a source tree that was never installed
-        return "unknown"
 
 
 def _env_name(name: str) -> str:
@@ -95,7 +88,7 @@ def _build_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.Argumen
         prog="summaryd",
         description="summaryd: one daemon writes the TensorBoard event files of many training processes.",
     )
-    parser.add_argument("--version", action="version", version=f"summaryd {_version()}")
+    parser.add_argument("--version", action="version", version=f"summaryd {VERSION}")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND", parser_class=_Parser)
     serve = commands.add_parser(
         "serve",

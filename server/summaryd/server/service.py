@@ -29,13 +29,13 @@ from summaryd.server.session_store import SessionRecord, SessionStore
 from summaryd.server.sessions import Ending, SequenceGapError, Session, SessionEndedError, SessionTable
 from summaryd.v1 import summaryd_pb2 as pb
 from summaryd.v1 import summaryd_pb2_grpc as pb_grpc
+from summaryd.v1.version import VERSION
 
 log = logging.getLogger(__name__)
 
 Context = aio.ServicerContext[Any, Any]
 T = TypeVar("T")
 
-VERSION = "0.1.0"
 _DISK_FULL = frozenset({errno.ENOSPC, errno.EDQUOT})
 # One answer for a session id the caller's token may not reach and for one the daemon does not know, so that a
 # token cannot learn which session ids exist on runs beyond its prefixes.

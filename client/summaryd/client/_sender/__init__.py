@@ -24,7 +24,7 @@ Nothing here raises into the caller: failures are counted, logged at a limited r
 from summaryd.client import _grpc_import  # noqa: F401 - before gRPC is imported (its fork handlers)
 
 # isort: split
-from summaryd.client._sender._connection import REFUSED_SEQUENCE_KEY, VERSION
+from summaryd.client._sender._connection import REFUSED_SEQUENCE_KEY
 from summaryd.client._sender._items import EventSource, Queued
 from summaryd.client._sender._report import DeliveryReport
 from summaryd.client._sender._sender import Sender

@@ -16,8 +16,7 @@ from summaryd.client._sender._state import log
 from summaryd.client._stream import WriteStream
 from summaryd.v1 import summaryd_pb2 as pb
 from summaryd.v1 import summaryd_pb2_grpc as pb_grpc
-
-VERSION = "0.1.0"
+from summaryd.v1.version import VERSION
 
 # Trailing metadata of a refused batch: the sequence number of the event the daemon refused (see the proto).
 REFUSED_SEQUENCE_KEY = "summaryd-refused-sequence"
