@@ -10,7 +10,12 @@ from typing import Any
 
 import grpc
 
-_OPTIONS = [("grpc.max_send_message_length", 64 * 1024 * 1024)]
+# Batches up to the daemon's default --max-message-bytes out; and in, a status of every session at the daemon's
+# bounds (4,096 sessions with run paths and identities at their longest make about 8 MiB, over gRPC's default 4 MiB).
+_OPTIONS = [
+    ("grpc.max_send_message_length", 64 * 1024 * 1024),
+    ("grpc.max_receive_message_length", 64 * 1024 * 1024),
+]
 
 
 @dataclass(frozen=True)
