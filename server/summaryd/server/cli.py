@@ -187,13 +187,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error(str(exc))
     configure_logging(config.log_level, config.log_format)
     from summaryd.server.server import ListenError, run
-    from summaryd.server.state import StateLockedError
+    from summaryd.server.state import StateError
 
     log = logging.getLogger("summaryd")
     log.debug("config %s", dataclasses.asdict(config))
     try:
         run(config)
-    except StateLockedError as exc:
+    except StateError as exc:
         log.error("%s", exc)
         return 1
     except ListenError as exc:

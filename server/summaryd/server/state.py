@@ -6,6 +6,8 @@ it, as it holds no `tfevents` file):
     lock              held (flock) by the daemon serving this logdir; a second daemon refuses to start
     sessions          the session store (`session_store`): run, last sequence, closed, per session id
     open/<id>.journal one journal per open event file (`journal.FileJournal`)
+    losses            when state was found damaged, and where it was kept (a journal like the others)
+    damaged-<time>-*  damaged state, kept aside as found (never read again, never rewritten)
 
 Recovery, for each journal left in `open/` (each names an event file that was open when the daemon died):
 
@@ -17,28 +19,45 @@ Recovery, for each journal left in `open/` (each names an event file that was op
 
 Each step is idempotent, so a daemon killed during recovery recovers again at its next start. The recovered
 files stay closed: a resumed session writes a new file that sorts last, as every new session does.
+
+State is trusted no further than its checksums and its confinement: a damaged state file (a line failing its
+checksum, garbage, a directory or symlink where a file belongs, a journal naming a run outside the logdir) is
+logged as an error, kept aside as `damaged-*`, and what is still good in it is used. Before anything is moved,
+`losses` durably records the damaged file's modification time: no session record lost in it can be younger,
+so the session store refuses to resume an unknown session that started before it (`SessionStore.lost_before`)
+instead of writing its events twice.
 """
 
 from __future__ import annotations
 
-import contextlib
 import errno
 import fcntl
 import logging
 import os
+import stat
+import time
 from dataclasses import dataclass
+from typing import Any
 
-from summaryd.server.journal import JOURNAL_SUFFIX, TEMPORARY_SUFFIX, JournaledFile, read
-from summaryd.server.session_store import SessionRecord, SessionStore
+from summaryd.server.errors import RunPathError
+from summaryd.server.journal import JOURNAL_SUFFIX, TEMPORARY_SUFFIX, Journal, JournaledFile, Scan, read
+from summaryd.server.runpath import DirIdentity, allow, dir_identity, forbid, open_existing_dir, validate_run
+from summaryd.server.session_store import NOT_A_FILE_ERRNOS, SessionRecord, SessionStore
 
 log = logging.getLogger(__name__)
 
 OPEN_DIR = "open"
+LOSSES_NAME = "losses"
+DAMAGED_PREFIX = "damaged-"
 # The first component of a run path that names the default state directory; clients may not use it.
 RESERVED_RUN = ".summaryd"
 
 
-class StateLockedError(RuntimeError):
+class StateError(RuntimeError):
+    """The state directory cannot be used; the message says what to do."""
+
+
+class StateLockedError(StateError):
     """Another daemon serves this logdir."""
 
 
@@ -54,27 +73,60 @@ class RecoveryReport:
     """Files deleted because not even their `file_version` record was whole."""
     sessions: int = 0
     """Sessions whose sequence numbers were recovered from those files' journals."""
+    damaged: int = 0
+    """State files found damaged and kept aside (see `StateDir.quarantine`), at start-up and in recovery."""
 
 
 class StateDir:
     """The locked state directory of one daemon: its session store and the journals of its open files."""
 
     def __init__(self, path: str, retention_secs: float) -> None:
-        os.makedirs(os.path.join(path, OPEN_DIR), exist_ok=True)
-        self.path = os.path.realpath(path)
-        self.fd = os.open(self.path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        """Take the lock, keep damaged state aside, load the store.
+
+        Raises:
+            StateError: the state directory cannot be used (not a directory, `lock` not a file, another daemon
+                holds it); the message says what to do.
+        """
+        self.damaged = 0
+        self.lost_before: float | None = None
+        """State was lost that sessions started before this time (Unix seconds) may have had; None: never."""
+        self._store: SessionStore | None = None
+        self._losses: Journal | None = None
         try:
+            os.makedirs(path, exist_ok=True)
+            self.path = os.path.realpath(path)
+            self.fd = os.open(self.path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        except OSError as exc:
+            raise StateError(
+                f"state directory {path}: {exc.strerror}; give --state-dir (or --logdir) a directory summaryd can "
+                "create and write"
+            ) from None
+        try:
+            self.identity: DirIdentity = dir_identity(self.fd)
             self._lock_fd = self._lock()
-            self.journal_dir_fd = os.open(
-                OPEN_DIR, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=self.fd
-            )
-            self.store = SessionStore(self.fd, retention_secs)
+            forbid(self.identity)
+            self._losses = self._open_losses()
+            self.journal_dir_fd = self._open_journal_dir()
+            self.store = self._store = SessionStore(self.fd, retention_secs, self.quarantine)
+            self.store.lost_before = self.lost_before
         except BaseException:
+            allow(self.identity)
+            if self._losses is not None:
+                self._losses.close()
             os.close(self.fd)
             raise
 
     def _lock(self) -> int:
-        fd = os.open("lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o644, dir_fd=self.fd)
+        try:
+            fd = os.open("lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o644, dir_fd=self.fd)
+        except OSError as exc:
+            if exc.errno not in NOT_A_FILE_ERRNOS:
+                raise
+            # Not taken over: a daemon may still hold the lock file this entry replaced.
+            raise StateError(
+                f"state directory {self.path}: 'lock' is not a regular file; make sure no summaryd serves this "
+                "logdir, remove it, and start again"
+            ) from None
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError as exc:
@@ -82,7 +134,7 @@ class StateDir:
             os.close(fd)
             if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN):
                 raise StateLockedError(
-                    f"another summaryd (pid {holder}) serves this logdir (state directory {self.path}); "
+                    f"another summaryd (pid {holder[:16]!r}) serves this logdir (state directory {self.path}); "
                     "stop it first, or give this daemon another --logdir"
                 ) from None
             raise
@@ -90,9 +142,109 @@ class StateDir:
         os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
         return fd
 
+    def _open_losses(self) -> Journal:
+        """Open the record of losses (kept aside and begun again when damaged) and take its horizon."""
+        kept: list[dict[str, Any]] = []
+        damage = ""
+        try:
+            losses = Journal(LOSSES_NAME, self.fd, create=False)
+        except FileNotFoundError:
+            return Journal(LOSSES_NAME, self.fd, create=True)
+        except OSError as exc:
+            if exc.errno not in NOT_A_FILE_ERRNOS:
+                raise
+            damage = "is not a file"
+        else:
+            if not losses.scan.damaged:
+                for record in losses.scan.records:
+                    if isinstance(record.get("t"), int | float):
+                        self._lost(float(record["t"]))
+                return losses
+            losses.close()
+            damage, kept = losses.scan.describe(), losses.scan.records
+        # The record of earlier losses is itself damaged: none of it can be younger than the file was last
+        # written, so its modification time stands for all of it.
+        when = os.lstat(LOSSES_NAME, dir_fd=self.fd).st_mtime
+        kept_as = self._move_aside(self.fd, LOSSES_NAME)
+        losses = Journal(LOSSES_NAME, self.fd, create=True)
+        losses.append(*kept, {"t": when, "at": time.time(), "what": f"{LOSSES_NAME}: {damage}", "kept": kept_as})
+        losses.sync()
+        os.fsync(self.fd)
+        self.damaged += 1
+        self._lost(when)
+        self._log_damage(LOSSES_NAME, damage, kept_as, when)
+        return losses
+
+    def _open_journal_dir(self) -> int:
+        flags = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+        try:
+            return os.open(OPEN_DIR, flags, dir_fd=self.fd)
+        except FileNotFoundError:
+            pass
+        except OSError as exc:
+            if exc.errno not in NOT_A_FILE_ERRNOS:
+                raise
+            self.quarantine(self.fd, OPEN_DIR, "is not a directory (the journals of open files were in it)", False)
+        os.mkdir(OPEN_DIR, 0o755, dir_fd=self.fd)
+        return os.open(OPEN_DIR, flags, dir_fd=self.fd)
+
+    def quarantine(self, dir_fd: int, name: str, what: str, copy: bool) -> None:
+        """Keep the damaged entry `name` of `dir_fd` aside as `damaged-*` in the state directory, moved or (with
+        `copy`, for a file whose good part is still used) hard-linked, after recording the loss durably."""
+        when = os.lstat(name, dir_fd=dir_fd).st_mtime
+        where = name if dir_fd == self.fd else f"{OPEN_DIR}/{name}"
+        kept_as = self._move_aside(dir_fd, name, copy=copy, record=(when, where, what))
+        self.damaged += 1
+        self._lost(when)
+        self._log_damage(where, what, kept_as, when)
+
+    def _lost(self, when: float) -> None:
+        """From now on, refuse to resume sessions unknown to the store that started before `when`."""
+        self.lost_before = when if self.lost_before is None else max(self.lost_before, when)
+        if self._store is not None:
+            self._store.lost_before = self.lost_before
+
+    def _move_aside(
+        self, dir_fd: int, name: str, *, copy: bool = False, record: tuple[float, str, str] | None = None
+    ) -> str:
+        stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+        prefix = "" if dir_fd == self.fd else f"{OPEN_DIR}-"
+        kept_as = f"{DAMAGED_PREFIX}{stamp}-{prefix}{name}"
+        for n in range(1, 1000):
+            if not _exists(self.fd, kept_as):
+                break
+            kept_as = f"{DAMAGED_PREFIX}{stamp}-{n}-{prefix}{name}"
+        if record is not None and self._losses is not None:
+            when, where, what = record
+            # Durable before anything moves: a crash after the move still leaves the horizon recorded.
+            self._losses.append({"t": when, "at": time.time(), "what": f"{where}: {what}", "kept": kept_as})
+            self._losses.sync()
+        if copy:
+            os.link(name, kept_as, src_dir_fd=dir_fd, dst_dir_fd=self.fd, follow_symlinks=False)
+        else:
+            os.rename(name, kept_as, src_dir_fd=dir_fd, dst_dir_fd=self.fd)
+        os.fsync(self.fd)
+        if dir_fd != self.fd:
+            os.fsync(dir_fd)
+        return kept_as
+
+    def _log_damage(self, where: str, what: str, kept_as: str, when: float) -> None:
+        log.error(
+            "state directory %s: %s %s; kept it as %s; resuming sessions it may have known (started before %s) "
+            "is refused rather than writing their events twice",
+            self.path,
+            where,
+            what,
+            kept_as,
+            time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(when)),
+        )
+
     def close(self) -> None:
         """Close the store and release the lock (the daemon is stopping)."""
         self.store.close()
+        if self._losses is not None:
+            self._losses.close()
+        allow(self.identity)
         os.close(self.journal_dir_fd)
         os.close(self._lock_fd)
         os.close(self.fd)
@@ -101,36 +253,70 @@ class StateDir:
         """Repair the event files the previous daemon left open; see the module docstring."""
         report = RecoveryReport()
         for name in sorted(os.listdir(self.journal_dir_fd)):
-            if name.endswith(JOURNAL_SUFFIX):
+            if not name.endswith((JOURNAL_SUFFIX, TEMPORARY_SUFFIX)):
+                continue
+            if not stat.S_ISREG(os.lstat(name, dir_fd=self.journal_dir_fd).st_mode):
+                self.quarantine(self.journal_dir_fd, name, "is not a file", False)
+            elif name.endswith(JOURNAL_SUFFIX):
                 self._recover_file(name, logdir_fd, report)
-            elif name.endswith(TEMPORARY_SUFFIX):  # a compaction the crash cut short: the journal stands
+            else:  # a compaction the crash cut short: the journal stands
                 os.unlink(name, dir_fd=self.journal_dir_fd)
         self.store.compact()
+        report.damaged = self.damaged
         return report
 
     def _recover_file(self, journal_name: str, logdir_fd: int, report: RecoveryReport) -> None:
-        journaled = JournaledFile.parse(read(journal_name, self.journal_dir_fd)[0])
-        if journaled is not None:
-            report.files += 1
-            marks = self._repair(journaled, logdir_fd, report)
-            records = [SessionRecord(sid, journaled.run_dir, last) for sid, last in marks.items()]
-            self.store.record(records, sync=True)
-            report.sessions += len(records)
+        scan = read(journal_name, self.journal_dir_fd)
+        journaled = JournaledFile.parse(scan.records)
+        if journaled is None:
+            if scan.records or scan.damaged or scan.torn:
+                # The header is written and synced before the event file is created: without it, which file
+                # (and whose sessions) the journal was about is lost.
+                what = "has no whole first line naming its run and file"
+                self.quarantine(self.journal_dir_fd, journal_name, what, False)
+            else:  # empty: the daemon died right after creating it, before its event file existed
+                os.unlink(journal_name, dir_fd=self.journal_dir_fd)
+            return
+        parts = _confined(journaled)
+        if isinstance(parts, str):
+            self.quarantine(self.journal_dir_fd, journal_name, f"{parts}; nothing was touched", False)
+            return
+        if scan.damaged:
+            self.quarantine(self.journal_dir_fd, journal_name, scan.describe(), True)
+        try:
+            marks = self._repair(journaled, parts, logdir_fd, report)
+        except RunPathError as exc:
+            self.quarantine(self.journal_dir_fd, journal_name, f"{exc}; nothing was touched", False)
+            return
+        report.files += 1
+        doubtful = _doubtful(scan)
+        records = [
+            SessionRecord(sid, journaled.run_dir, last, doubtful=sid in doubtful) for sid, last in marks.items()
+        ]
+        self.store.record(records, sync=True)
+        report.sessions += len(records)
         os.unlink(journal_name, dir_fd=self.journal_dir_fd)
         os.fsync(self.journal_dir_fd)
 
-    def _repair(self, journaled: JournaledFile, logdir_fd: int, report: RecoveryReport) -> dict[str, int]:
-        """Cut one event file back to its last journaled end; return each session's last sequence in it."""
+    def _repair(
+        self, journaled: JournaledFile, parts: list[str], logdir_fd: int, report: RecoveryReport
+    ) -> dict[str, int]:
+        """Cut one event file back to its last journaled end; return each session's last sequence in it.
+
+        The run directory is opened as a live write opens it (no symlink followed, never the state directory).
+        """
         where = f"{journaled.run_dir}/{journaled.file_name}"
-        dir_fd = _open_existing_dir(logdir_fd, journaled.run_dir.split("/"))
+        dir_fd = open_existing_dir(logdir_fd, parts)
         if dir_fd is None:
             log.warning("recovery: run directory of %s is gone; keeping its sequence numbers", where)
             return journaled.whole_through(2**63)[1]
         try:
             try:
                 fd = os.open(journaled.file_name, os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dir_fd)
-            except FileNotFoundError:
-                log.warning("recovery: %s is gone; keeping its sequence numbers", where)
+            except OSError as exc:
+                if exc.errno not in (errno.ENOENT, *NOT_A_FILE_ERRNOS):
+                    raise
+                log.warning("recovery: %s is gone or not a file; keeping its sequence numbers", where)
                 return journaled.whole_through(2**63)[1]
             try:
                 size = os.fstat(fd).st_size
@@ -154,22 +340,31 @@ class StateDir:
             os.close(dir_fd)
 
 
-def _open_existing_dir(logdir_fd: int, parts: list[str]) -> int | None:
-    """Open the run directory `parts` below the logdir without creating or following anything; None if absent."""
-    fd = os.dup(logdir_fd)
+def _confined(journaled: JournaledFile) -> list[str] | str:
+    """The run path a journal names, split, if a client could have written there; otherwise why not."""
     try:
-        for part in parts:
-            try:
-                child = os.open(part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=fd)
-            except OSError as exc:
-                if exc.errno in (errno.ENOENT, errno.ELOOP, errno.ENOTDIR):
-                    os.close(fd)
-                    return None
-                raise
-            os.close(fd)
-            fd = child
-        return fd
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.close(fd)
-        raise
+        # The limits on length and depth guard the daemon's resources, not the logdir: any length will do here.
+        parts = validate_run(journaled.run_dir, max_bytes=1 << 20, max_depth=1 << 10)
+    except RunPathError as exc:
+        return f"names a run outside the logdir's runs ({exc})"
+    if parts[0] == RESERVED_RUN:
+        return f"names run {journaled.run_dir!r} inside the state directory"
+    name = journaled.file_name
+    if "/" in name or name in ("", ".", "..") or "tfevents" not in name:
+        return f"names {name!r}, which is not an event file name"
+    return parts
+
+
+def _doubtful(scan: Scan) -> set[str]:
+    """Sessions whose last good line in a damaged journal comes before the damage (a later one may be lost)."""
+    before = {r.get("s") for r in scan.records[: scan.trusted_from]}
+    after = {r.get("s") for r in scan.records[scan.trusted_from :]}
+    return {s for s in before - after if isinstance(s, str) and s}
+
+
+def _exists(dir_fd: int, name: str) -> bool:
+    try:
+        os.lstat(name, dir_fd=dir_fd)
+    except FileNotFoundError:
+        return False
+    return True
