@@ -162,6 +162,9 @@ class Journal:
     def sync(self) -> None:
         os.fsync(self._fd)
 
+    def fileno(self) -> int:
+        return self._fd
+
     def close(self) -> None:
         if self._fd >= 0:
             os.close(self._fd)

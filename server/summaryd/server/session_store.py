@@ -82,9 +82,22 @@ class SessionStore:
     Thread-safe: the daemon updates it from its I/O threads.
     """
 
-    def __init__(self, state_fd: int, retention_secs: float, quarantine: Quarantine | None = None) -> None:
-        """Load the store of the state directory `state_fd`; damage is handed to `quarantine` (None: raise)."""
+    def __init__(
+        self,
+        state_fd: int,
+        retention_secs: float,
+        quarantine: Quarantine | None = None,
+        *,
+        expected_size: int = 0,
+        witness: Callable[[int], None] | None = None,
+    ) -> None:
+        """Load the store of the state directory `state_fd`; damage is handed to `quarantine` (None: raise).
+
+        `witness` is told the store's size after every update, and `expected_size` is what it was last told
+        (kept outside the store, so that a store cut short is told from one whose last append was torn).
+        """
         self._state_fd = state_fd
+        self._witness = witness
         self._retention = retention_secs
         self._lock = threading.Lock()
         self._records: dict[str, SessionRecord] = {}
@@ -108,14 +121,18 @@ class SessionStore:
                 self._merge(record)
         self._lines = len(scan.records)
         self._journal.scan.records = []
-        if scan.damaged:
+        short = os.fstat(self._journal.fileno()).st_size < expected_size
+        if scan.damaged or short:
             assert quarantine is not None
-            quarantine(state_fd, STORE_NAME, scan.describe(), True)
+            what = scan.describe() if scan.damaged else f"is shorter than the {expected_size} bytes last written"
+            quarantine(state_fd, STORE_NAME, what, True)
             # Rewritten from its good lines now, so that the damage is reported once (the copy keeps it).
             if not self._compact_locked(horizon=0.0):
                 raise OSError(f"the session store {STORE_NAME} could not be rewritten after damage")
-        elif scan.torn:
-            log.debug("session store: cut a torn last line (%d bytes) left by a crash", scan.torn)
+        else:
+            if scan.torn:
+                log.debug("session store: cut a torn last line (%d bytes) left by a crash", scan.torn)
+            self._witnessed()
 
     def _open(self, quarantine: Quarantine | None) -> Journal:
         try:
@@ -175,6 +192,7 @@ class SessionStore:
             if lines:
                 self._journal.append(*lines)
                 self._lines += len(lines)
+                self._witnessed()
             if sync:
                 self._journal.sync()
             if self._lines > max(_MIN_LINES_BEFORE_COMPACTING, 4 * len(self._records)):
@@ -219,7 +237,12 @@ class SessionStore:
             log.info("session store: forgot %d sessions idle for over %.0f days", forgotten, self._retention / 86400)
         self._records = kept
         self._lines = len(kept)
+        self._witnessed()
         return True
+
+    def _witnessed(self) -> None:
+        if self._witness is not None:
+            self._witness(self._journal.size)
 
     def close(self) -> None:
         with self._lock:

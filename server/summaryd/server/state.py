@@ -3,7 +3,9 @@
 Layout of the state directory (`<logdir>/.summaryd` unless `--state-dir` says otherwise; TensorBoard ignores
 it, as it holds no `tfevents` file):
 
-    lock              held (flock) by the daemon serving this logdir; a second daemon refuses to start
+    lock              held (flock) by the daemon serving this logdir; a second daemon refuses to start. It
+                      holds the daemon's pid and the session store's size after its last update: a store
+                      found shorter was cut short (damage), not torn by a crash
     sessions          the session store (`session_store`): run, last sequence, closed, per session id
     open/<id>.journal one journal per open event file (`journal.FileJournal`)
     losses            when state was found damaged, and where it was kept (a journal like the others)
@@ -30,10 +32,12 @@ instead of writing its events twice.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import fcntl
 import logging
 import os
+import re
 import stat
 import time
 from dataclasses import dataclass
@@ -42,7 +46,7 @@ from typing import Any
 from summaryd.server.errors import RunPathError
 from summaryd.server.journal import JOURNAL_SUFFIX, TEMPORARY_SUFFIX, Journal, JournaledFile, Scan, read
 from summaryd.server.runpath import DirIdentity, allow, dir_identity, forbid, open_existing_dir, validate_run
-from summaryd.server.session_store import NOT_A_FILE_ERRNOS, SessionRecord, SessionStore
+from summaryd.server.session_store import NOT_A_FILE_ERRNOS, STORE_NAME, SessionRecord, SessionStore
 
 log = logging.getLogger(__name__)
 
@@ -103,11 +107,15 @@ class StateDir:
             ) from None
         try:
             self.identity: DirIdentity = dir_identity(self.fd)
-            self._lock_fd = self._lock()
+            self._lock_fd, store_size = self._lock()
             forbid(self.identity)
             self._losses = self._open_losses()
             self.journal_dir_fd = self._open_journal_dir()
-            self.store = self._store = SessionStore(self.fd, retention_secs, self.quarantine)
+            if store_size and not _exists(self.fd, STORE_NAME):
+                self._record_loss(STORE_NAME, f"is missing ({store_size} bytes last written)", time.time(), "")
+            self.store = self._store = SessionStore(
+                self.fd, retention_secs, self.quarantine, expected_size=store_size, witness=self._witness
+            )
             self.store.lost_before = self.lost_before
         except BaseException:
             allow(self.identity)
@@ -116,7 +124,8 @@ class StateDir:
             os.close(self.fd)
             raise
 
-    def _lock(self) -> int:
+    def _lock(self) -> tuple[int, int]:
+        """Take the lock; return its descriptor and the store size it witnessed (0: none)."""
         try:
             fd = os.open("lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o644, dir_fd=self.fd)
         except OSError as exc:
@@ -130,17 +139,24 @@ class StateDir:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError as exc:
-            holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "?"
+            # What the lock holds is only shown: a damaged one cannot forge a log line.
+            holder = "".join(c for c in os.pread(fd, 32, 0).decode(errors="replace") if c.isprintable()) or "?"
             os.close(fd)
             if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN):
                 raise StateLockedError(
-                    f"another summaryd (pid {holder[:16]!r}) serves this logdir (state directory {self.path}); "
+                    f"another summaryd (pid {holder}) serves this logdir (state directory {self.path}); "
                     "stop it first, or give this daemon another --logdir"
                 ) from None
             raise
+        match = re.search(rb"\nsessions (\d{1,19})\n", os.pread(fd, 128, 0))
         os.ftruncate(fd, 0)
-        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
-        return fd
+        self._lock_text = f"{os.getpid()}\n".encode()
+        os.pwrite(fd, self._lock_text, 0)
+        return fd, int(match.group(1)) if match else 0
+
+    def _witness(self, store_size: int) -> None:
+        """Note the session store's size in the lock file (same length every time: one write replaces it)."""
+        os.pwrite(self._lock_fd, self._lock_text + b"sessions %019d\n" % store_size, 0)
 
     def _open_losses(self) -> Journal:
         """Open the record of losses (kept aside and begun again when damaged) and take its horizon."""
@@ -165,12 +181,25 @@ class StateDir:
         # The record of earlier losses is itself damaged: none of it can be younger than the file was last
         # written, so its modification time stands for all of it.
         when = os.lstat(LOSSES_NAME, dir_fd=self.fd).st_mtime
-        kept_as = self._move_aside(self.fd, LOSSES_NAME)
-        losses = Journal(LOSSES_NAME, self.fd, create=True)
+        kept_as = self._kept_as(self.fd, LOSSES_NAME)
+        # The new record (its good lines and this loss) is complete before the damaged one is moved aside.
+        temporary = LOSSES_NAME + TEMPORARY_SUFFIX
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(temporary, dir_fd=self.fd)
+        losses = Journal(temporary, self.fd, create=True)
         losses.append(*kept, {"t": when, "at": time.time(), "what": f"{LOSSES_NAME}: {damage}", "kept": kept_as})
         losses.sync()
+        if damage == "is not a file":  # nothing could be read: moved aside, then the new one takes its place
+            os.rename(LOSSES_NAME, kept_as, src_dir_fd=self.fd, dst_dir_fd=self.fd)
+        else:  # linked aside, then replaced in one rename: a crash leaves one of the two
+            os.link(LOSSES_NAME, kept_as, src_dir_fd=self.fd, dst_dir_fd=self.fd, follow_symlinks=False)
+        os.rename(temporary, LOSSES_NAME, src_dir_fd=self.fd, dst_dir_fd=self.fd)
         os.fsync(self.fd)
+        losses.name = LOSSES_NAME
         self.damaged += 1
+        for record in kept:
+            if isinstance(record.get("t"), int | float):
+                self._lost(float(record["t"]))
         self._lost(when)
         self._log_damage(LOSSES_NAME, damage, kept_as, when)
         return losses
@@ -193,7 +222,22 @@ class StateDir:
         `copy`, for a file whose good part is still used) hard-linked, after recording the loss durably."""
         when = os.lstat(name, dir_fd=dir_fd).st_mtime
         where = name if dir_fd == self.fd else f"{OPEN_DIR}/{name}"
-        kept_as = self._move_aside(dir_fd, name, copy=copy, record=(when, where, what))
+        kept_as = self._kept_as(dir_fd, name)
+        # Durable before anything moves: a crash after the move still leaves the horizon recorded.
+        self._record_loss(where, what, when, kept_as)
+        if copy:
+            os.link(name, kept_as, src_dir_fd=dir_fd, dst_dir_fd=self.fd, follow_symlinks=False)
+        else:
+            os.rename(name, kept_as, src_dir_fd=dir_fd, dst_dir_fd=self.fd)
+        os.fsync(self.fd)
+        if dir_fd != self.fd:
+            os.fsync(dir_fd)
+
+    def _record_loss(self, where: str, what: str, when: float, kept_as: str) -> None:
+        """Record in `losses` (synced) and log that `where` was found damaged, last written at `when`."""
+        assert self._losses is not None
+        self._losses.append({"t": when, "at": time.time(), "what": f"{where}: {what}", "kept": kept_as})
+        self._losses.sync()
         self.damaged += 1
         self._lost(when)
         self._log_damage(where, what, kept_as, when)
@@ -204,38 +248,25 @@ class StateDir:
         if self._store is not None:
             self._store.lost_before = self.lost_before
 
-    def _move_aside(
-        self, dir_fd: int, name: str, *, copy: bool = False, record: tuple[float, str, str] | None = None
-    ) -> str:
+    def _kept_as(self, dir_fd: int, name: str) -> str:
+        """A free name in the state directory for the damaged entry `name` of `dir_fd`."""
         stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
         prefix = "" if dir_fd == self.fd else f"{OPEN_DIR}-"
         kept_as = f"{DAMAGED_PREFIX}{stamp}-{prefix}{name}"
-        for n in range(1, 1000):
-            if not _exists(self.fd, kept_as):
-                break
+        n = 0
+        while _exists(self.fd, kept_as):
+            n += 1
             kept_as = f"{DAMAGED_PREFIX}{stamp}-{n}-{prefix}{name}"
-        if record is not None and self._losses is not None:
-            when, where, what = record
-            # Durable before anything moves: a crash after the move still leaves the horizon recorded.
-            self._losses.append({"t": when, "at": time.time(), "what": f"{where}: {what}", "kept": kept_as})
-            self._losses.sync()
-        if copy:
-            os.link(name, kept_as, src_dir_fd=dir_fd, dst_dir_fd=self.fd, follow_symlinks=False)
-        else:
-            os.rename(name, kept_as, src_dir_fd=dir_fd, dst_dir_fd=self.fd)
-        os.fsync(self.fd)
-        if dir_fd != self.fd:
-            os.fsync(dir_fd)
         return kept_as
 
     def _log_damage(self, where: str, what: str, kept_as: str, when: float) -> None:
         log.error(
-            "state directory %s: %s %s; kept it as %s; resuming sessions it may have known (started before %s) "
-            "is refused rather than writing their events twice",
+            "state directory %s: %s %s; %s; resuming sessions it may have known (started before %s) is refused "
+            "rather than writing their events twice",
             self.path,
             where,
             what,
-            kept_as,
+            f"kept it as {kept_as}" if kept_as else "nothing to keep",
             time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(when)),
         )
 
