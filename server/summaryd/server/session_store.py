@@ -121,7 +121,8 @@ class SessionStore:
                 self._merge(record)
         self._lines = len(scan.records)
         self._journal.scan.records = []
-        short = os.fstat(self._journal.fileno()).st_size < expected_size
+        # (A store kept aside whole, being no file at all, has been reported already.)
+        short = not self._replaced and os.fstat(self._journal.fileno()).st_size < expected_size
         if scan.damaged or short:
             assert quarantine is not None
             what = scan.describe() if scan.damaged else f"is shorter than the {expected_size} bytes last written"
@@ -135,6 +136,7 @@ class SessionStore:
             self._witnessed()
 
     def _open(self, quarantine: Quarantine | None) -> Journal:
+        self._replaced = False
         try:
             journal = Journal(STORE_NAME, self._state_fd, create=False)
         except FileNotFoundError:
@@ -143,6 +145,7 @@ class SessionStore:
             if exc.errno not in NOT_A_FILE_ERRNOS or quarantine is None:
                 raise
             quarantine(self._state_fd, STORE_NAME, "is not a file", False)
+            self._replaced = True
             return Journal(STORE_NAME, self._state_fd, create=True)
         if journal.scan.damaged and quarantine is None:
             journal.close()
