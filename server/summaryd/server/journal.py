@@ -135,8 +135,8 @@ class Journal:
     """A journal file open for appending. A failed append leaves the file as it was and raises."""
 
     def __init__(self, name: str, dir_fd: int, *, create: bool) -> None:
-        """Open (or create) `name` in `dir_fd`; an existing journal is scanned (`scan`) and its incomplete last
-        line, if any, cut off. Damaged lines before it stay: the caller decides what to do about them."""
+        """Open (or create) `name` in `dir_fd`; an existing journal is scanned (`scan`) but left as it is: the
+        caller keeps it aside if damaged, or cuts a torn last line (`cut_torn`) before appending."""
         self.name = name
         self._dir_fd = dir_fd
         flags = os.O_RDWR | os.O_APPEND | os.O_CLOEXEC | os.O_NOFOLLOW | (os.O_CREAT | os.O_EXCL if create else 0)
@@ -149,12 +149,14 @@ class Journal:
                     raise IsADirectoryError(errno.EISDIR, "not a regular file", name)
                 self.scan = read(name, dir_fd)
                 self.size = self.scan.whole
-                # A damaged journal stays as it is for the caller to keep aside; only a torn tail goes here.
-                if not self.scan.damaged and os.fstat(self._fd).st_size != self.size:
-                    os.ftruncate(self._fd, self.size)
             except BaseException:
                 self.close()
                 raise
+
+    def cut_torn(self) -> None:
+        """Cut an incomplete last line (a torn append), so that the next append starts a line."""
+        if os.fstat(self._fd).st_size != self.size:
+            os.ftruncate(self._fd, self.size)
 
     def append(self, *records: Mapping[str, Any]) -> None:
         self.size = append_whole(self._fd, b"".join(encode(r) for r in records), self.size)

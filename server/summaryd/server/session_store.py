@@ -133,6 +133,7 @@ class SessionStore:
         else:
             if scan.torn:
                 log.debug("session store: cut a torn last line (%d bytes) left by a crash", scan.torn)
+            self._journal.cut_torn()
             self._witnessed()
 
     def _open(self, quarantine: Quarantine | None) -> Journal:

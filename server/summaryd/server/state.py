@@ -172,6 +172,7 @@ class StateDir:
             damage = "is not a file"
         else:
             if not losses.scan.damaged:
+                losses.cut_torn()
                 for record in losses.scan.records:
                     if isinstance(record.get("t"), int | float):
                         self._lost(float(record["t"]))
