@@ -140,7 +140,8 @@ class StateDir:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError as exc:
             # What the lock holds is only shown: a damaged one cannot forge a log line.
-            holder = "".join(c for c in os.pread(fd, 32, 0).decode(errors="replace") if c.isprintable()) or "?"
+            first_line = os.pread(fd, 32, 0).split(b"\n", 1)[0].decode(errors="replace")
+            holder = "".join(c for c in first_line if c.isprintable()) or "?"
             os.close(fd)
             if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN):
                 raise StateLockedError(
