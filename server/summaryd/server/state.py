@@ -323,9 +323,7 @@ class StateDir:
             return
         report.files += 1
         doubtful = _doubtful(scan)
-        records = [
-            SessionRecord(sid, journaled.run_dir, last, doubtful=sid in doubtful) for sid, last in marks.items()
-        ]
+        records = [SessionRecord(sid, journaled.run_dir, last, doubtful=sid in doubtful) for sid, last in marks.items()]
         self.store.record(records, sync=True)
         report.sessions += len(records)
         os.unlink(journal_name, dir_fd=self.journal_dir_fd)
