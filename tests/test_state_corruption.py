@@ -371,17 +371,16 @@ def test_a_state_entry_replaced_by_a_symlink_or_directory_is_kept_aside(
     new_session_opens(daemon)
 
 
-def test_a_state_dir_that_is_a_file_refuses_with_one_line(tmp_path: Path) -> None:
-    state = tmp_path / "state"
-    state.write_text("not a directory")
-    argv = [sys.executable, "-m", "summaryd.server", "serve", "--logdir", str(tmp_path / "runs")]
-    done = subprocess.run(
-        [*argv, "--state-dir", str(state), "--listen", "127.0.0.1:0"],
-        check=False,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    assert done.returncode == 1
+@pytest.mark.parametrize("case", ["a file", "the logdir"])
+def test_an_unusable_state_dir_refuses_with_one_line(tmp_path: Path, case: str) -> None:
+    logdir, state = tmp_path / "runs", tmp_path / "state"
+    if case == "a file":
+        state.write_text("not a directory")
+    else:
+        logdir.mkdir()
+        state = logdir
+    argv = [sys.executable, "-m", "summaryd.server", "serve", "--logdir", str(logdir), "--state-dir", str(state)]
+    done = subprocess.run([*argv, "--listen", "127.0.0.1:0"], check=False, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 1, done.stderr
     [line] = done.stderr.splitlines()
-    assert f"state directory {state}" in line, line
+    assert "state directory" in line and str(state) in line, line

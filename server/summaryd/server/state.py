@@ -105,6 +105,7 @@ class StateDir:
                 f"state directory {path}: {exc.strerror}; give --state-dir (or --logdir) a directory summaryd can "
                 "create and write"
             ) from None
+        self._lock_fd = -1
         try:
             self.identity: DirIdentity = dir_identity(self.fd)
             self._lock_fd, store_size = self._lock()
@@ -117,11 +118,15 @@ class StateDir:
                 self.fd, retention_secs, self.quarantine, expected_size=store_size, witness=self._witness
             )
             self.store.lost_before = self.lost_before
-        except BaseException:
+        except BaseException as exc:
             allow(self.identity)
             if self._losses is not None:
                 self._losses.close()
+            if self._lock_fd >= 0:
+                os.close(self._lock_fd)
             os.close(self.fd)
+            if isinstance(exc, OSError):  # unreadable or unwritable state: one line, not a traceback
+                raise StateError(f"state directory {self.path}: {exc}; the daemon needs to read and write it") from None
             raise
 
     def _lock(self) -> tuple[int, int]:
@@ -283,7 +288,22 @@ class StateDir:
         os.close(self.fd)
 
     def recover(self, logdir_fd: int) -> RecoveryReport:
-        """Repair the event files the previous daemon left open; see the module docstring."""
+        """Repair the event files the previous daemon left open; see the module docstring.
+
+        Raises:
+            StateError: the logdir is the state directory, or the state could not be read or written.
+        """
+        if dir_identity(logdir_fd) == self.identity:
+            raise StateError(
+                f"the state directory {self.path} is the logdir; give --state-dir a directory of its own (by default "
+                "it is <logdir>/.summaryd)"
+            )
+        try:
+            return self._recover(logdir_fd)
+        except OSError as exc:
+            raise StateError(f"state directory {self.path}: recovery failed: {exc}") from None
+
+    def _recover(self, logdir_fd: int) -> RecoveryReport:
         report = RecoveryReport()
         for name in sorted(os.listdir(self.journal_dir_fd)):
             if not name.endswith((JOURNAL_SUFFIX, TEMPORARY_SUFFIX)):
