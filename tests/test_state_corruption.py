@@ -384,3 +384,44 @@ def test_an_unusable_state_dir_refuses_with_one_line(tmp_path: Path, case: str) 
     assert done.returncode == 1, done.stderr
     [line] = done.stderr.splitlines()
     assert "state directory" in line and str(state) in line, line
+
+
+def test_a_session_last_recorded_before_a_corrupt_line_is_refused_one_recorded_after_it_resumes(
+    tmp_path: Path, daemons: list[Daemon]
+) -> None:
+    """The corrupt line may have been A's later update (its sequence number is then too low): A is refused. B's
+    latest line comes after it: B resumes where that line says. C was closed: it stays closed."""
+    from summaryd.server.journal import encode
+
+    state = tmp_path / "runs" / ".summaryd"
+    state.mkdir(parents=True)
+    now = int(time.time())
+    lines = [
+        encode({"s": "A", "r": "run", "q": 50, "t": now}),
+        encode({"s": "B", "r": "run", "q": 10, "t": now}),
+        encode({"s": "C", "r": "run", "q": 7, "t": now, "c": 1}),
+        bytearray(encode({"s": "A", "r": "run", "q": 100, "t": now})),
+        encode({"s": "B", "r": "run", "q": 20, "t": now}),
+    ]
+    lines[3][12] ^= 0x01  # A's later update is corrupt
+    (state / "sessions").write_bytes(b"".join(bytes(line) for line in lines))
+    daemon = start_daemon(tmp_path)
+    daemons.append(daemon)
+    with grpc.insecure_channel(daemon.address) as channel:
+        stub = pb_grpc.SummariesStub(channel)
+
+        def open_(session_id: str) -> int:
+            request = pb.OpenSessionRequest(session_id=session_id, run="run", next_sequence=1)
+            last: int = stub.OpenSession(request, timeout=10).last_sequence
+            return last
+
+        with pytest.raises(grpc.RpcError) as refused:
+            open_("A")
+        assert refused.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+        assert "cannot be resumed" in (refused.value.details() or "")
+        assert open_("B") == 20
+        with pytest.raises(grpc.RpcError) as closed:
+            open_("C")
+        assert "was closed" in (closed.value.details() or "")
+        assert open_("D") == 0  # a new session (an old client: no start time, nothing acknowledged) opens
+    assert "1 corrupt lines, 4 good lines kept" in daemon.log()

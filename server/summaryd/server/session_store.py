@@ -27,7 +27,7 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
-from summaryd.server.journal import Journal
+from summaryd.server.journal import Journal, Scan
 
 # Keeps a damaged state file aside: (directory fd, name, what is wrong, copy (True) or move (False)).
 Quarantine = Callable[[int, str, str, bool], None]
@@ -113,19 +113,25 @@ class SessionStore:
             quarantine(state_fd, _COMPACT_NAME, "is not a file", False)
         self._journal = self._open(quarantine)
         scan = self._journal.scan
+        last_line: dict[str, int] = {}
         for index, line in enumerate(scan.records):
             record = SessionRecord.from_json(line)
             if record is not None:
-                # A session last heard of before the damage may have lost its latest line in it.
-                record.doubtful = record.doubtful or (index < scan.trusted_from and not record.closed)
                 self._merge(record)
+                last_line[record.session_id] = index
+        for session_id, index in last_line.items():
+            # A session last heard of before the damage may have lost a later line in it (not its close:
+            # a closed session stays closed).
+            record = self._records[session_id]
+            record.doubtful = record.doubtful or (index < scan.trusted_from and not record.closed)
         self._lines = len(scan.records)
-        self._journal.scan.records = []
+        damage = scan.describe()
+        self._journal.scan = Scan([], scan.whole)
         # (A store kept aside whole, being no file at all, has been reported already.)
         short = not self._replaced and os.fstat(self._journal.fileno()).st_size < expected_size
         if scan.damaged or short:
             assert quarantine is not None
-            what = scan.describe() if scan.damaged else f"is shorter than the {expected_size} bytes last written"
+            what = damage if scan.damaged else f"is shorter than the {expected_size} bytes last written"
             quarantine(state_fd, STORE_NAME, what, True)
             # Rewritten from its good lines now, so that the damage is reported once (the copy keeps it).
             if not self._compact_locked(horizon=0.0):

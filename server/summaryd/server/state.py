@@ -271,9 +271,9 @@ class StateDir:
             "state directory %s: %s %s; %s; resuming sessions it may have known (started before %s) is refused "
             "rather than writing their events twice",
             self.path,
-            where,
+            _printable(where),
             what,
-            f"kept it as {kept_as}" if kept_as else "nothing to keep",
+            f"kept it as {_printable(kept_as)}" if kept_as else "nothing to keep",
             time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(when)),
         )
 
@@ -419,3 +419,8 @@ def _exists(dir_fd: int, name: str) -> bool:
     except FileNotFoundError:
         return False
     return True
+
+
+def _printable(name: str) -> str:
+    """A file name as one log line can show it (a crafted name cannot start a line of its own)."""
+    return "".join(c if c.isprintable() else "?" for c in name)
