@@ -130,8 +130,10 @@ class SessionStore:
         # (A store kept aside whole, being no file at all, has been reported already.)
         short = not self._replaced and os.fstat(self._journal.fileno()).st_size < expected_size
         if scan.damaged or short:
-            assert quarantine is not None
             what = damage if scan.damaged else f"is shorter than the {expected_size} bytes last written"
+            if quarantine is None:
+                self._journal.close()
+                raise OSError(f"the session store {STORE_NAME} is damaged: {what}")
             quarantine(state_fd, STORE_NAME, what, True)
             # Rewritten from its good lines now, so that the damage is reported once (the copy keeps it).
             if not self._compact_locked(horizon=0.0):
@@ -154,9 +156,6 @@ class SessionStore:
             quarantine(self._state_fd, STORE_NAME, "is not a file", False)
             self._replaced = True
             return Journal(STORE_NAME, self._state_fd, create=True)
-        if journal.scan.damaged and quarantine is None:
-            journal.close()
-            raise OSError(f"the session store {STORE_NAME} is damaged: {journal.scan.describe()}")
         return journal
 
     def may_have_lost(self, next_sequence: int, session_started: float) -> bool:
