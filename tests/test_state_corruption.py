@@ -424,4 +424,4 @@ def test_a_session_last_recorded_before_a_corrupt_line_is_refused_one_recorded_a
             open_("C")
         assert "was closed" in (closed.value.details() or "")
         assert open_("D") == 0  # a new session (an old client: no start time, nothing acknowledged) opens
-    assert "1 corrupt lines, 4 good lines kept" in daemon.log()
+    assert "sessions has 1 corrupt line (4 good lines used)" in daemon.log()

@@ -74,10 +74,10 @@ class Scan:
     def describe(self) -> str:
         what = []
         if self.bad_lines:
-            what.append(f"{self.bad_lines} corrupt lines")
+            what.append(f"{self.bad_lines} corrupt line{'s' if self.bad_lines != 1 else ''}")
         if self.garbage:
             what.append(f"{self.garbage} bytes of garbage at the end")
-        return f"{' and '.join(what)}, {len(self.records)} good lines kept"
+        return f"has {' and '.join(what)} ({len(self.records)} good lines used)"
 
 
 # An incomplete line as `encode` starts one: hex digits, a space, then printable ASCII (JSON with ensure_ascii).
