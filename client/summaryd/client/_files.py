@@ -170,7 +170,13 @@ class FileUploader:
             )
             return
         identity = SpoolIdentity(
-            sender.session_id, sender.run, sender.worker, sender.world_size, sender.address, sender.framework
+            sender.session_id,
+            sender.run,
+            sender.worker,
+            sender.world_size,
+            sender.address,
+            sender.framework,
+            session_started=sender.session_started,
         )
         try:
             directory = spool_files(sender.spool_root, identity, files)

@@ -323,7 +323,8 @@ def _upload(
     fresh = session_id is None
     if session_id is None:
         session_id = str(uuid.uuid4())
-        stub.OpenSession(open_request({**manifest, "session_id": session_id}, 1, "summaryd-replay"), timeout=timeout)
+        fresh_manifest = {**manifest, "session_id": session_id, "session_started": time.time()}
+        stub.OpenSession(open_request(fresh_manifest, 1, "summaryd-replay"), timeout=timeout)
     for path, content in files:
         stub.PutFile(pb.PutFileRequest(session_id=session_id, path=path, content=content), timeout=timeout)
     if fresh:
@@ -347,6 +348,8 @@ def open_request(manifest: dict[str, Any], next_sequence: int, framework: str) -
             framework=framework,
         ),
         next_sequence=next_sequence,
+        # A spool written before this field existed says when it was created: the session started no later.
+        session_started=float(manifest.get("session_started") or manifest.get("created") or 0),
     )
 
 

@@ -109,6 +109,8 @@ class SpoolIdentity:
     world_size: int
     address: str
     framework: str
+    session_started: float = 0.0
+    """When the session id was created (Unix seconds); see `OpenSessionRequest.session_started`."""
 
     def manifest(self, format: str) -> dict[str, Any]:
         """The manifest of a spool of this session, written by this process now."""
@@ -123,6 +125,7 @@ class SpoolIdentity:
             "host": socket.gethostname(),
             "pid": os.getpid(),
             "created": time.time(),
+            "session_started": self.session_started,
         }
 
 

@@ -19,20 +19,22 @@ class ClientIdentity(_message.Message):
     def __init__(self, host: _Optional[str] = ..., pid: _Optional[int] = ..., framework: _Optional[str] = ..., version: _Optional[str] = ...) -> None: ...
 
 class OpenSessionRequest(_message.Message):
-    __slots__ = ("session_id", "run", "worker", "world_size", "client", "next_sequence")
+    __slots__ = ("session_id", "run", "worker", "world_size", "client", "next_sequence", "session_started")
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     RUN_FIELD_NUMBER: _ClassVar[int]
     WORKER_FIELD_NUMBER: _ClassVar[int]
     WORLD_SIZE_FIELD_NUMBER: _ClassVar[int]
     CLIENT_FIELD_NUMBER: _ClassVar[int]
     NEXT_SEQUENCE_FIELD_NUMBER: _ClassVar[int]
+    SESSION_STARTED_FIELD_NUMBER: _ClassVar[int]
     session_id: str
     run: str
     worker: str
     world_size: int
     client: ClientIdentity
     next_sequence: int
-    def __init__(self, session_id: _Optional[str] = ..., run: _Optional[str] = ..., worker: _Optional[str] = ..., world_size: _Optional[int] = ..., client: _Optional[_Union[ClientIdentity, _Mapping]] = ..., next_sequence: _Optional[int] = ...) -> None: ...
+    session_started: float
+    def __init__(self, session_id: _Optional[str] = ..., run: _Optional[str] = ..., worker: _Optional[str] = ..., world_size: _Optional[int] = ..., client: _Optional[_Union[ClientIdentity, _Mapping]] = ..., next_sequence: _Optional[int] = ..., session_started: _Optional[float] = ...) -> None: ...
 
 class OpenSessionResponse(_message.Message):
     __slots__ = ("run_dir", "last_sequence", "lease_seconds", "max_message_bytes", "max_event_bytes", "max_batch_events")

@@ -301,13 +301,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         sub.error(str(exc))
     configure_logging(config.log_level, config.log_format)
     from summaryd.server.server import StartupError, run
-    from summaryd.server.state import StateLockedError
+    from summaryd.server.state import StateError
 
     log = logging.getLogger("summaryd")
     log.debug("config %s", dataclasses.asdict(config))
     try:
         run(config)
-    except (StartupError, StateLockedError) as exc:
+    except (StartupError, StateError) as exc:
         log.error("%s", exc)
         return 1
     return 0

@@ -1,8 +1,10 @@
 """Journals: append-only files of CRC-checked JSON lines, and the journal of each open event file.
 
 A line on disk is `<crc32c of the JSON as 8 hex digits> <JSON>\\n`. A crash can tear only the last line of a
-journal (appends are whole or cut back, `event_file.append_whole`), and a reader stops at the first line that
-is incomplete or fails its checksum, so a torn line is simply not there.
+journal (appends are whole or cut back, `event_file.append_whole`): an incomplete last line that still looks
+like the start of a line is torn, and is cut off quietly. Anything else that fails (a whole line with a bad
+checksum, bytes that cannot be the start of a line) is damage: the reader skips it, keeps every good line
+around it, and says how much it skipped (`Scan`), so that the caller can report it and keep the bytes aside.
 
 The journal of an open event file is what makes "events in the file" and "sequence numbers acknowledged"
 agree after a crash. Its first line names the run directory and the file; every later line says where the
@@ -24,8 +26,11 @@ rewritten as exactly that (a new file renamed over the old one: recovery sees ei
 
 from __future__ import annotations
 
+import errno
 import json
 import os
+import re
+import stat
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -46,30 +51,77 @@ def encode(record: Mapping[str, Any]) -> bytes:
     return b"%08x %s\n" % (crc, data)
 
 
-def decode(data: bytes) -> tuple[list[dict[str, Any]], int]:
-    """The records of a journal's bytes, up to the first torn or corrupt line, and where that good part ends."""
-    records: list[dict[str, Any]] = []
-    good = 0
+@dataclass
+class Scan:
+    """What a journal's bytes hold: the good records, and what was cut or skipped."""
+
+    records: list[dict[str, Any]]
+    whole: int
+    """Where the last complete line ends: the file is cut back to this (the torn tail goes)."""
+    bad_lines: int = 0
+    """Complete lines that failed their checksum or did not parse: damage, skipped."""
+    torn: int = 0
+    """Bytes of an incomplete last line that looks like the start of one (a torn append): cut quietly."""
+    garbage: int = 0
+    """Bytes of an incomplete last line that cannot be the start of one: damage."""
+    trusted_from: int = 0
+    """Index of the first record after the last damage: a record before it may have had a later update lost."""
+
+    @property
+    def damaged(self) -> bool:
+        return bool(self.bad_lines or self.garbage)
+
+    def describe(self) -> str:
+        what = []
+        if self.bad_lines:
+            what.append(f"{self.bad_lines} corrupt line{'s' if self.bad_lines != 1 else ''}")
+        if self.garbage:
+            what.append(f"{self.garbage} bytes of garbage at the end")
+        return f"has {' and '.join(what)} ({len(self.records)} good lines used)"
+
+
+# An incomplete line as `encode` starts one: hex digits, a space, then printable ASCII (JSON with ensure_ascii).
+_LINE_START = re.compile(rb"[0-9a-f]{0,8}|[0-9a-f]{8} [\x20-\x7e]*")
+
+
+def decode(data: bytes) -> Scan:
+    """Scan a journal's bytes: every good record, skipping (and counting) damaged lines."""
+    scan = Scan([], 0)
+    start = 0
     while True:
-        newline = data.find(b"\n", good)
+        newline = data.find(b"\n", start)
         if newline < 0:
-            return records, good
-        line = data[good:newline]
-        crc, _, text = line.partition(b" ")
-        try:
-            if len(crc) != 8 or int(crc, 16) != google_crc32c.value(text):
-                return records, good
-            record = json.loads(text)
-        except ValueError:
-            return records, good
-        if not isinstance(record, dict):
-            return records, good
-        records.append(record)
-        good = newline + 1
+            break
+        record = _parse(data[start:newline])
+        if record is None:
+            scan.bad_lines += 1
+            scan.trusted_from = len(scan.records)
+        else:
+            scan.records.append(record)
+        start = newline + 1
+    scan.whole = start
+    tail = data[start:]
+    if _LINE_START.fullmatch(tail):
+        scan.torn = len(tail)
+    else:
+        scan.garbage = len(tail)
+        scan.trusted_from = len(scan.records)
+    return scan
 
 
-def read(name: str, dir_fd: int) -> tuple[list[dict[str, Any]], int]:
-    """Read the journal file `name` in `dir_fd`: its good records and the size of their part of the file."""
+def _parse(line: bytes) -> dict[str, Any] | None:
+    crc, _, text = line.partition(b" ")
+    try:
+        if len(crc) != 8 or int(crc, 16) != google_crc32c.value(text):
+            return None
+        record = json.loads(text)
+    except ValueError:
+        return None
+    return record if isinstance(record, dict) else None
+
+
+def read(name: str, dir_fd: int) -> Scan:
+    """Read and scan the journal file `name` in `dir_fd` (never following a symlink)."""
     fd = os.open(name, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW, dir_fd=dir_fd)
     try:
         with os.fdopen(fd, "rb", closefd=False) as f:
@@ -83,23 +135,37 @@ class Journal:
     """A journal file open for appending. A failed append leaves the file as it was and raises."""
 
     def __init__(self, name: str, dir_fd: int, *, create: bool) -> None:
-        """Open (or create) `name` in `dir_fd`; an existing journal's torn tail, if any, is cut off first."""
+        """Open (or create) `name` in `dir_fd`; an existing journal is scanned (`scan`) but left as it is: the
+        caller keeps it aside if damaged, or cuts a torn last line (`cut_torn`) before appending."""
         self.name = name
         self._dir_fd = dir_fd
         flags = os.O_RDWR | os.O_APPEND | os.O_CLOEXEC | os.O_NOFOLLOW | (os.O_CREAT | os.O_EXCL if create else 0)
         self._fd = os.open(name, flags, 0o644, dir_fd=dir_fd)
-        self.records: list[dict[str, Any]] = []
+        self.scan = Scan([], 0)
         self.size = 0
         if not create:
-            self.records, self.size = read(name, dir_fd)
-            if os.fstat(self._fd).st_size != self.size:
-                os.ftruncate(self._fd, self.size)
+            try:
+                if not stat.S_ISREG(os.fstat(self._fd).st_mode):
+                    raise IsADirectoryError(errno.EISDIR, "not a regular file", name)
+                self.scan = read(name, dir_fd)
+                self.size = self.scan.whole
+            except BaseException:
+                self.close()
+                raise
+
+    def cut_torn(self) -> None:
+        """Cut an incomplete last line (a torn append), so that the next append starts a line."""
+        if os.fstat(self._fd).st_size != self.size:
+            os.ftruncate(self._fd, self.size)
 
     def append(self, *records: Mapping[str, Any]) -> None:
         self.size = append_whole(self._fd, b"".join(encode(r) for r in records), self.size)
 
     def sync(self) -> None:
         os.fsync(self._fd)
+
+    def fileno(self) -> int:
+        return self._fd
 
     def close(self) -> None:
         if self._fd >= 0:

@@ -201,6 +201,13 @@ class Server:
                     report.deleted_files,
                     report.sessions,
                 )
+            if report.damaged:
+                log.error(
+                    "kept %d damaged state files aside in %s (damaged-*); resuming sessions whose record may be "
+                    "lost is refused",
+                    report.damaged,
+                    state.path,
+                )
             service = SummariesService(registry, state.store, config.session_lease, config.limits)
             await self._serve(server, health_servicer, registry, service, executor)
         finally:

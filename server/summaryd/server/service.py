@@ -197,6 +197,10 @@ class SummariesService(pb_grpc.SummariesServicer):
                     grpc.StatusCode.FAILED_PRECONDITION,
                     f"session {session_id} holds sequence numbers beyond {MAX_SEQUENCE}; open a new session",
                 )
+            if (record is not None and record.doubtful) or (
+                record is None and self.store.may_have_lost(request.next_sequence, request.session_started)
+            ):
+                await self._abort_lost(session_id, run_dir, context)
             try:
                 peer = _peer_host(context.peer() or "")
                 session = await self._complete(self._start_session(request, parts, record, peer))
@@ -574,6 +578,15 @@ class SummariesService(pb_grpc.SummariesServicer):
         await context.abort(
             grpc.StatusCode.FAILED_PRECONDITION,
             f"session {session_id} was closed; open a new session with a new id",
+        )
+        raise AssertionError("unreachable")
+
+    async def _abort_lost(self, session_id: str, run_dir: str, context: Context) -> NoReturn:
+        await context.abort(
+            grpc.StatusCode.FAILED_PRECONDITION,
+            f"session {session_id} cannot be resumed: the daemon's record of it may have been lost with damaged "
+            f"state (see the daemon's log), and resuming could write its events twice; check run {run_dir!r} for "
+            "what arrived and log the rest in a new session",
         )
         raise AssertionError("unreachable")
 

@@ -9,19 +9,30 @@ grown to several times the live records, dropping sessions not updated within th
 
 Sequence numbers reach the store when an event file closes (for every session that wrote to it), when a
 session is closed or released, and at recovery; while a file is open, its own journal holds them.
+
+A damaged store (a line failing its checksum, garbage, not a file at all) is kept aside by the state directory
+(`state.StateDir.quarantine`) and rewritten from its good lines. A session whose last good line comes before
+the damage may have lost a later update (a higher sequence number, its close): it is kept as `doubtful`, and
+resuming it is refused, as is resuming a session the store does not know that started before `lost_before`.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import logging
 import os
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
-from summaryd.server.journal import Journal
+from summaryd.server.journal import Journal, Scan
+
+# Keeps a damaged state file aside: (directory fd, name, what is wrong, copy (True) or move (False)).
+Quarantine = Callable[[int, str, str, bool], None]
+# A state entry that is not a regular file (a directory, a symlink) cannot be opened as one.
+NOT_A_FILE_ERRNOS = frozenset({errno.EISDIR, errno.ENOTDIR, errno.ELOOP, errno.ENXIO})
 
 log = logging.getLogger(__name__)
 
@@ -39,11 +50,15 @@ class SessionRecord:
     last: int
     closed: bool = False
     updated: float = 0.0
+    doubtful: bool = False
+    """A later update of this session may have been lost with damaged state: `last` may be too low."""
 
     def to_json(self) -> dict[str, object]:
         record: dict[str, object] = {"s": self.session_id, "r": self.run_dir, "q": self.last, "t": int(self.updated)}
         if self.closed:
             record["c"] = 1
+        if self.doubtful:
+            record["d"] = 1
         return record
 
     @classmethod
@@ -51,7 +66,14 @@ class SessionRecord:
         session_id, run_dir, last, updated = record.get("s"), record.get("r"), record.get("q"), record.get("t", 0)
         if not (isinstance(session_id, str) and isinstance(run_dir, str) and isinstance(last, int)):
             return None
-        return cls(session_id, run_dir, last, bool(record.get("c")), float(updated) if isinstance(updated, int) else 0)
+        return cls(
+            session_id,
+            run_dir,
+            last,
+            bool(record.get("c")),
+            float(updated) if isinstance(updated, int) else 0,
+            bool(record.get("d")),
+        )
 
 
 class SessionStore:
@@ -60,23 +82,93 @@ class SessionStore:
     Thread-safe: the daemon updates it from its I/O threads.
     """
 
-    def __init__(self, state_fd: int, retention_secs: float) -> None:
+    def __init__(
+        self,
+        state_fd: int,
+        retention_secs: float,
+        quarantine: Quarantine | None = None,
+        *,
+        expected_size: int = 0,
+        witness: Callable[[int], None] | None = None,
+    ) -> None:
+        """Load the store of the state directory `state_fd`; damage is handed to `quarantine` (None: raise).
+
+        `witness` is told the store's size after every update, and `expected_size` is what it was last told
+        (kept outside the store, so that a store cut short is told from one whose last append was torn).
+        """
         self._state_fd = state_fd
+        self._witness = witness
         self._retention = retention_secs
         self._lock = threading.Lock()
         self._records: dict[str, SessionRecord] = {}
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(_COMPACT_NAME, dir_fd=state_fd)  # left by a crash during compaction: the old store stands
+        self.lost_before: float | None = None
+        """Set by the state directory: state was lost that sessions started before this time may have had."""
         try:
-            self._journal = Journal(STORE_NAME, state_fd, create=False)
+            os.unlink(_COMPACT_NAME, dir_fd=state_fd)  # left by a crash during compaction: the old store stands
         except FileNotFoundError:
-            self._journal = Journal(STORE_NAME, state_fd, create=True)
-        for line in self._journal.records:
+            pass
+        except OSError as exc:
+            if exc.errno not in NOT_A_FILE_ERRNOS or quarantine is None:
+                raise
+            quarantine(state_fd, _COMPACT_NAME, "is not a file", False)
+        self._journal = self._open(quarantine)
+        scan = self._journal.scan
+        last_line: dict[str, int] = {}
+        for index, line in enumerate(scan.records):
             record = SessionRecord.from_json(line)
             if record is not None:
                 self._merge(record)
-        self._lines = len(self._journal.records)
-        self._journal.records = []
+                last_line[record.session_id] = index
+        for session_id, index in last_line.items():
+            # A session last heard of before the damage may have lost a later line in it (not its close:
+            # a closed session stays closed).
+            record = self._records[session_id]
+            record.doubtful = record.doubtful or (index < scan.trusted_from and not record.closed)
+        self._lines = len(scan.records)
+        damage = scan.describe()
+        self._journal.scan = Scan([], scan.whole)
+        # (A store kept aside whole, being no file at all, has been reported already.)
+        short = not self._replaced and os.fstat(self._journal.fileno()).st_size < expected_size
+        if scan.damaged or short:
+            what = damage if scan.damaged else f"is shorter than the {expected_size} bytes last written"
+            if quarantine is None:
+                self._journal.close()
+                raise OSError(f"the session store {STORE_NAME} is damaged: {what}")
+            quarantine(state_fd, STORE_NAME, what, True)
+            # Rewritten from its good lines now, so that the damage is reported once (the copy keeps it).
+            if not self._compact_locked(horizon=0.0):
+                raise OSError(f"the session store {STORE_NAME} could not be rewritten after damage")
+        else:
+            if scan.torn:
+                log.debug("session store: cut a torn last line (%d bytes) left by a crash", scan.torn)
+            self._journal.cut_torn()
+            self._witnessed()
+
+    def _open(self, quarantine: Quarantine | None) -> Journal:
+        self._replaced = False
+        try:
+            journal = Journal(STORE_NAME, self._state_fd, create=False)
+        except FileNotFoundError:
+            return Journal(STORE_NAME, self._state_fd, create=True)
+        except OSError as exc:
+            if exc.errno not in NOT_A_FILE_ERRNOS or quarantine is None:
+                raise
+            quarantine(self._state_fd, STORE_NAME, "is not a file", False)
+            self._replaced = True
+            return Journal(STORE_NAME, self._state_fd, create=True)
+        return journal
+
+    def may_have_lost(self, next_sequence: int, session_started: float) -> bool:
+        """Whether a session the store does not know may be one whose record was lost with damaged state.
+
+        It may when state was lost and the client has seen events of the session acknowledged (it resumes at
+        `next_sequence` > 1) or says it started the session (`session_started`, Unix seconds, 0: not said)
+        before the damaged state was last written.
+        """
+        lost_before = self.lost_before
+        if lost_before is None:
+            return False
+        return next_sequence > 1 or 0 < session_started <= lost_before
 
     def __len__(self) -> int:
         return len(self._records)
@@ -94,6 +186,7 @@ class SessionStore:
         known.last = max(known.last, update.last)
         known.closed = known.closed or update.closed
         known.updated = max(known.updated, update.updated)
+        known.doubtful = known.doubtful or update.doubtful
         known.run_dir = update.run_dir
         return known
 
@@ -108,6 +201,7 @@ class SessionStore:
             if lines:
                 self._journal.append(*lines)
                 self._lines += len(lines)
+                self._witnessed()
             if sync:
                 self._journal.sync()
             if self._lines > max(_MIN_LINES_BEFORE_COMPACTING, 4 * len(self._records)):
@@ -122,10 +216,17 @@ class SessionStore:
         with self._lock:
             self._compact_locked()
 
-    def _compact_locked(self) -> None:
-        horizon = time.time() - self._retention
+    def _compact_locked(self, horizon: float | None = None) -> bool:
+        """Rewrite the store (keeping sessions updated after `horizon`, default: within the retention); False
+        when that failed and the full store was kept."""
+        if horizon is None:
+            horizon = time.time() - self._retention
         kept = {sid: r for sid, r in self._records.items() if r.updated >= horizon}
-        compact = Journal(_COMPACT_NAME, self._state_fd, create=True)
+        try:
+            compact = Journal(_COMPACT_NAME, self._state_fd, create=True)
+        except OSError:
+            log.exception("compacting the session store failed; keeping the full one")
+            return False
         try:
             compact.append(*(r.to_json() for r in kept.values()))
             compact.sync()
@@ -135,7 +236,7 @@ class SessionStore:
             with contextlib.suppress(OSError):
                 compact.remove()
             log.exception("compacting the session store failed; keeping the full one")
-            return
+            return False
         os.fsync(self._state_fd)
         self._journal.close()
         self._journal = compact
@@ -145,6 +246,12 @@ class SessionStore:
             log.info("session store: forgot %d sessions idle for over %.0f days", forgotten, self._retention / 86400)
         self._records = kept
         self._lines = len(kept)
+        self._witnessed()
+        return True
+
+    def _witnessed(self) -> None:
+        if self._witness is not None:
+            self._witness(self._journal.size)
 
     def close(self) -> None:
         with self._lock:

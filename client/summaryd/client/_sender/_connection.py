@@ -66,6 +66,7 @@ class Connection(Spilling):
                 host=socket.gethostname(), pid=os.getpid(), framework=self.framework, version=VERSION
             ),
             next_sequence=self._acked + 1,
+            session_started=self.session_started,
         )
         self._opening = pb_grpc.SummariesStub(self._channel).OpenSession.future(request, timeout=self.rpc_timeout)
         self._opening.add_done_callback(lambda _: self._wake.set())

@@ -72,7 +72,15 @@ class Spilling(BatchLog):
         return True
 
     def _open_spool(self, first_sequence: int) -> Spool:
-        identity = SpoolIdentity(self.session_id, self.run, self.worker, self.world_size, self.address, self.framework)
+        identity = SpoolIdentity(
+            self.session_id,
+            self.run,
+            self.worker,
+            self.world_size,
+            self.address,
+            self.framework,
+            session_started=self.session_started,
+        )
         if self._outbox_pid is not None:
             return Spool(outbox_root(self.spool_root, self._outbox_pid), identity, first_sequence)
         spool = Spool(self.spool_root, identity, first_sequence)

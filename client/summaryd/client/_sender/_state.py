@@ -65,6 +65,8 @@ class SenderState:
         # In a child forked from a process that used gRPC: never use gRPC, write to an outbox instead.
         self._outbox_pid = _process.outbox_owner()
         self.session_id = str(uuid.uuid4())
+        # Sent when opening the session: a daemon that lost state refuses to resume sessions older than the loss.
+        self.session_started = time.time()
         self.run_dir: str | None = None
         # Re-entrant: the SIGTERM handler may close the sender while the interrupted caller holds the lock.
         self._lock = threading.RLock()
