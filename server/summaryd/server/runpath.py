@@ -20,6 +20,7 @@ __all__ = [
     "MAX_DEPTH",
     "MAX_RUN_PATH_BYTES",
     "allow",
+    "check_run_dir",
     "dir_identity",
     "forbid",
     "open_existing_dir",
@@ -79,6 +80,44 @@ def open_existing_dir(logdir_fd: int, parts: list[str]) -> int | None:
     return _walk(logdir_fd, parts, create=False)
 
 
+def check_run_dir(logdir_fd: int, parts: list[str]) -> None:
+    """Refuse at once a run path that its first write would fail on (the directory is made then); create nothing.
+
+    Raises:
+        RunPathError: a part of the path exists as a symlink or a file, or is the state directory.
+        OSError: the deepest part that exists cannot be written (EROFS, EACCES).
+    """
+    fd = os.dup(logdir_fd)
+    try:
+        for depth, part in enumerate(parts):
+            try:
+                child = os.open(part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=fd)
+            except FileNotFoundError:
+                break  # the rest is made at the first write
+            except OSError as exc:
+                _refuse_not_a_directory(exc, parts, depth)
+                raise
+            os.close(fd)
+            fd = child
+            _refuse_state_dir(fd, parts, depth)
+        # Where the first write creates its directory or file: tell the client now if it cannot.
+        if os.fstatvfs(fd).f_flag & os.ST_RDONLY:
+            raise OSError(errno.EROFS, os.strerror(errno.EROFS))
+        if not os.access(".", os.W_OK | os.X_OK, dir_fd=fd):
+            raise OSError(errno.EACCES, os.strerror(errno.EACCES))
+    finally:
+        os.close(fd)
+
+
+def _refuse_not_a_directory(exc: OSError, parts: list[str], depth: int) -> None:
+    if exc.errno in (errno.ELOOP, errno.ENOTDIR):
+        where = "/".join(parts[: depth + 1])
+        raise RunPathError(
+            f"{where!r} in the logdir is a symlink or a file; summaryd writes only into real directories inside "
+            "its logdir"
+        ) from None
+
+
 def _walk(logdir_fd: int, parts: list[str], *, create: bool) -> int | None:
     fd = os.dup(logdir_fd)
     try:
@@ -92,12 +131,7 @@ def _walk(logdir_fd: int, parts: list[str], *, create: bool) -> int | None:
                 if not create and exc.errno in (errno.ENOENT, errno.ELOOP, errno.ENOTDIR):
                     os.close(fd)
                     return None
-                if exc.errno in (errno.ELOOP, errno.ENOTDIR):
-                    where = "/".join(parts[: depth + 1])
-                    raise RunPathError(
-                        f"{where!r} in the logdir is a symlink or a file; summaryd writes only into real "
-                        "directories inside its logdir"
-                    ) from None
+                _refuse_not_a_directory(exc, parts, depth)
                 raise
             os.close(fd)
             fd = child

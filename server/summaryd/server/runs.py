@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import errno
 import logging
 import os
 import time
@@ -13,13 +12,12 @@ from concurrent.futures import Executor
 from dataclasses import dataclass, field
 from typing import TypeVar
 
-from summaryd.server.errors import RunPathError
 from summaryd.server.event_check import check_and_frame
 from summaryd.server.event_file import EventFile, next_name
 from summaryd.server.journal import FileJournal
 from summaryd.server.limits import DEFAULT, LimitError, Limits
 from summaryd.server.metrics import Metrics
-from summaryd.server.runpath import open_run_dir
+from summaryd.server.runpath import check_run_dir, open_run_dir
 from summaryd.server.session_store import SessionRecord, SessionStore
 
 log = logging.getLogger(__name__)
@@ -228,7 +226,7 @@ class RunRegistry:
                         f"the daemon has {len(self._runs)} runs open, its limit (--max-open-runs); close sessions "
                         "of finished runs or raise the limit"
                     )
-                await run_to_completion(self._executor, lambda: _check_run_dir(self.logdir_fd, parts))
+                await run_to_completion(self._executor, lambda: check_run_dir(self.logdir_fd, parts))
                 writer = RunWriter(
                     run_dir,
                     self.logdir_fd,
@@ -264,36 +262,3 @@ class RunRegistry:
             except OSError:
                 log.exception("run %s: closing the event file failed", writer.run_dir)
         os.close(self.logdir_fd)
-
-
-def _check_run_dir(logdir_fd: int, parts: list[str]) -> None:
-    """Refuse at once a run path that the first write would fail on; create nothing.
-
-    Raises:
-        RunPathError: a part of the path exists already as a symlink or a file.
-        OSError: the deepest part that exists cannot be written (EROFS, EACCES).
-    """
-    fd = os.dup(logdir_fd)
-    try:
-        for depth, part in enumerate(parts):
-            try:
-                child = os.open(part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=fd)
-            except FileNotFoundError:
-                break  # the rest is made at the first write
-            except OSError as exc:
-                if exc.errno in (errno.ELOOP, errno.ENOTDIR):
-                    where = "/".join(parts[: depth + 1])
-                    raise RunPathError(
-                        f"{where!r} in the logdir is a symlink or a file; summaryd writes only into real "
-                        "directories inside its logdir"
-                    ) from None
-                raise
-            os.close(fd)
-            fd = child
-        # Where the first write creates its directory or file: tell the client now if it cannot.
-        if os.fstatvfs(fd).f_flag & os.ST_RDONLY:
-            raise OSError(errno.EROFS, os.strerror(errno.EROFS))
-        if not os.access(".", os.W_OK | os.X_OK, dir_fd=fd):
-            raise OSError(errno.EACCES, os.strerror(errno.EACCES))
-    finally:
-        os.close(fd)
