@@ -289,3 +289,17 @@ def test_insecure_non_loopback_starts_with_a_warning(tmp_path: Path) -> None:
         os.kill(proc.pid, signal.SIGTERM)
         proc.wait(30)
     assert proc.returncode == 0
+
+
+def test_refused_callers_are_logged_once_per_kind_without_their_token(guarded: Daemon) -> None:
+    """Wrong tokens and other tenants' tokens, again and again: one WARNING line per kind at the default level,
+    naming the status and never the token offered."""
+    wrong = "wrong-token-0123456789abcdef"
+    for _ in range(5):
+        assert _code(lambda: _open(guarded.address, "team-a/x", wrong)) == grpc.StatusCode.UNAUTHENTICATED
+        assert _code(lambda: _open(guarded.address, "team-a/x", BOB)) == grpc.StatusCode.PERMISSION_DENIED
+    guarded.terminate()
+    warnings = [line for line in guarded.log().splitlines() if " WARNING " in line]
+    for code in ("UNAUTHENTICATED", "PERMISSION_DENIED"):
+        assert len([line for line in warnings if code in line]) == 1, warnings
+    assert wrong not in guarded.log() and BOB not in guarded.log()

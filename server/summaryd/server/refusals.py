@@ -5,8 +5,9 @@ while (streams) the servicer runs; bytes that do not parse raise there, and gRPC
 ERROR traceback for every such message. `RefusalInterceptor`, the outermost interceptor, gives every handler a
 deserializer that never raises (it returns `Unparsed` instead) and answers an `Unparsed` request with
 `INVALID_ARGUMENT` before any inner layer (other interceptors, the servicer) sees it. It also logs what the
-daemon refuses because of what a client sent (`INVALID_ARGUMENT`, `RESOURCE_EXHAUSTED`) as one WARNING line per
-method and status at most every few seconds, saying how many more were left out.
+daemon refuses because of what a client sent (`INVALID_ARGUMENT`, `RESOURCE_EXHAUSTED`, `UNAUTHENTICATED`,
+`PERMISSION_DENIED`) as one WARNING line per method and status at most every few seconds, saying how many more
+were left out.
 """
 
 from __future__ import annotations
@@ -27,7 +28,15 @@ log = logging.getLogger(__name__)
 Handler = Any
 Context = aio.ServicerContext[Any, Any]
 
-LOGGED = frozenset({grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.RESOURCE_EXHAUSTED})
+LOGGED = frozenset(
+    {
+        grpc.StatusCode.INVALID_ARGUMENT,
+        grpc.StatusCode.RESOURCE_EXHAUSTED,
+        # A caller without a valid token, or reaching beyond its prefixes: what an operator must be able to see.
+        grpc.StatusCode.UNAUTHENTICATED,
+        grpc.StatusCode.PERMISSION_DENIED,
+    }
+)
 """Statuses that say a client sent something the daemon will not take; each is logged (throttled)."""
 
 
