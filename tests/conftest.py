@@ -118,6 +118,19 @@ def daemon(tmp_path: Path) -> Iterator[Daemon]:
                 d.proc.wait()
 
 
+@pytest.fixture
+def daemons() -> Iterator[list[Daemon]]:
+    """Daemons a test starts and appends here; each is killed by pid at the end if still running."""
+    started: list[Daemon] = []
+    try:
+        yield started
+    finally:
+        for d in started:
+            if d.proc.poll() is None:
+                d.proc.kill()
+                d.proc.wait(30)
+
+
 @pytest.fixture(autouse=True)
 def _private_spool(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Spools of a test stay in its own folder, never in the user's cache."""

@@ -17,7 +17,6 @@ import sys
 import textwrap
 import time
 import uuid
-from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -49,16 +48,10 @@ def restart(daemon: Daemon, tmp_path: Path, *flags: str) -> Daemon:
 
 
 @pytest.fixture
-def daemons(tmp_path: Path) -> Iterator[list[Daemon]]:
-    """Daemons a test starts (the first one here); each is stopped at the end if still running."""
-    started = [start_daemon(tmp_path)]
-    try:
-        yield started
-    finally:
-        for d in started:
-            if d.proc.poll() is None:
-                d.proc.kill()
-                d.proc.wait(30)
+def daemons(daemons: list[Daemon], tmp_path: Path) -> list[Daemon]:
+    """The shared `daemons` list, with the first daemon of the test started."""
+    daemons.append(start_daemon(tmp_path))
+    return daemons
 
 
 def stub_for(daemon: Daemon) -> tuple[grpc.Channel, pb_grpc.SummariesStub]:

@@ -17,7 +17,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -34,19 +34,6 @@ from summaryd.v1 import summaryd_pb2_grpc as pb_grpc
 
 RUNS = 5
 STEPS = 100
-
-
-@pytest.fixture
-def daemons() -> Iterator[list[Daemon]]:
-    """Daemons a test starts; each is killed at the end if still running."""
-    started: list[Daemon] = []
-    try:
-        yield started
-    finally:
-        for d in started:
-            if d.proc.poll() is None:
-                d.proc.kill()
-                d.proc.wait(30)
 
 
 def spool_runs(tmp_path: Path) -> list[Path]:
