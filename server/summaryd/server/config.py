@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 import ipaddress
 import os
 from dataclasses import dataclass, field
@@ -146,13 +147,19 @@ class Config:
             )
         if self.metrics_listen:
             self._check_metrics_listen()
-        if self.token_file:
-            self._check_token_file()
+        _ = self.tokens  # read now, so that a bad file is one line before anything is created
 
-    def _check_token_file(self) -> None:
-        # Read now, so that a bad file is one line before anything is created; the server reads it again.
+    @functools.cached_property
+    def tokens(self) -> TokenTable | None:
+        """The tokens of `--token-file`, read once (None without one); SIGHUP re-reads the file itself.
+
+        Raises:
+            ValueError: the file cannot be read or does not parse, saying which line.
+        """
+        if not self.token_file:
+            return None
         try:
-            TokenTable.load(self.token_file)
+            return TokenTable.load(self.token_file)
         except OSError as exc:
             raise ValueError(f"--token-file {self.token_file}: {exc.strerror or exc}") from None
 

@@ -87,7 +87,7 @@ class Server:
             StartupError: the daemon cannot start; nothing was created on disk when it could not bind.
         """
         health_servicer = health_aio.HealthServicer()
-        # Bind first: a port in use (or a bad token or TLS file) stops start-up before anything is made on disk.
+        # Bind first: a port in use (or a TLS file it cannot use) stops start-up before anything is made on disk.
         server = self._bind(health_servicer)
         stop_metrics: Callable[[], None] | None = None
         try:
@@ -102,11 +102,8 @@ class Server:
         config = self.config
         # Outermost first: the refusal interceptor parses requests for all the others (see `refusals`).
         interceptors: list[Any] = [RefusalInterceptor(), MetricsInterceptor(self.metrics, self._run_of)]
-        if config.token_file:
-            try:
-                self.auth = AuthInterceptor(TokenTable.load(config.token_file))
-            except (OSError, ValueError) as exc:
-                raise StartupError(f"--token-file {config.token_file}: {_reason(exc)}") from None
+        if config.tokens is not None:  # read and checked with the other settings
+            self.auth = AuthInterceptor(config.tokens)
             interceptors.append(self.auth)
         server = aio.server(
             interceptors=interceptors,
