@@ -13,6 +13,7 @@ from pathlib import Path
 
 import grpc
 import pytest
+from google.protobuf.message import Message
 from grpc_health.v1 import health_pb2
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -335,7 +336,7 @@ def test_every_field_at_its_extremes_leaves_the_daemon_serving_everyone(daemon: 
     def call(method: object, request: object) -> None:
         try:
             result = method(request, timeout=30)  # type: ignore[operator]
-            if not isinstance(result, pb.FlushResponse | pb.CloseSessionResponse | pb.PutFileResponse):
+            if not isinstance(result, Message):  # a Write stream's acks; the unary calls answer one message
                 for _ in result:
                     pass
         except grpc.RpcError as exc:
