@@ -20,9 +20,9 @@ import grpc
 from tensorboard.compat.proto.event_pb2 import Event
 from tensorboard.compat.proto.summary_pb2 import Summary
 
-from summaryd.server.record_writer import frame_all
 from summaryd.v1 import summaryd_pb2 as pb
 from summaryd.v1 import summaryd_pb2_grpc as pb_grpc
+from summaryd.v1.wire import frame_all
 
 
 @dataclass(frozen=True)

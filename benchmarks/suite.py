@@ -246,7 +246,7 @@ def ceiling(run: Run) -> str:
     about = (
         f"The same pre-serialized scalar events in batches of {plan.batch_events:,}. Daemon: one process streams "
         "`WriteRequest`s with the generated stub on one `Write` stream after `OpenSession`, timed until the last "
-        "ack and `CloseSession` (fsync) returned. Raw framing: `summaryd.server.record_writer.frame_all` per "
+        "ack and `CloseSession` (fsync) returned. Raw framing: `summaryd.v1.wire.frame_all` per "
         f"batch, one `os.write` each, then fsync. {plan.ceiling_repeats} trials per contender; median (min-max)."
     )
     headers = ["contender", "events", "events/s", "MB/s of events", "vs raw framing"]

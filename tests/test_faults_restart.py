@@ -28,11 +28,11 @@ from tensorboard.compat.proto.summary_pb2 import Summary
 
 from conftest import Daemon, assert_whole_records, event_files, read_events, start_daemon
 from summaryd.server.journal import FileJournal, encode
-from summaryd.server.record_writer import frame
 from summaryd.server.runs import RunRegistry
 from summaryd.server.state import StateDir
 from summaryd.v1 import summaryd_pb2 as pb
 from summaryd.v1 import summaryd_pb2_grpc as pb_grpc
+from summaryd.v1.wire import frame
 
 
 def scalar(step: int, tag: str = "loss") -> bytes:

@@ -27,10 +27,11 @@ import pytest
 from conftest import Daemon, event_files, read_events, replay, start_daemon, unused_port
 from summaryd.client import SummaryWriter
 from summaryd.client._replay import open_request
-from summaryd.client._spool import MANIFEST, whole_records
+from summaryd.client._spool import MANIFEST
 from summaryd.server.cli import main
 from summaryd.v1 import summaryd_pb2 as pb
 from summaryd.v1 import summaryd_pb2_grpc as pb_grpc
+from summaryd.v1.wire import whole_records
 
 RUNS = 5
 STEPS = 100

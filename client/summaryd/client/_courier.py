@@ -33,9 +33,10 @@ import grpc
 from summaryd.client._batch_fit import DaemonLimits
 from summaryd.client._channel import ChannelSettings, open_channel
 from summaryd.client._replay import open_request, send_events
-from summaryd.client._spool import MANIFEST, SpoolLockedError, lock, read_records, write_manifest
+from summaryd.client._spool import MANIFEST, SpoolLockedError, lock, write_manifest
 from summaryd.v1 import summaryd_pb2 as pb
 from summaryd.v1 import summaryd_pb2_grpc as pb_grpc
+from summaryd.v1.wire import read_records
 
 log = logging.getLogger("summaryd.client")
 

@@ -8,8 +8,8 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-DEFAULT_PORT = 6065
-DEFAULT_ADDRESS = f"localhost:{DEFAULT_PORT}"
+from summaryd.v1.wire import DEFAULT_ADDRESS, DEFAULT_PORT
+
 _ADDRESS_FORMS = (
     f"give HOST:PORT (e.g. localhost:{DEFAULT_PORT}), HOST alone (port {DEFAULT_PORT}), [IPv6]:PORT or unix:/PATH"
 )

@@ -44,11 +44,11 @@ from summaryd.client._spool import (
     files_spool_of,
     lock,
     spooled_files,
-    whole_records,
     write_manifest,
 )
 from summaryd.v1 import summaryd_pb2 as pb
 from summaryd.v1 import summaryd_pb2_grpc as pb_grpc
+from summaryd.v1.wire import whole_records
 
 _BATCH_EVENTS = 1024
 RECORDED = "recorded in the spool"

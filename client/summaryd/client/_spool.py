@@ -27,15 +27,16 @@ import json
 import os
 import shutil
 import socket
-import struct
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import google_crc32c
 from tensorboard.compat.proto.event_pb2 import Event
+
+from summaryd.v1.atomic import replace_file
+from summaryd.v1.wire import frame, whole_records
 
 MANIFEST = "manifest.json"
 LOCK = "lock"
@@ -44,9 +45,6 @@ FILES_FORMAT = "summaryd-files/1"
 FILES_SUFFIX = ".files"
 FILES_DIR = "files"
 
-_LENGTH = struct.Struct("<Q")
-_CRC = struct.Struct("<I")
-
 
 def default_root(environ: dict[str, str] | os._Environ[str] = os.environ) -> Path:
     """`SUMMARYD_SPOOL_DIR`, else the user's cache directory."""
@@ -54,49 +52,6 @@ def default_root(environ: dict[str, str] | os._Environ[str] = os.environ) -> Pat
         return Path(environ["SUMMARYD_SPOOL_DIR"])
     cache = environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
     return Path(cache) / "summaryd" / "spool"
-
-
-def _masked_crc(data: bytes) -> int:
-    crc: int = google_crc32c.value(data)
-    return (((crc >> 15) | (crc << 17)) + 0xA282EAD8) & 0xFFFFFFFF
-
-
-def frame(data: bytes) -> bytes:
-    """One TFRecord: length, masked CRC-32C of the length, data, masked CRC-32C of the data."""
-    header = _LENGTH.pack(len(data))
-    return b"".join((header, _CRC.pack(_masked_crc(header)), data, _CRC.pack(_masked_crc(data))))
-
-
-def _records(data: bytes) -> Iterator[tuple[bytes, int]]:
-    offset = 0
-    while offset + 12 <= len(data):
-        header = data[offset : offset + 8]
-        (length,) = _LENGTH.unpack(header)
-        if _CRC.unpack_from(data, offset + 8)[0] != _masked_crc(header):
-            return
-        end = offset + 12 + length + 4
-        if end > len(data):
-            return
-        record = data[offset + 12 : offset + 12 + length]
-        if _CRC.unpack_from(data, offset + 12 + length)[0] != _masked_crc(record):
-            return
-        yield record, end
-        offset = end
-
-
-def whole_records(data: bytes) -> Iterator[bytes]:
-    """The records of an event file's bytes, up to the first torn or corrupt one."""
-    for record, _ in _records(data):
-        yield record
-
-
-def read_records(data: bytes) -> tuple[list[bytes], int]:
-    """The whole records at the start of `data` and how many bytes they take (a file still being appended to
-    may end in a record that is not whole yet)."""
-    records, consumed = [], 0
-    for record, consumed in _records(data):  # noqa: B007 - the last end is the answer
-        records.append(record)
-    return records, consumed
 
 
 @dataclass(frozen=True)
@@ -148,18 +103,8 @@ def lock(directory: Path) -> int:
 
 
 def write_manifest(directory: Path, manifest: dict[str, Any]) -> None:
-    """Replace the manifest atomically (write, sync, rename)."""
-    _write_whole(directory / MANIFEST, (json.dumps(manifest, indent=2, sort_keys=True) + "\n").encode())
-
-
-def _write_whole(path: Path, content: bytes) -> None:
-    """Write `path` so that it is never seen half written: a temporary file beside it, synced, renamed over it."""
-    temporary = path.with_name(path.name + ".tmp")
-    with open(temporary, "wb") as f:
-        f.write(content)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(temporary, path)
+    """Replace the manifest whole (`replace_file`: written beside it, synced, renamed)."""
+    replace_file(directory / MANIFEST, (json.dumps(manifest, indent=2, sort_keys=True) + "\n").encode())
 
 
 def files_spool_of(spool: Path) -> Path:
@@ -180,7 +125,7 @@ def spool_files(root: Path, identity: SpoolIdentity, files: Sequence[tuple[str, 
                 raise ValueError(f"file path {path!r} is not a relative path inside the run")
             target = directory.joinpath(FILES_DIR, *parts)
             target.parent.mkdir(parents=True, exist_ok=True)
-            _write_whole(target, content)
+            replace_file(target, content)
         write_manifest(directory, identity.manifest(FILES_FORMAT))
     finally:
         os.close(lock_fd)

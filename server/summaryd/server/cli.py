@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any, NoReturn
 
 from summaryd.server.config import Config, fields
 from summaryd.server.logs import configure_logging
-from summaryd.v1.version import VERSION
+from summaryd.v1.wire import DEFAULT_ADDRESS, VERSION
 
 if TYPE_CHECKING:
     from google.protobuf.message import Message
@@ -23,8 +23,6 @@ if TYPE_CHECKING:
     from summaryd.client._channel import ChannelSettings
 
 ENV_PREFIX = "SUMMARYD_"
-# The client's default (summaryd.client._environment), named here for --help without importing the client.
-DEFAULT_ADDRESS = "localhost:6065"
 
 
 class _Parser(argparse.ArgumentParser):

@@ -12,6 +12,7 @@ from typing import Any
 from summaryd.server.auth import TokenTable
 from summaryd.server.limits import DEFAULT as _LIMITS
 from summaryd.server.limits import Limits, flag
+from summaryd.v1.wire import DEFAULT_PORT
 
 # How far beyond --max-message-bytes a message still reaches the service (which refuses it naming the flag).
 MESSAGE_SLACK_BYTES = 4 * 1024 * 1024
@@ -29,7 +30,9 @@ class Config:
     """Settings of `summaryd serve`. Each field is the flag `--field-name` and the variable `SUMMARYD_FIELD_NAME`."""
 
     logdir: str = _option("./runs", "directory that holds every run's event files (TensorBoard's --logdir)", "DIR")
-    listen: str = _option("127.0.0.1:6065", "address to serve gRPC on; port 0 picks a free port", "HOST:PORT")
+    listen: str = _option(
+        f"127.0.0.1:{DEFAULT_PORT}", "address to serve gRPC on; port 0 picks a free port", "HOST:PORT"
+    )
     shutdown_timeout: float = _option(
         10.0, "seconds a SIGTERM/SIGINT may take to drain streams and sync files before exiting", "SECS"
     )
@@ -106,7 +109,7 @@ class Config:
 
     def __post_init__(self) -> None:
         if ":" not in self.listen:
-            raise ValueError(f"--listen {self.listen!r} needs HOST:PORT, e.g. 127.0.0.1:6065")
+            raise ValueError(f"--listen {self.listen!r} needs HOST:PORT, e.g. 127.0.0.1:{DEFAULT_PORT}")
         try:
             port = self.port
         except ValueError:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from summaryd.v1.runpath import RunPathError
+from summaryd.v1.wire import REFUSED_SEQUENCE_KEY
 
 __all__ = ["REFUSED_SEQUENCE_KEY", "EventError", "LimitError", "RunPathError"]
 
@@ -15,10 +16,6 @@ class EventError(ValueError):
         self.index = index
         self.sequence: int | None = None
         """The event's sequence number in its session, once the session has placed the batch."""
-
-
-REFUSED_SEQUENCE_KEY = "summaryd-refused-sequence"
-"""Trailing metadata of a refused batch: the sequence number of the event refused (see the Write rpc)."""
 
 
 class LimitError(Exception):

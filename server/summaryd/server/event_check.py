@@ -9,7 +9,7 @@ from tensorboard.compat.proto.event_pb2 import Event
 
 from summaryd.server.errors import EventError
 from summaryd.server.limits import DEFAULT, Limits
-from summaryd.server.record_writer import footer, header
+from summaryd.v1.wire import footer, header
 
 _INFINITY = float("inf")
 

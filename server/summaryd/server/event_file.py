@@ -10,7 +10,7 @@ import time
 
 from tensorboard.compat.proto.event_pb2 import Event
 
-from summaryd.server.record_writer import frame
+from summaryd.v1.wire import frame
 
 _counter = itertools.count(1)
 _PREFIX = "events.out.tfevents."

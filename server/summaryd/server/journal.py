@@ -32,13 +32,14 @@ import os
 import re
 import stat
 import uuid
-from collections.abc import Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 import google_crc32c
 
 from summaryd.server.event_file import append_whole
+from summaryd.v1.atomic import replace_file
 
 JOURNAL_SUFFIX = ".journal"
 TEMPORARY_SUFFIX = ".tmp"
@@ -153,6 +154,40 @@ class Journal:
                 self.close()
                 raise
 
+    @classmethod
+    def replace(
+        cls,
+        name: str,
+        dir_fd: int,
+        records: Iterable[Mapping[str, Any]],
+        *,
+        temporary: str,
+        before_replace: Callable[[], object] | None = None,
+    ) -> Journal:
+        """Replace the journal `name` by one holding exactly `records` (`replace_file`: a crash leaves the old
+        journal or the new one) and return the new one, open for appending.
+
+        The new journal is opened under its `temporary` name before the rename, so that once the rename is
+        done there is nothing left to fail; `before_replace` runs after that, just before the rename.
+        """
+        opened: list[Journal] = []
+
+        def open_new(path: str) -> None:
+            opened.append(cls(path, dir_fd, create=False))
+            if before_replace is not None:
+                before_replace()
+
+        content = b"".join(encode(r) for r in records)
+        try:
+            replace_file(name, content, dir_fd=dir_fd, temporary=temporary, before_replace=open_new)
+        except BaseException:
+            for journal in opened:
+                journal.close()
+            raise
+        [journal] = opened
+        journal.name = name
+        return journal
+
     def cut_torn(self) -> None:
         """Cut an incomplete last line (a torn append), so that the next append starts a line."""
         if os.fstat(self._fd).st_size != self.size:
@@ -212,16 +247,8 @@ class FileJournal:
         if self._journal.size <= self.compact_above:
             return
         name = self._journal.name
-        compact = Journal(name + TEMPORARY_SUFFIX, self._dir_fd, create=True)
-        try:
-            lines = [{"s": sid, "q": last, "e": end} for sid, last in marks.items()] or [{"e": end}]
-            compact.append(self._header(), *lines)
-            compact.sync()
-            os.rename(compact.name, name, src_dir_fd=self._dir_fd, dst_dir_fd=self._dir_fd)
-        except OSError:
-            compact.remove()
-            raise
-        compact.name = name
+        lines = [{"s": sid, "q": last, "e": end} for sid, last in marks.items()] or [{"e": end}]
+        compact = Journal.replace(name, self._dir_fd, [self._header(), *lines], temporary=name + TEMPORARY_SUFFIX)
         self._journal.close()
         self._journal = compact
 

@@ -10,12 +10,12 @@ never sees half a file and a resend replaces rather than duplicates.
 
 from __future__ import annotations
 
-import contextlib
 import os
 import secrets
 
 from summaryd.server.errors import RunPathError
 from summaryd.server.runpath import open_run_dir, validate_run
+from summaryd.v1.atomic import replace_file
 
 MAX_FILE_DEPTH = 4
 _TEMP_PREFIX = ".summaryd"
@@ -55,22 +55,7 @@ def put_file(logdir_fd: int, run_parts: list[str], file_parts: list[str], conten
     *dirs, name = file_parts
     dir_fd = open_run_dir(logdir_fd, [*run_parts, *dirs])
     try:
-        temp = f"{_TEMP_PREFIX}-put-{secrets.token_hex(8)}"
-        fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644, dir_fd=dir_fd)
-        try:
-            try:
-                view = memoryview(content)
-                while view:
-                    view = view[os.write(fd, view) :]
-                os.fsync(fd)
-            finally:
-                os.close(fd)
-            # rename replaces a file or a symlink by that name (it never follows one); a directory refuses it.
-            os.rename(temp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
-        except BaseException:
-            with contextlib.suppress(OSError):
-                os.unlink(temp, dir_fd=dir_fd)
-            raise
-        os.fsync(dir_fd)
+        # A name clients cannot use, so that two puts of one file at once each write their own.
+        replace_file(name, content, dir_fd=dir_fd, temporary=f"{_TEMP_PREFIX}-put-{secrets.token_hex(8)}")
     finally:
         os.close(dir_fd)

@@ -29,7 +29,7 @@ from summaryd.server.session_store import SessionRecord, SessionStore
 from summaryd.server.sessions import Ending, SequenceGapError, Session, SessionEndedError, SessionTable
 from summaryd.v1 import summaryd_pb2 as pb
 from summaryd.v1 import summaryd_pb2_grpc as pb_grpc
-from summaryd.v1.version import VERSION
+from summaryd.v1.wire import VERSION
 
 log = logging.getLogger(__name__)
 

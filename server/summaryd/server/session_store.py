@@ -18,7 +18,6 @@ resuming it is refused, as is resuming a session the store does not know that st
 
 from __future__ import annotations
 
-import contextlib
 import errno
 import logging
 import os
@@ -223,24 +222,15 @@ class SessionStore:
             horizon = time.time() - self._retention
         kept = {sid: r for sid, r in self._records.items() if r.updated >= horizon}
         try:
-            compact = Journal(_COMPACT_NAME, self._state_fd, create=True)
-        except OSError:
-            log.exception("compacting the session store failed; keeping the full one")
-            return False
-        try:
-            compact.append(*(r.to_json() for r in kept.values()))
-            compact.sync()
             # The rename is the commit point: before it the old store stands, after it the compact one.
-            os.rename(_COMPACT_NAME, STORE_NAME, src_dir_fd=self._state_fd, dst_dir_fd=self._state_fd)
+            compact = Journal.replace(
+                STORE_NAME, self._state_fd, (r.to_json() for r in kept.values()), temporary=_COMPACT_NAME
+            )
         except OSError:
-            with contextlib.suppress(OSError):
-                compact.remove()
             log.exception("compacting the session store failed; keeping the full one")
             return False
-        os.fsync(self._state_fd)
         self._journal.close()
         self._journal = compact
-        compact.name = STORE_NAME
         forgotten = len(self._records) - len(kept)
         if forgotten:
             log.info("session store: forgot %d sessions idle for over %.0f days", forgotten, self._retention / 86400)

@@ -192,16 +192,15 @@ class StateDir:
         temporary = LOSSES_NAME + TEMPORARY_SUFFIX
         with contextlib.suppress(FileNotFoundError):
             os.unlink(temporary, dir_fd=self.fd)
-        losses = Journal(temporary, self.fd, create=True)
-        losses.append(*kept, {"t": when, "at": time.time(), "what": f"{LOSSES_NAME}: {damage}", "kept": kept_as})
-        losses.sync()
-        if damage == "is not a file":  # nothing could be read: moved aside, then the new one takes its place
-            os.rename(LOSSES_NAME, kept_as, src_dir_fd=self.fd, dst_dir_fd=self.fd)
-        else:  # linked aside, then replaced in one rename: a crash leaves one of the two
-            os.link(LOSSES_NAME, kept_as, src_dir_fd=self.fd, dst_dir_fd=self.fd, follow_symlinks=False)
-        os.rename(temporary, LOSSES_NAME, src_dir_fd=self.fd, dst_dir_fd=self.fd)
-        os.fsync(self.fd)
-        losses.name = LOSSES_NAME
+
+        def keep_aside() -> None:
+            if damage == "is not a file":  # nothing could be read: moved aside, then the new one takes its place
+                os.rename(LOSSES_NAME, kept_as, src_dir_fd=self.fd, dst_dir_fd=self.fd)
+            else:  # linked aside, then replaced in one rename: a crash leaves one of the two
+                os.link(LOSSES_NAME, kept_as, src_dir_fd=self.fd, dst_dir_fd=self.fd, follow_symlinks=False)
+
+        line = {"t": when, "at": time.time(), "what": f"{LOSSES_NAME}: {damage}", "kept": kept_as}
+        losses = Journal.replace(LOSSES_NAME, self.fd, [*kept, line], temporary=temporary, before_replace=keep_aside)
         self.damaged += 1
         for record in kept:
             if isinstance(record.get("t"), int | float):

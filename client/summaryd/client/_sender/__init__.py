@@ -24,11 +24,11 @@ Nothing here raises into the caller: failures are counted, logged at a limited r
 from summaryd.client import _grpc_import  # noqa: F401 - before gRPC is imported (its fork handlers)
 
 # isort: split
-from summaryd.client._sender._connection import REFUSED_SEQUENCE_KEY
 from summaryd.client._sender._items import EventSource, Queued
 from summaryd.client._sender._report import DeliveryReport
 from summaryd.client._sender._sender import Sender
 from summaryd.client._sender._state import OVERFLOW_POLICIES, Overflow
+from summaryd.v1.wire import REFUSED_SEQUENCE_KEY, VERSION
 
 __all__ = [
     "OVERFLOW_POLICIES",

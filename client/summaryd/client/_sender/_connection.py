@@ -16,10 +16,7 @@ from summaryd.client._sender._state import log
 from summaryd.client._stream import WriteStream
 from summaryd.v1 import summaryd_pb2 as pb
 from summaryd.v1 import summaryd_pb2_grpc as pb_grpc
-from summaryd.v1.version import VERSION
-
-# Trailing metadata of a refused batch: the sequence number of the event the daemon refused (see the proto).
-REFUSED_SEQUENCE_KEY = "summaryd-refused-sequence"
+from summaryd.v1.wire import REFUSED_SEQUENCE_KEY, VERSION
 
 # Statuses after which retrying the same request cannot succeed.
 _PERMANENT = frozenset(
