@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import Daemon, wait_healthy
+from _support import Daemon, wait_healthy
 from summaryd.server.cli import config_from, main
 from summaryd.server.config import Config
 

@@ -9,7 +9,7 @@ from pathlib import Path
 from test_security import ALICE, Pki, _credentials, _token_file, pki  # noqa: F401  (pki is a fixture)
 from test_user_errors import cli, one_line
 
-from conftest import start_daemon
+from _support import start_daemon
 
 
 def test_status_with_a_token(tmp_path: Path) -> None:

@@ -14,7 +14,7 @@ import pytest
 from tensorboard.compat.proto.event_pb2 import Event
 from tensorboard.compat.proto.summary_pb2 import Summary
 
-from conftest import start_daemon, unused_port, wait_for
+from _support import start_daemon, unused_port, wait_for
 from summaryd.client import Sender, SummaryWriter
 from summaryd.client._environment import parse_address
 from summaryd.client.hooks import PlainStepCounterHook, PlainSummarySaverHook

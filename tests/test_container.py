@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import assert_whole_records, event_files, read_events, unused_port, wait_healthy
+from _support import assert_whole_records, event_files, read_events, unused_port, wait_healthy
 from summaryd.client import SummaryWriter
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import Daemon, assert_whole_records, event_files, read_events, unused_port
+from _support import Daemon, assert_whole_records, event_files, read_events, unused_port
 from summaryd.client import SummaryWriter
 from summaryd.server.config import Config
 from summaryd.server.event_file import EventFile

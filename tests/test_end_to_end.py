@@ -11,7 +11,7 @@ from pathlib import Path
 
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from conftest import Daemon, event_files, read_events
+from _support import Daemon, event_files, read_events
 
 STEPS = 300
 

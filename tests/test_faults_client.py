@@ -20,7 +20,7 @@ from pathlib import Path
 import grpc
 import pytest
 
-from conftest import Daemon, event_files, read_events, start_daemon, steps_in, unused_port, wait_for
+from _support import Daemon, event_files, read_events, start_daemon, steps_in, unused_port, wait_for
 from summaryd.client import SummaryWriter
 from summaryd.v1 import summaryd_pb2 as pb
 from summaryd.v1 import summaryd_pb2_grpc as pb_grpc

@@ -17,7 +17,7 @@ import pytest
 from tensorboard.compat.proto.event_pb2 import Event
 from tensorboard.compat.proto.summary_pb2 import Summary, SummaryMetadata
 
-from conftest import Daemon, start_daemon, steps_in, wait_for
+from _support import Daemon, start_daemon, steps_in, wait_for
 from summaryd.client import SummaryWriter
 from summaryd.v1 import summaryd_pb2 as pb
 from summaryd.v1 import summaryd_pb2_grpc as pb_grpc

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import Daemon, assert_whole_records, event_files, read_events
+from _support import Daemon, assert_whole_records, event_files, read_events
 from summaryd.client import Sender, _process
 
 # The training process: a thread logs `train/loss` without pause; each epoch forks fresh DataLoader workers

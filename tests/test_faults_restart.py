@@ -26,7 +26,7 @@ from tensorboard.backend.event_processing.event_multiplexer import EventMultiple
 from tensorboard.compat.proto.event_pb2 import Event
 from tensorboard.compat.proto.summary_pb2 import Summary
 
-from conftest import Daemon, assert_whole_records, event_files, read_events, start_daemon
+from _support import Daemon, assert_whole_records, event_files, read_events, start_daemon
 from summaryd.server.journal import FileJournal, encode
 from summaryd.server.runs import RunRegistry
 from summaryd.server.state import StateDir

@@ -19,7 +19,7 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 from tensorboard.compat.proto.event_pb2 import Event, SessionLog
 from tensorboard.compat.proto.summary_pb2 import Summary
 
-from conftest import Daemon, event_files, read_events
+from _support import Daemon, event_files, read_events
 from summaryd.client import (
     MonitoredLoop,
     SecondOrStepTimer,

@@ -14,7 +14,7 @@ import pytest
 from tensorboard.compat.proto.event_pb2 import Event
 from tensorboard.compat.proto.summary_pb2 import Summary
 
-from conftest import Daemon, assert_whole_records, event_files, read_events, replay, start_daemon, unused_port, wait_for
+from _support import Daemon, assert_whole_records, event_files, read_events, replay, start_daemon, unused_port, wait_for
 from summaryd.client import Sender, SummaryWriter
 from summaryd.server.config import Config
 from summaryd.v1 import summaryd_pb2 as pb

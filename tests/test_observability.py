@@ -10,7 +10,7 @@ from pathlib import Path
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from conftest import Daemon, start_daemon, wait_for
+from _support import Daemon, start_daemon, wait_for
 from summaryd.client import SummaryWriter
 
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import grpc
 import pytest
 
-from conftest import Daemon
+from _support import Daemon
 from summaryd.client import SummaryWriter
 from summaryd.v1 import summaryd_pb2 as pb
 from summaryd.v1 import summaryd_pb2_grpc as pb_grpc

@@ -23,7 +23,7 @@ from cryptography.x509.oid import NameOID
 from tensorboard.compat.proto.event_pb2 import Event
 from tensorboard.compat.proto.summary_pb2 import Summary
 
-from conftest import Daemon, event_files, read_events, start_daemon
+from _support import Daemon, event_files, read_events, start_daemon, wait_healthy
 from summaryd.client import SummaryWriter
 from summaryd.v1 import summaryd_pb2 as pb
 from summaryd.v1 import summaryd_pb2_grpc as pb_grpc
@@ -113,8 +113,6 @@ def test_the_client_sends_its_token(guarded: Daemon, monkeypatch: pytest.MonkeyP
 
 
 def test_health_needs_no_token(guarded: Daemon) -> None:
-    from conftest import wait_healthy
-
     wait_healthy(guarded.address)
 
 

@@ -10,7 +10,7 @@ import textwrap
 import time
 from pathlib import Path
 
-from conftest import Daemon, assert_whole_records, event_files, read_events
+from _support import Daemon, assert_whole_records, event_files, read_events
 
 CLIENT = textwrap.dedent(
     """

@@ -24,7 +24,7 @@ from typing import Any
 import grpc
 import pytest
 
-from conftest import Daemon, event_files, read_events, replay, start_daemon, unused_port
+from _support import Daemon, event_files, read_events, replay, start_daemon, unused_port
 from summaryd.client import SummaryWriter
 from summaryd.client._replay import open_request
 from summaryd.client._spool import MANIFEST

@@ -45,7 +45,7 @@ from typing import Any
 import pytest
 import tensorboard_data_server
 
-from conftest import Daemon
+from _support import Daemon, stop_process
 
 WORLD = 3
 RUN = "exp"
@@ -171,17 +171,6 @@ def _poll_until(what: str, check: Callable[[], Any], timeout: float, diagnostics
         time.sleep(POLL)
 
 
-def _stop(proc: subprocess.Popen[bytes], timeout: float = 10.0) -> None:
-    """SIGTERM a process we started, by pid; SIGKILL it if it does not exit in time."""
-    if proc.poll() is None:
-        os.kill(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout)
-        except subprocess.TimeoutExpired:
-            os.kill(proc.pid, signal.SIGKILL)
-            proc.wait()
-
-
 @pytest.fixture
 def tensorboard_factory(tmp_path: Path) -> Iterator[Callable[[Path, str], TensorBoard]]:
     """Starts `tensorboard` on a logdir with a given `--load_fast`; stops it (and its data server) by pid."""
@@ -219,7 +208,7 @@ def tensorboard_factory(tmp_path: Path) -> Iterator[Callable[[Path, str], Tensor
         yield start
     finally:
         for tb in started:
-            _stop(tb.proc)
+            stop_process(tb.proc, 10)
             pids = [tb.data_server_pid] if tb.data_server_pid else []
             # The data server exits when TensorBoard's end of its stdin closes; make sure it did.
             deadline = time.monotonic() + 10
@@ -392,4 +381,4 @@ def test_tensorboard_serves_scalars_while_clients_log(
             try:
                 c.proc.wait(30)
             except subprocess.TimeoutExpired:
-                _stop(c.proc)
+                stop_process(c.proc, 10)

@@ -33,7 +33,7 @@ from tensorboard.compat.proto.summary_pb2 import Summary
 from tensorboard.context import RequestContext
 
 import summaryd.client
-from conftest import Daemon, event_files, read_events, unused_port
+from _support import Daemon, event_files, read_events, unused_port
 from summaryd.client import MonitoredLoop, SummaryWriter, SummaryWriterCache, create_global_step
 from summaryd.client import hooks as hooks_module
 

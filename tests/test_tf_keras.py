@@ -30,7 +30,7 @@ import pytest
 from tensorboard.backend.event_processing.plugin_event_accumulator import EventAccumulator
 from tensorboard.util import tensor_util
 
-from conftest import Daemon, event_files
+from _support import Daemon, event_files
 
 pytestmark = pytest.mark.slow
 

@@ -11,7 +11,7 @@ import textwrap
 from tensorboard.backend.event_processing.plugin_event_multiplexer import EventMultiplexer
 from tensorboard.util.tensor_util import make_ndarray
 
-from conftest import Daemon, unused_port
+from _support import Daemon, unused_port
 
 TRAIN = textwrap.dedent(
     """

@@ -20,7 +20,7 @@ from tensorboard.util.tensor_util import make_ndarray
 from test_torch_parity import Inputs, describe, exercise, runs
 from torch.utils.tensorboard import SummaryWriter as TorchSummaryWriter
 
-from conftest import Daemon
+from _support import Daemon
 from summaryd.client import SummaryWriter, _torch
 
 pytestmark = [

@@ -21,7 +21,7 @@ import torch
 from PIL import Image
 from torch.utils.tensorboard import summary as torch_summary
 
-from conftest import Daemon, event_files, read_events
+from _support import Daemon, event_files, read_events
 from summaryd.client import SummaryWriter, _summaries, _torch
 
 Call = tuple[str, str]

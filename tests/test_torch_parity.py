@@ -23,7 +23,7 @@ from onnx import TensorProto, helper
 from tensorboard.compat.proto.event_pb2 import Event
 from torch.utils.tensorboard import SummaryWriter as TorchSummaryWriter
 
-from conftest import Daemon, event_files, read_events
+from _support import Daemon, event_files, read_events
 from summaryd.client import SummaryWriter
 
 pytestmark = [

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import Daemon
+from _support import Daemon
 
 # Every key of `summaryd status --json`, always present (README: "summaryd status --json").
 STATUS_KEYS = {"address", "logdir", "version", "runs", "sessions"}
