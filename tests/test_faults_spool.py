@@ -21,7 +21,8 @@ from tensorboard.backend.event_processing.event_file_loader import RawEventFileL
 from tensorboard.compat.proto.event_pb2 import Event
 from tensorboard.compat.proto.summary_pb2 import Summary
 
-from _support import Daemon, assert_whole_records, event_files, read_events, replay, start_daemon, unused_port, wait_for
+from _support import Daemon, replay, start_daemon, unused_port, wait_for
+from _support import steps_in as logged_steps  # every scalar step, each file read whole
 from summaryd.client import Sender, SummaryWriter
 from summaryd.server.cli import main
 
@@ -29,15 +30,6 @@ from summaryd.server.cli import main
 def scalar(step: int) -> bytes:
     summary = Summary(value=[Summary.Value(tag="loss", simple_value=float(step))])
     return Event(wall_time=1.0 + step, step=step, summary=summary).SerializeToString()
-
-
-def logged_steps(run_dir: Path) -> list[int]:
-    """Every scalar step in the run's files, in file order; each file read whole to its end."""
-    steps = []
-    for path in event_files(run_dir):
-        assert_whole_records(path)
-        steps += [e.step for e in read_events(path) if e.HasField("summary")]
-    return steps
 
 
 def timed_loop(writer: SummaryWriter, steps: int) -> float:
