@@ -132,7 +132,8 @@ class Server:
         health = health_aio.HealthServicer()
         # Bind first: a port in use (or a TLS file it cannot use) stops start-up before anything is made on disk.
         server = self._bind(health)
-        resources.push_async_callback(server.stop, 0)
+        listener = _Listener(server)
+        resources.push_async_callback(listener.close)
         if config.metrics_listen:
             resources.callback(self._serve_metrics())
         executor = io_executor(config.io_threads)
@@ -177,18 +178,18 @@ class Server:
             log.warning(
                 "listening on %s without token or TLS (--insecure): anyone who reaches it can write", config.listen
             )
-        pb_grpc.add_SummariesServicer_to_server(service, server)
-        for name in ("", SERVICE_NAME):
-            await health.set(name, health_pb2.HealthCheckResponse.SERVING)
-        # The last step that can fail comes before the first call is taken, so that a failure leaves no session
-        # or file behind. Clients that connect meanwhile wait in the listening socket's backlog.
+        # The last step that can fail comes before the servicer is added: a start-up that fails never served a
+        # call. Clients that connect from here on wait in the listening socket's backlog until it starts.
         if config.port_file:
             try:
                 with open(config.port_file, "w") as f:
                     f.write(f"{self.port}\n")
             except OSError as exc:
                 raise StartupError(f"cannot write --port-file {config.port_file}: {_reason(exc)}") from None
-        await server.start()
+        pb_grpc.add_SummariesServicer_to_server(service, server)
+        for name in ("", SERVICE_NAME):
+            await health.set(name, health_pb2.HealthCheckResponse.SERVING)
+        await listener.start()
         log.info("summaryd serving %s on %s (port %d)", registry.logdir, config.host, self.port)
         return _Serving(server, health, service, lifecycle, resources)
 
@@ -329,6 +330,26 @@ class Server:
         if caller is not None and (grant is None or not grant.allows(session.run.run_dir)):
             return None
         return session.run.run_dir
+
+
+class _Listener:
+    """The bound gRPC server; `close()` stops it and frees its port, whether it started or not."""
+
+    def __init__(self, server: aio.Server) -> None:
+        self.server = server
+        self._started = False
+
+    async def start(self) -> None:
+        await self.server.start()
+        self._started = True
+
+    async def close(self) -> None:
+        # gRPC's core closes the listening socket of a server that was bound but never started only once it
+        # has started (stopping it alone keeps the port taken while the process lives): a start-up that failed
+        # after the bind starts it to stop it, serving nothing but health and reflection meanwhile.
+        if not self._started:
+            await self.start()
+        await self.server.stop(grace=0)
 
 
 def run(config: Config) -> None:

@@ -405,13 +405,13 @@ class SessionLifecycle:
 
     def _record_blocking(self, records: list[SessionRecord], closed: Sequence[ClosedFile], sync: bool) -> None:
         """The one writer of the session store while the daemon serves: `records`, then the marks of the files
-        just `closed` (what their sessions' records say already, unless writing one of those failed), in one
-        append; synced when asked and whenever files closed, whose journals are deleted once it is.
+        just `closed`, in one append; synced when asked and whenever files closed, whose journals are deleted
+        once it is. A mark repeats what its session's record says, unless writing that record failed; the
+        repeated line also outlives damage to the earlier one.
 
         Blocking: runs on the executor. Raises the store's OSError; the closed files' journals then stay.
         """
-        known = {r.session_id for r in records}
-        marks = [m for file in closed for m in file.records() if m.session_id not in known]
+        marks = [mark for file in closed for mark in file.records()]
         try:
             self.store.record([*records, *marks], sync=sync or bool(closed))
         except OSError:
