@@ -273,7 +273,7 @@ async def test_a_long_lived_file_keeps_its_journal_small(tmp_path: Path, monkeyp
     executor = ThreadPoolExecutor(2)
     try:
         state = StateDir(str(logdir / ".summaryd"), retention_secs=86400)
-        registry = RunRegistry(str(logdir), executor, state.journal_dir_fd, state.store)
+        registry = RunRegistry(str(logdir), executor, state.journal_dir_fd)
         writer = await registry.acquire(["long"])
         for i in range(500):  # 500 journal lines of ~80 bytes, 40 KB without compaction
             await writer.write("even" if i % 2 == 0 else "odd", i // 2 + 1, [scalar(i)])

@@ -1,11 +1,30 @@
-"""Errors the inner layers raise; the service turns each into one gRPC status at the edge."""
+"""Errors the inner layers raise; the servicer turns each into one gRPC status at the edge (`service.STATUS`).
+
+Each message is the one line the client reads: it says what happened and what to do.
+"""
 
 from __future__ import annotations
+
+import errno
 
 from summaryd.v1.runpath import RunPathError
 from summaryd.v1.wire import REFUSED_SEQUENCE_KEY
 
-__all__ = ["REFUSED_SEQUENCE_KEY", "EventError", "LimitError", "RunPathError"]
+__all__ = [
+    "REFUSED_SEQUENCE_KEY",
+    "BatchRefusedError",
+    "DiskFullError",
+    "EventError",
+    "LimitError",
+    "ResumeRefusedError",
+    "RunMismatchError",
+    "RunPathError",
+    "SequenceGapError",
+    "SessionClosedError",
+    "SessionReleasedError",
+    "SessionUnknownError",
+    "StorageError",
+]
 
 
 class EventError(ValueError):
@@ -14,9 +33,95 @@ class EventError(ValueError):
     def __init__(self, index: int, reason: str) -> None:
         super().__init__(f"event {index} of the batch {reason}")
         self.index = index
-        self.sequence: int | None = None
-        """The event's sequence number in its session, once the session has placed the batch."""
 
 
 class LimitError(Exception):
     """A client asked for more than a configured limit allows (sessions, open runs); RESOURCE_EXHAUSTED."""
+
+
+class BatchRefusedError(Exception):
+    """A batch holding an event the daemon refuses (`EventError`); nothing of it was written. INVALID_ARGUMENT,
+    with the refused event's sequence number in the trailing metadata (`REFUSED_SEQUENCE_KEY`)."""
+
+    def __init__(self, first: int, sequence: int, reason: str) -> None:
+        super().__init__(f"batch from sequence {first}: {reason}")
+        self.sequence = sequence
+
+    @property
+    def trailing_metadata(self) -> tuple[tuple[str, str], ...]:
+        return ((REFUSED_SEQUENCE_KEY, str(self.sequence)),)
+
+
+class SequenceGapError(Exception):
+    """A batch starts beyond the next sequence number the daemon expects; FAILED_PRECONDITION."""
+
+    def __init__(self, held: int, first: int) -> None:
+        super().__init__(
+            f"sequence gap: the daemon holds up to {held}, the batch starts at {first}; resend from {held + 1}"
+        )
+        self.held = held
+        self.first = first
+
+
+class SessionUnknownError(Exception):
+    """Neither live nor in the session store; NOT_FOUND."""
+
+    def __init__(self, session_id: str) -> None:
+        super().__init__(f"no session {session_id}; call OpenSession first")
+
+
+class SessionClosedError(Exception):
+    """The client closed the session: it is final; FAILED_PRECONDITION."""
+
+    def __init__(self, session_id: str) -> None:
+        super().__init__(f"session {session_id} was closed; open a new session with a new id")
+
+
+class SessionReleasedError(Exception):
+    """The session was released (its lease ran out, or the daemon restarted): resumable; UNAVAILABLE."""
+
+    def __init__(self, session_id: str, lease: float) -> None:
+        super().__init__(
+            f"session {session_id} was released (idle past its {lease:.0f}s lease, or the daemon restarted); "
+            "call OpenSession again to resume it"
+        )
+
+
+class RunMismatchError(Exception):
+    """The session id is bound to another run; FAILED_PRECONDITION."""
+
+    def __init__(self, session_id: str, held: str, asked: str) -> None:
+        super().__init__(
+            f"session {session_id} writes to {held!r}, not {asked!r}; use a new session id for another run"
+        )
+
+
+class ResumeRefusedError(Exception):
+    """Resuming the session could write events twice (its record may be lost, or is beyond the sequence
+    numbers the daemon takes); FAILED_PRECONDITION."""
+
+
+class StorageError(Exception):
+    """A file operation of the daemon failed; UNAVAILABLE (the client keeps its events and retries)."""
+
+    def __init__(self, message: str, cause: OSError) -> None:
+        super().__init__(message)
+        self.cause = cause
+
+    @classmethod
+    def of(cls, exc: OSError, run_dir: str, what: str) -> StorageError:
+        """The error for `exc` failing on run `run_dir`, where `what` says what did not happen."""
+        if exc.errno in _DISK_FULL:
+            return DiskFullError(
+                f"the disk holding run {run_dir!r} is full ({exc.strerror}); {what}: keep the events and send them "
+                "again once space is freed",
+                exc,
+            )
+        return cls(f"the daemon cannot write run {run_dir!r} ({exc.strerror}); {what}", exc)
+
+
+class DiskFullError(StorageError):
+    """The disk holding the run is full; RESOURCE_EXHAUSTED."""
+
+
+_DISK_FULL = frozenset({errno.ENOSPC, errno.EDQUOT})

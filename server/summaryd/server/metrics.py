@@ -12,7 +12,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, star
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 if TYPE_CHECKING:
-    from summaryd.server.service import SummariesService
+    from summaryd.server.session_lifecycle import SessionLifecycle
 
 log = logging.getLogger(__name__)
 
@@ -67,16 +67,16 @@ class Metrics:
 
 
 class ServiceCollector:
-    """Figures read from the service at scrape time: live sessions, open files and dropped duplicates."""
+    """Figures read from the sessions at scrape time: live sessions, open files and dropped duplicates."""
 
-    def __init__(self, service: SummariesService) -> None:
-        self._service = service
+    def __init__(self, lifecycle: SessionLifecycle) -> None:
+        self._lifecycle = lifecycle
 
     def collect(self) -> Iterator[Metric]:
-        sessions = self._service.sessions
+        sessions = self._lifecycle.sessions
         live = list(sessions)
         yield GaugeMetricFamily("summaryd_sessions", "Live sessions.", value=len(live))
-        open_files = sum(1 for run in self._service.registry.runs if run.file is not None)
+        open_files = sum(1 for run in self._lifecycle.registry.runs if run.file is not None)
         yield GaugeMetricFamily("summaryd_open_files", "Event files open for writing.", value=open_files)
         duplicates = sessions.ended_duplicates + sum(s.duplicates_dropped for s in live)
         yield CounterMetricFamily(

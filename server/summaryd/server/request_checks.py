@@ -63,6 +63,8 @@ def open_problem(request: pb.OpenSessionRequest) -> str | None:
 def write_problem(request: pb.WriteRequest) -> str | None:
     """What is wrong with a batch's numbering: its events must be numbered within 1..`MAX_SEQUENCE`."""
     first, count = request.first_sequence, len(request.events)
+    if count and first < 1:
+        return "first_sequence starts at 1"
     if first > MAX_SEQUENCE or (count and first + count - 1 > MAX_SEQUENCE):
         return (
             f"a batch of {count} events from first_sequence {first} reaches beyond {MAX_SEQUENCE}, the highest "

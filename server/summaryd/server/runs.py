@@ -7,37 +7,20 @@ import contextlib
 import logging
 import os
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from concurrent.futures import Executor
 from dataclasses import dataclass, field
-from typing import TypeVar
 
 from summaryd.server.event_check import check_and_frame
 from summaryd.server.event_file import EventFile, next_name
+from summaryd.server.io_threads import run_to_completion
 from summaryd.server.journal import FileJournal
 from summaryd.server.limits import DEFAULT, LimitError, Limits
 from summaryd.server.metrics import Metrics
 from summaryd.server.runpath import check_run_dir, open_run_dir
-from summaryd.server.session_store import SessionRecord, SessionStore
+from summaryd.server.session_store import SessionRecord
 
 log = logging.getLogger(__name__)
-
-T = TypeVar("T")
-
-
-async def run_to_completion(executor: Executor, function: Callable[[], T]) -> T:
-    """Run blocking file I/O on the executor and return its result.
-
-    Even when the awaiting task is cancelled (a client hung up), the caller's locks stay held until the
-    thread has finished: releasing them earlier would let a second write interleave with this one.
-    """
-    future = asyncio.get_running_loop().run_in_executor(executor, function)
-    try:
-        return await asyncio.shield(future)
-    except asyncio.CancelledError:
-        with contextlib.suppress(Exception):
-            await future
-        raise
 
 
 @dataclass(eq=False)
@@ -45,15 +28,15 @@ class RunWriter:
     """Appends batches to a run's event file; file I/O runs on the executor, one batch at a time, in order.
 
     Every batch is journaled (`journal.FileJournal`) right after it is written, before it is acknowledged;
-    `marks` holds each session's last sequence number in the current file, for the session store. The run's
-    directory is made and opened at its first event file, so a session that never writes leaves no directory.
+    `marks` holds each session's last sequence number in the current file, handed over when the file closes
+    (`ClosedFile`). The run's directory is made and opened at its first event file, so a session that never
+    writes leaves no directory.
     """
 
     run_dir: str
     logdir_fd: int
     executor: Executor
     journal_dir_fd: int
-    store: SessionStore
     dir_fd: int = -1
     file: EventFile | None = None
     journal: FileJournal | None = None
@@ -140,45 +123,57 @@ class RunWriter:
             if self.metrics is not None:
                 self.metrics.fsync_seconds.observe(time.perf_counter() - started)
 
-    async def close(self) -> None:
-        """Sync and close the file, record its sessions in the store, then close the directory descriptor."""
-        async with self.lock:
-            await run_to_completion(self.executor, self._close_blocking)
+    async def close(self) -> ClosedFile | None:
+        """Sync and close the file and the run's directory descriptor; None when no file was open.
 
-    def _close_blocking(self) -> None:
+        The file's journal stays until the caller has its marks on disk (`ClosedFile.finish`).
+        """
+        async with self.lock:
+            return await run_to_completion(self.executor, self._close_blocking)
+
+    def _close_blocking(self) -> ClosedFile | None:
         try:
-            self._close_file()
+            return self._close_file()
         finally:
             if self.dir_fd >= 0:
                 os.close(self.dir_fd)
                 self.dir_fd = -1
 
-    def _close_file(self) -> None:
+    def _close_file(self) -> ClosedFile | None:
         if self.file is None or self.journal is None:
-            return
+            return None
         file, journal, self.file, self.journal = self.file, self.journal, None, None
-        records = [SessionRecord(sid, self.run_dir, last) for sid, last in self.marks.items()]
-        try:
-            # The store learns the sequence numbers in memory even if its disk is full; the journal stays
-            # until they are also on disk, so that the next start-up can recover them otherwise.
-            self.store.record(records)
-            recorded = True
-        except OSError:
-            log.exception("run %s: recording sequence numbers failed; the journal keeps them", self.run_dir)
-            recorded = False
         try:
             file.close()
             os.fsync(self.dir_fd)
-            if recorded:
-                self.store.sync()
         except OSError:
-            journal.close()
+            journal.close()  # kept for the next start-up's recovery
             raise
-        if recorded:
-            journal.remove()
-        else:
-            journal.close()
         log.info("run %s: closed %s", self.run_dir, file.name)
+        return ClosedFile(self.run_dir, file.name, dict(self.marks), journal)
+
+
+@dataclass(frozen=True)
+class ClosedFile:
+    """An event file closed and synced whose journal still holds its sessions' sequence numbers."""
+
+    run_dir: str
+    name: str
+    marks: dict[str, int]
+    """Each session's last sequence number in the file."""
+    journal: FileJournal
+
+    def records(self) -> list[SessionRecord]:
+        """The marks as session-store records."""
+        return [SessionRecord(sid, self.run_dir, last) for sid, last in self.marks.items()]
+
+    def finish(self, recorded: bool) -> None:
+        """Delete the journal once the marks are on disk in the session store (`recorded`); otherwise keep it,
+        so that the next start-up recovers them from it (blocking; run it on the executor)."""
+        if recorded:
+            self.journal.remove()
+        else:
+            self.journal.close()
 
 
 class RunRegistry:
@@ -189,14 +184,12 @@ class RunRegistry:
     next session gets a new file that sorts last, which TensorBoard reads as a restart.
     """
 
-    def __init__(
-        self, logdir: str, executor: Executor, journal_dir_fd: int, store: SessionStore, metrics: Metrics | None = None
-    ) -> None:
+    def __init__(self, logdir: str, executor: Executor, journal_dir_fd: int, metrics: Metrics | None = None) -> None:
+        """Open the logdir (made when missing); `close()` closes its descriptor."""
         self.metrics = metrics
         os.makedirs(logdir, exist_ok=True)
         self.logdir = os.path.realpath(logdir)
         self.logdir_fd = os.open(self.logdir, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-        self.store = store
         self._executor = executor
         self._journal_dir_fd = journal_dir_fd
         self._runs: dict[str, RunWriter] = {}
@@ -232,7 +225,6 @@ class RunRegistry:
                     self.logdir_fd,
                     self._executor,
                     self._journal_dir_fd,
-                    self.store,
                     metrics=self.metrics,
                     limits=limits,
                 )
@@ -240,25 +232,36 @@ class RunRegistry:
             writer.sessions += 1
             return writer
 
-    async def release(self, writer: RunWriter) -> None:
-        """Let go of a writer; the last session to let go closes (and syncs) its file."""
+    async def release(self, writer: RunWriter) -> ClosedFile | None:
+        """Let go of a writer; the last session to let go closes (and syncs) its file, returned for its marks.
+
+        None when other sessions still hold the writer, when it had no file, or when closing failed (logged;
+        the file's journal stays for recovery).
+        """
         async with self._lock:
             writer.sessions -= 1
             if writer.sessions > 0:
-                return
+                return None
             self._runs.pop(writer.run_dir, None)
-        try:
-            await writer.close()
-        except OSError:
-            log.exception("run %s: closing the event file failed; recovery will finish it", writer.run_dir)
+        return await _closed(writer)
 
-    async def close_all(self) -> None:
-        """Sync and close every file (shutdown)."""
+    async def close_all(self) -> list[ClosedFile]:
+        """Sync and close every file (shutdown); return those closed for their marks."""
         async with self._lock:
             writers, self._runs = list(self._runs.values()), {}
-        for writer in writers:
-            try:
-                await writer.close()
-            except OSError:
-                log.exception("run %s: closing the event file failed", writer.run_dir)
-        os.close(self.logdir_fd)
+        closed = [await _closed(writer) for writer in writers]
+        return [c for c in closed if c is not None]
+
+    def close(self) -> None:
+        """Close the logdir's descriptor (after every file: the daemon is stopping)."""
+        if self.logdir_fd >= 0:
+            os.close(self.logdir_fd)
+            self.logdir_fd = -1
+
+
+async def _closed(writer: RunWriter) -> ClosedFile | None:
+    try:
+        return await writer.close()
+    except OSError:
+        log.exception("run %s: closing the event file failed; recovery will finish it", writer.run_dir)
+        return None

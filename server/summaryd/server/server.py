@@ -11,7 +11,7 @@ import signal
 import sys
 import tempfile
 from collections.abc import Callable, Iterator
-from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from typing import Any
 
 import grpc
@@ -22,11 +22,13 @@ from grpc_reflection.v1alpha import reflection
 
 from summaryd.server.auth import AuthInterceptor, TokenTable, current_caller
 from summaryd.server.config import Config
+from summaryd.server.io_threads import io_executor
 from summaryd.server.metrics import Metrics, MetricsInterceptor, ServiceCollector
 from summaryd.server.open_files import ensure_open_files
 from summaryd.server.refusals import RefusalInterceptor
 from summaryd.server.runs import RunRegistry
 from summaryd.server.service import SummariesService
+from summaryd.server.session_lifecycle import SessionLifecycle
 from summaryd.server.state import StateDir
 from summaryd.v1 import summaryd_pb2 as pb
 from summaryd.v1 import summaryd_pb2_grpc as pb_grpc
@@ -44,8 +46,25 @@ class ListenError(StartupError):
     """The gRPC or metrics address could not be bound."""
 
 
+@dataclass(frozen=True)
+class _Serving:
+    """What `Server.startup` made, for `main_loop` and `shutdown`."""
+
+    server: aio.Server
+    health: health_aio.HealthServicer
+    service: SummariesService
+    lifecycle: SessionLifecycle
+    # Releases, in reverse order, everything start-up took: the gRPC server, the metrics server, the I/O
+    # threads, the state directory (its lock) and the logdir's descriptor.
+    resources: contextlib.AsyncExitStack
+
+
 class Server:
-    """The daemon for one `Config`: `await serve()` runs until `request_shutdown()` or a signal."""
+    """The daemon for one `Config`: `await serve()` runs until `request_shutdown()` or a signal.
+
+    `serve()` is `startup()`, `main_loop()`, `shutdown()`: start-up takes every resource into one exit stack,
+    so that a failure at any step releases what the steps before it took.
+    """
 
     def __init__(self, config: Config) -> None:
         self.config = config
@@ -53,7 +72,8 @@ class Server:
         self.auth: AuthInterceptor | None = None
         self.metrics = Metrics()
         self.metrics_port: int | None = None
-        self._service: SummariesService | None = None
+        self._serving: _Serving | None = None
+        self._shutting_down = False
         self._stop = asyncio.Event()
         self._started = asyncio.Event()
 
@@ -81,22 +101,145 @@ class Server:
         return self.port
 
     async def serve(self) -> None:
-        """Bind, open the logdir and state, recover, serve until asked to stop, then shut down in order.
+        """Start up, serve until asked to stop, then shut down in order.
 
         Raises:
-            StartupError: the daemon cannot start; nothing was created on disk when it could not bind.
+            StartupError: the daemon cannot start; whatever start-up had taken is released, and nothing was
+                created on disk when it could not bind.
         """
-        health_servicer = health_aio.HealthServicer()
-        # Bind first: a port in use (or a TLS file it cannot use) stops start-up before anything is made on disk.
-        server = self._bind(health_servicer)
-        stop_metrics: Callable[[], None] | None = None
+        await self.startup()
         try:
-            stop_metrics = self._serve_metrics()
-            await self._open_and_serve(server, health_servicer)
+            await self.main_loop()
         finally:
-            await server.stop(grace=0)  # already stopped after a shutdown; needed when start-up failed
-            if stop_metrics is not None:
-                stop_metrics()
+            await self.shutdown()
+
+    async def startup(self) -> None:
+        """Bind, serve metrics, lock the state directory, open the logdir, recover, then serve.
+
+        Raises:
+            StartupError: as `serve`; everything taken until then is released.
+        """
+        resources = contextlib.AsyncExitStack()
+        try:
+            self._serving = await self._start(resources)
+        except BaseException:
+            await resources.aclose()
+            raise
+        self._started.set()
+
+    async def _start(self, resources: contextlib.AsyncExitStack) -> _Serving:
+        config = self.config
+        health = health_aio.HealthServicer()
+        # Bind first: a port in use (or a TLS file it cannot use) stops start-up before anything is made on disk.
+        server = self._bind(health)
+        listener = _Listener(server)
+        resources.push_async_callback(listener.close)
+        if config.metrics_listen:
+            resources.callback(self._serve_metrics())
+        executor = io_executor(config.io_threads)
+        resources.callback(executor.shutdown)  # until the state directory is open
+        loop = asyncio.get_running_loop()
+        # Before anything is served: take the state directory's lock and repair what a killed daemon left.
+        state = await loop.run_in_executor(executor, _open_state, config)
+        resources.callback(state.close)
+        try:
+            registry = RunRegistry(config.logdir, executor, state.journal_dir_fd, self.metrics)
+        except OSError as exc:
+            raise StartupError(f"cannot start on --logdir {config.logdir}: {_reason(exc)}") from None
+        resources.callback(registry.close)
+        # The I/O threads stop (and finish what they do) before the state and the logdir they use close.
+        resources.callback(executor.shutdown)
+        try:
+            report = await loop.run_in_executor(executor, state.recover, registry.logdir_fd)
+        except OSError as exc:
+            raise StartupError(f"cannot start on --logdir {config.logdir}: {_reason(exc)}") from None
+        if report.files:
+            log.warning(
+                "recovered %d event files left open by a stopped daemon: %d bytes cut, %d files deleted, "
+                "%d sessions' sequence numbers restored",
+                report.files,
+                report.cut_bytes,
+                report.deleted_files,
+                report.sessions,
+            )
+        if report.damaged:
+            log.error(
+                "kept %d damaged state files aside in %s (damaged-*); resuming sessions whose record may be "
+                "lost is refused",
+                report.damaged,
+                state.path,
+            )
+        lifecycle = SessionLifecycle(registry, state.store, config.session_lease, config.limits)
+        service = SummariesService(lifecycle)
+        self.metrics.registry.register(ServiceCollector(lifecycle))
+        if self.auth is not None:
+            log.info("clients need a bearer token (%d in %s)", len(self.auth.tokens), config.token_file)
+        if not (config.is_loopback or config.token_file or config.tls_cert):
+            log.warning(
+                "listening on %s without token or TLS (--insecure): anyone who reaches it can write", config.listen
+            )
+        # The last step that can fail comes before the servicer is added: a start-up that fails never served a
+        # call. Clients that connect from here on wait in the listening socket's backlog until it starts.
+        if config.port_file:
+            try:
+                with open(config.port_file, "w") as f:
+                    f.write(f"{self.port}\n")
+            except OSError as exc:
+                raise StartupError(f"cannot write --port-file {config.port_file}: {_reason(exc)}") from None
+        pb_grpc.add_SummariesServicer_to_server(service, server)
+        for name in ("", SERVICE_NAME):
+            await health.set(name, health_pb2.HealthCheckResponse.SERVING)
+        await listener.start()
+        log.info("summaryd serving %s on %s (port %d)", registry.logdir, config.host, self.port)
+        return _Serving(server, health, service, lifecycle, resources)
+
+    async def main_loop(self) -> None:
+        """Serve until `request_shutdown()`; meanwhile release sessions whose lease ran out, a few times per lease."""
+        assert self._serving is not None, "startup() first"
+        lifecycle = self._serving.lifecycle
+        interval = min(max(self.config.session_lease / 4, 0.05), 5.0)
+        while True:
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(interval):
+                    await self._stop.wait()
+            if self._stop.is_set():
+                return
+            try:
+                await lifecycle.expire_idle()
+            except Exception:
+                log.exception("releasing idle sessions failed")
+
+    async def shutdown(self) -> None:
+        """Stop accepting, drain, close every file, then release what start-up took; all under one deadline
+        (`--shutdown-timeout`). Safe to call twice."""
+        serving = self._serving
+        if serving is None or self._shutting_down:
+            return
+        self._shutting_down = True
+        deadline = self.config.shutdown_timeout
+        log.info("shutting down (deadline %.1fs)", deadline)
+        try:
+            # Stop accepting: health says NOT_SERVING, new sessions are refused, idle streams end now.
+            await serving.health.enter_graceful_shutdown()
+            serving.service.start_draining()
+            # Drain: batches, flushes and closes under way finish and are answered (within half the deadline).
+            # Then stop at once: waiting for the grace period would only hold up calls that clients keep
+            # making to a server that no longer takes them.
+            try:
+                await asyncio.wait_for(serving.lifecycle.wait_quiet(), timeout=deadline / 2)
+            except TimeoutError:
+                log.warning("requests still running after %.1fs; cancelling them", deadline / 2)
+            await serving.server.stop(grace=0)
+            # Flush and sync every file; sessions are released (clients resume them after a restart).
+            try:
+                await asyncio.wait_for(serving.lifecycle.close_all(), timeout=deadline / 2)
+            except TimeoutError:
+                log.error("syncing event files did not finish within the shutdown deadline")
+        finally:
+            # The I/O threads finish, then the logdir and the state directory (its lock) close, then the servers.
+            await serving.resources.aclose()
+            self._serving = None
+        log.info("stopped")
 
     def _bind(self, health_servicer: health_aio.HealthServicer) -> aio.Server:
         config = self.config
@@ -159,9 +302,8 @@ class Server:
         self.port = port
         return server
 
-    def _serve_metrics(self) -> Callable[[], None] | None:
-        if not self.config.metrics_listen:
-            return None
+    def _serve_metrics(self) -> Callable[[], None]:
+        """Serve `/metrics` on `--metrics-listen`; return what stops it."""
         try:
             stop = self.metrics.serve(self.config.metrics_listen)
         except (OSError, ValueError) as exc:
@@ -177,79 +319,9 @@ class Server:
             )
         return stop
 
-    async def _open_and_serve(self, server: aio.Server, health_servicer: health_aio.HealthServicer) -> None:
-        config = self.config
-        executor = ThreadPoolExecutor(max_workers=config.io_threads, thread_name_prefix="summaryd-io")
-        loop = asyncio.get_running_loop()
-        # Before anything is served: take the state directory's lock and repair what a killed daemon left.
-        state = await loop.run_in_executor(executor, _open_state, config)
-        try:
-            try:
-                registry = RunRegistry(config.logdir, executor, state.journal_dir_fd, state.store, self.metrics)
-                report = await loop.run_in_executor(executor, state.recover, registry.logdir_fd)
-            except OSError as exc:
-                raise StartupError(f"cannot start on --logdir {config.logdir}: {_reason(exc)}") from None
-            if report.files:
-                log.warning(
-                    "recovered %d event files left open by a stopped daemon: %d bytes cut, %d files deleted, "
-                    "%d sessions' sequence numbers restored",
-                    report.files,
-                    report.cut_bytes,
-                    report.deleted_files,
-                    report.sessions,
-                )
-            if report.damaged:
-                log.error(
-                    "kept %d damaged state files aside in %s (damaged-*); resuming sessions whose record may be "
-                    "lost is refused",
-                    report.damaged,
-                    state.path,
-                )
-            service = SummariesService(registry, state.store, config.session_lease, config.limits)
-            await self._serve(server, health_servicer, registry, service, executor)
-        finally:
-            state.close()
-
-    async def _serve(
-        self,
-        server: aio.Server,
-        health_servicer: health_aio.HealthServicer,
-        registry: RunRegistry,
-        service: SummariesService,
-        executor: ThreadPoolExecutor,
-    ) -> None:
-        config = self.config
-        self._service = service
-        self.metrics.registry.register(ServiceCollector(service))
-        if self.auth is not None:
-            log.info("clients need a bearer token (%d in %s)", len(self.auth.tokens), config.token_file)
-        if not (config.is_loopback or config.token_file or config.tls_cert):
-            log.warning(
-                "listening on %s without token or TLS (--insecure): anyone who reaches it can write", config.listen
-            )
-        pb_grpc.add_SummariesServicer_to_server(service, server)
-        await server.start()
-        for name in ("", SERVICE_NAME):
-            await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
-        if config.port_file:
-            try:
-                with open(config.port_file, "w") as f:
-                    f.write(f"{self.port}\n")
-            except OSError as exc:
-                raise StartupError(f"cannot write --port-file {config.port_file}: {_reason(exc)}") from None
-        log.info("summaryd serving %s on %s (port %d)", registry.logdir, config.host, self.port)
-        self._started.set()
-        leases = asyncio.create_task(self._expire_sessions(service), name="summaryd-leases")
-        try:
-            await self._stop.wait()
-        finally:
-            leases.cancel()
-            await asyncio.gather(leases, return_exceptions=True)
-            await self._shutdown(server, service, registry, health_servicer, executor)
-
     def _run_of(self, session_id: str) -> str | None:
         """The run of a live session, for the metrics' labels."""
-        session = self._service.sessions.get(session_id) if self._service is not None else None
+        session = self._serving.lifecycle.sessions.get(session_id) if self._serving is not None else None
         if session is None:
             return None
         # Counted before the service refuses a caller: what a token may not write is not counted as its run's.
@@ -259,48 +331,25 @@ class Server:
             return None
         return session.run.run_dir
 
-    async def _expire_sessions(self, service: SummariesService) -> None:
-        """Release sessions whose lease ran out, checking a few times per lease."""
-        interval = min(max(self.config.session_lease / 4, 0.05), 5.0)
-        while True:
-            await asyncio.sleep(interval)
-            try:
-                await service.expire_idle_sessions()
-            except Exception:
-                log.exception("releasing idle sessions failed")
 
-    async def _shutdown(
-        self,
-        server: aio.Server,
-        service: SummariesService,
-        registry: RunRegistry,
-        health_servicer: health_aio.HealthServicer,
-        executor: ThreadPoolExecutor,
-    ) -> None:
-        deadline = self.config.shutdown_timeout
-        log.info("shutting down (deadline %.1fs)", deadline)
-        # Stop accepting: health says NOT_SERVING, new sessions are refused, idle streams end now.
-        await health_servicer.enter_graceful_shutdown()
-        service.start_draining()
-        # Drain: batches, flushes and closes under way finish and are answered (within half the deadline).
-        # Then stop at once: waiting for the grace period would only hold up calls that clients keep
-        # making to a server that no longer takes them.
-        try:
-            await asyncio.wait_for(service.wait_quiet(), timeout=deadline / 2)
-        except TimeoutError:
-            log.warning("requests still running after %.1fs; cancelling them", deadline / 2)
-        await server.stop(grace=0)
-        # Flush and sync every file; sessions are released (clients resume them after a restart).
-        try:
-            await asyncio.wait_for(self._close_files(service, registry), timeout=deadline / 2)
-        except TimeoutError:
-            log.error("syncing event files did not finish within the shutdown deadline")
-        executor.shutdown(wait=True)
-        log.info("stopped")
+class _Listener:
+    """The bound gRPC server; `close()` stops it and frees its port, whether it started or not."""
 
-    async def _close_files(self, service: SummariesService, registry: RunRegistry) -> None:
-        await service.release_all()
-        await registry.close_all()
+    def __init__(self, server: aio.Server) -> None:
+        self.server = server
+        self._started = False
+
+    async def start(self) -> None:
+        await self.server.start()
+        self._started = True
+
+    async def close(self) -> None:
+        # gRPC's core closes the listening socket of a server that was bound but never started only once it
+        # has started (stopping it alone keeps the port taken while the process lives): a start-up that failed
+        # after the bind starts it to stop it, serving nothing but health and reflection meanwhile.
+        if not self._started:
+            await self.start()
+        await self.server.stop(grace=0)
 
 
 def run(config: Config) -> None:

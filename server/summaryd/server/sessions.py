@@ -13,29 +13,17 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
-from summaryd.server.errors import EventError
+from summaryd.server.errors import (
+    BatchRefusedError,
+    EventError,
+    SequenceGapError,
+    SessionClosedError,
+    SessionReleasedError,
+)
 from summaryd.server.runs import RunWriter
 from summaryd.v1 import summaryd_pb2 as pb
 
 Ending = Literal["closed", "released"]
-
-
-class SessionEndedError(Exception):
-    """A batch arrived on a stream of a session that has just been closed or released."""
-
-    def __init__(self, session_id: str, ending: Ending) -> None:
-        super().__init__(session_id, ending)
-        self.session_id = session_id
-        self.ending = ending
-
-
-class SequenceGapError(Exception):
-    """A batch starts beyond the next sequence number the daemon expects."""
-
-    def __init__(self, held: int, first: int) -> None:
-        super().__init__(held, first)
-        self.held = held
-        self.first = first
 
 
 @dataclass(eq=False)
@@ -47,6 +35,8 @@ class Session:
     worker: str
     world_size: int
     client: pb.ClientIdentity
+    # Seconds without a batch or heartbeat after which the session is released.
+    lease: float
     # The client's address without its port (what `--max-sessions-per-peer` counts by).
     peer: str = ""
     acked: int = 0
@@ -69,6 +59,33 @@ class Session:
         return now - self.last_seen
 
     @property
+    def allowed_idle(self) -> float:
+        """The lease, or half of it for a session never heard from since it opened: a client heartbeats at a
+        third of the lease at most, so only one that opened a session and walked away is released early."""
+        return self.lease if self.heard else self.lease / 2
+
+    def expired(self, now: float) -> bool:
+        """Whether the session was not heard from (no batch, no heartbeat) within `allowed_idle`."""
+        return self.idle_for(now) > self.allowed_idle
+
+    def ended_error(self) -> SessionClosedError | SessionReleasedError:
+        """What a request on this session, now ended, is answered."""
+        if self.ending == "closed":
+            return SessionClosedError(self.session_id)
+        return SessionReleasedError(self.session_id, self.lease)
+
+    def attach(self, stream: asyncio.Task[object]) -> None:
+        """Count `stream` as one of the session's write streams (ended when the session is released)."""
+        self.streams.add(stream)
+
+    def detach(self, stream: asyncio.Task[object]) -> None:
+        self.streams.discard(stream)
+
+    def file_written(self) -> None:
+        """Count a file written beside the run's event files (`PutFile`)."""
+        self.files_written += 1
+
+    @property
     def wrote(self) -> bool:
         """Whether the session wrote anything (events or files): only then is it worth remembering."""
         return self.events_written > 0 or self.files_written > 0
@@ -80,21 +97,22 @@ class Session:
         is a heartbeat that only renews the lease. The caller must not cancel this half-way (the service
         runs it to completion): the file write and `acked` move together.
 
+        The request checks (`request_checks.write_problem`) have made sure that a non-empty batch starts at 1
+        or later.
+
         Raises:
-            ValueError: `first` is 0 on a non-empty batch.
             SequenceGapError: the batch starts beyond `acked + 1`.
-            SessionEndedError: the session was closed or released meanwhile.
-            EventError, OSError: from the run writer; nothing of the batch was written.
+            SessionClosedError, SessionReleasedError: the session ended meanwhile.
+            BatchRefusedError: the run writer refused an event; nothing of the batch was written.
+            OSError: from the run writer; nothing of the batch was written.
         """
         async with self.lock:
             self.touch()
             self.heard = True
             if self.ending is not None:
-                raise SessionEndedError(self.session_id, self.ending)
+                raise self.ended_error()
             if not events:
                 return self.acked
-            if first < 1:
-                raise ValueError("first_sequence starts at 1")
             last = first + len(events) - 1
             if last <= self.acked:
                 self.duplicates_dropped += len(events)
@@ -107,8 +125,7 @@ class Session:
             try:
                 await self.run.write(self.session_id, last, new)
             except EventError as exc:
-                exc.sequence = first + skip + exc.index
-                raise
+                raise BatchRefusedError(first, first + skip + exc.index, str(exc)) from None
             self.events_written += len(new)
             self.acked = last
             self.touch()
