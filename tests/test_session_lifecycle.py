@@ -17,7 +17,7 @@ import pytest
 from tensorboard.compat.proto.event_pb2 import Event
 from tensorboard.compat.proto.summary_pb2 import Summary
 
-from conftest import assert_whole_records, event_files, read_events
+from _support import assert_whole_records, event_files, read_events
 from summaryd.server import errors
 from summaryd.server.errors import (
     BatchRefusedError,
