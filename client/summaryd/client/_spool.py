@@ -29,7 +29,7 @@ import shutil
 import socket
 import struct
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -48,7 +48,7 @@ _LENGTH = struct.Struct("<Q")
 _CRC = struct.Struct("<I")
 
 
-def default_root(environ: dict[str, str] | os._Environ[str] = os.environ) -> Path:
+def default_root(environ: Mapping[str, str] = os.environ) -> Path:
     """`SUMMARYD_SPOOL_DIR`, else the user's cache directory."""
     if environ.get("SUMMARYD_SPOOL_DIR"):
         return Path(environ["SUMMARYD_SPOOL_DIR"])
