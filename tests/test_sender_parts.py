@@ -29,7 +29,8 @@ from summaryd.client._spool import SpoolIdentity
 class FakeDaemon:
     """What a daemon remembers of one session: the events it wrote by sequence number (a resend of what it
     holds is dropped, as the real daemon does). `away` refuses to open sessions; `refuse` names an event it
-    refuses (INVALID_ARGUMENT with the refused-sequence); `hold_acks` writes without acknowledging."""
+    refuses (INVALID_ARGUMENT with the refused-sequence); `hold_acks` writes without acknowledging;
+    `lose_writes` never receives what is sent (a connection that breaks before it arrives)."""
 
     def __init__(self) -> None:
         self.written: dict[int, bytes] = {}
@@ -37,6 +38,7 @@ class FakeDaemon:
         self.away = False
         self.refuse: int | None = None
         self.hold_acks = False
+        self.lose_writes = False
         self.sessions_opened = 0
         self.closed = False
         self.streams: list[FakeStream] = []
@@ -70,7 +72,7 @@ class FakeStream:
 
     def write(self, first_sequence: int, events: Sequence[bytes]) -> None:
         daemon = self._daemon
-        if self.ended:
+        if self.ended or daemon.lose_writes:
             return
         self.writes.append((first_sequence, len(events)))
         refused = daemon.refuse
@@ -173,9 +175,10 @@ def event(i: int) -> bytes:
 
 
 def test_the_ledger_settles_by_reason_and_reports() -> None:
-    ledger = Ledger()
-    for _ in range(10):
-        ledger.accept()
+    queue = EventQueue()
+    ledger = Ledger(queue)
+    for i in range(10):
+        queue.append((event(i), 10), None)
     ledger.settle(4, DELIVERED)
     ledger.settle(2, "encode_error")
     ledger.spool(3)
@@ -195,7 +198,7 @@ def test_the_ledger_settles_by_reason_and_reports() -> None:
 
 
 def test_the_batch_log_numbers_without_gaps_and_settles_acks_inside_a_batch() -> None:
-    ledger = Ledger()
+    ledger = Ledger(EventQueue())
     log = BatchLog(ledger)
     first = log.append([event(1), event(2), event(3)], 30)
     second = log.append([event(4), event(5)], 20)
@@ -208,7 +211,7 @@ def test_the_batch_log_numbers_without_gaps_and_settles_acks_inside_a_batch() ->
 
 
 def test_the_in_flight_window_and_a_new_stream_resend_everything_unacknowledged() -> None:
-    log = BatchLog(Ledger())
+    log = BatchLog(Ledger(EventQueue()))
     batches = [log.append([event(i)], 10) for i in range(1, 5)]
     sent = []
     while (batch := log.next_to_send(window=2)) is not None:
@@ -222,7 +225,7 @@ def test_the_in_flight_window_and_a_new_stream_resend_everything_unacknowledged(
 
 
 def test_a_refused_event_named_by_the_daemon_is_dropped_alone_and_the_rest_renumbered() -> None:
-    ledger = Ledger()
+    ledger = Ledger(EventQueue())
     log = BatchLog(ledger)
     log.append([event(1), event(2), event(3)], 30)
     log.append([event(4)], 10)
@@ -235,20 +238,21 @@ def test_a_refused_event_named_by_the_daemon_is_dropped_alone_and_the_rest_renum
 
 
 def test_a_refusal_that_names_no_event_drops_the_oldest_batch() -> None:
-    ledger = Ledger()
+    ledger = Ledger(EventQueue())
     log = BatchLog(ledger)
     log.append([event(1), event(2)], 20)
     log.append([event(3)], 10)
     assert log.refuse(None) == (2, False)
     assert [(b.first, b.count) for b in log] == [(1, 1)] and ledger.dropped == {"rejected": 2}
-    assert log.drop_all("rejected") == 1 and ledger.unsettled == -3  # nothing was accepted through a ledger here
+    assert log.drop_all("rejected") == 1 and ledger.dropped == {"rejected": 3}
 
 
 # ---- the spiller ------------------------------------------------------------------------------------------------
 
 
 def spiller_parts(tmp_path: Path, **overrides: Any) -> tuple[Spiller, BatchLog, Ledger, EventQueue, Status]:
-    ledger, queue, status = Ledger(), EventQueue(), Status()
+    queue, status = EventQueue(), Status()
+    ledger = Ledger(queue)
     log = BatchLog(ledger)
     identity = SpoolIdentity("session-1", "run", "", 1, "fake:1", "test", session_started=1.0)
     spiller = Spiller(
@@ -267,8 +271,6 @@ def spiller_parts(tmp_path: Path, **overrides: Any) -> tuple[Spiller, BatchLog, 
 
 def test_spilled_batches_are_read_back_and_the_spool_goes_once_acknowledged(tmp_path: Path) -> None:
     spiller, log, ledger, _, status = spiller_parts(tmp_path)
-    for _ in range(3):
-        ledger.accept()
     first = log.append([event(1), event(2)], 20)
     second = log.append([event(3)], 10)
     status.spill_everything()
@@ -283,8 +285,7 @@ def test_spilled_batches_are_read_back_and_the_spool_goes_once_acknowledged(tmp_
 
 
 def test_a_spool_left_unacknowledged_is_kept_and_an_acknowledged_one_removed(tmp_path: Path) -> None:
-    spiller, log, ledger, _, _ = spiller_parts(tmp_path)
-    ledger.accept()
+    spiller, log, _, _, _ = spiller_parts(tmp_path)
     batch = log.append([event(1)], 10)
     assert spiller.spill_batch(batch)
     directory = tmp_path / "spool" / "session-1"
@@ -297,7 +298,6 @@ def test_a_spool_left_unacknowledged_is_kept_and_an_acknowledged_one_removed(tmp
 
 def test_nothing_is_spilled_while_the_daemon_keeps_up(tmp_path: Path) -> None:
     spiller, log, ledger, _, _ = spiller_parts(tmp_path, spool_after=3600.0)
-    ledger.accept()
     batch = log.append([event(1)], 10)
     spiller.spill(everything=False, number=lambda: None)
     assert batch.events == [event(1)] and ledger.spooled == 0 and spiller.path is None
@@ -319,12 +319,16 @@ def test_a_reconnect_resends_what_was_not_acknowledged_and_nothing_twice(
     make_sender: Callable[..., Sender], fake: FakeDaemon
 ) -> None:
     sender = make_sender(max_batch_events=5)
-    fake.hold_acks = True  # written, not acknowledged: the sender must send it again after the reconnect
-    for i in range(1, 11):
+    fake.hold_acks = True  # the first five written, not acknowledged: the daemon drops them when resent
+    for i in range(1, 6):
+        sender.submit(event(i), 12)
+    while fake.last < 5:
+        sender.flush(timeout=0.05)
+    fake.lose_writes = True  # the next five never arrive: they must be sent again after the reconnect
+    for i in range(6, 11):
         sender.submit(event(i), 12)
     assert sender.flush(timeout=0.5).delivered == 0
-    assert fake.last > 0
-    fake.hold_acks = False
+    fake.hold_acks = fake.lose_writes = False
     fake.streams[-1].cut()
     report = sender.flush(timeout=30)
     assert report.delivered == 10 and report.undelivered == 0

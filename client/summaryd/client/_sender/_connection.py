@@ -207,10 +207,11 @@ class Connection:
 
     def wait_hint(self, now: float) -> float:
         """Seconds until this connection has something to do (a heartbeat, another attempt to open)."""
-        wait = self._heartbeat_interval() - (now - self._last_sent)
-        if self._stream is None and self._opening is None:
-            wait = min(wait, self._next_attempt - now)
-        return wait
+        if self._stream is not None:
+            return self._heartbeat_interval() - (now - self._last_sent)
+        if self._opening is None:
+            return self._next_attempt - now
+        return float("inf")  # the opening wakes the thread when it is done
 
     def finish(self) -> None:
         """After the last ack of a closing sender: end the stream and close the session (the daemon fsyncs).

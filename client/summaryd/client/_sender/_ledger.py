@@ -4,28 +4,31 @@ from __future__ import annotations
 
 from collections import Counter
 
+from summaryd.client._sender._queue import EventQueue
 from summaryd.client._sender._report import DeliveryReport
 
 DELIVERED = "delivered"
 
 
 class Ledger:
-    """Counts accepted events and how each was settled: delivered, or dropped for a reason; and how many of
-    those not yet settled are safe in the spool. Every change holds the sender's lock (the caller's)."""
+    """Counts how each accepted event was settled: delivered, or dropped for a reason; and how many of those not
+    yet settled are safe in the spool. The queue counts what it accepted (on the caller's hot path, one count in
+    one place). Every change holds the sender's lock."""
 
-    def __init__(self) -> None:
-        self.accepted = 0
+    def __init__(self, queue: EventQueue) -> None:
+        self._queue = queue
         self.settled = 0
         self.delivered = 0
         self.spooled = 0
         self.dropped: Counter[str] = Counter()
 
     @property
-    def unsettled(self) -> int:
-        return self.accepted - self.settled
+    def accepted(self) -> int:
+        return self._queue.accepted
 
-    def accept(self) -> None:
-        self.accepted += 1
+    @property
+    def unsettled(self) -> int:
+        return self._queue.accepted - self.settled
 
     def refuse(self, reason: str) -> None:
         """An event the caller offered and the sender did not accept (closed, queue full): counted, not owed."""

@@ -16,16 +16,20 @@ class EventQueue:
         self.nbytes = 0
         self.queued_at = 0.0  # when the oldest event of the next batch arrived (what linger counts from)
         self.room_wanted = 0  # bytes a caller waits to queue (policies spill and block)
+        self.accepted = 0  # events ever queued: what the sender owes the caller an account of
 
     def __len__(self) -> int:
         return len(self.items)
 
-    def append(self, item: Queued, now: float | None) -> None:
-        """Queue `item`; `now` when it starts a new batch (the linger clock)."""
+    def append(self, item: Queued, now: float | None) -> int:
+        """Accept `item`; `now` when it starts a new batch (the linger clock). The queued bytes before it."""
         if now is not None:
             self.queued_at = now
         self.items.append(item)
-        self.nbytes += item[-1]
+        self.accepted += 1
+        before = self.nbytes
+        self.nbytes = before + item[-1]
+        return before
 
     def take_run(self, max_events: int, max_bytes: int) -> list[Queued]:
         """Pop the next events of a batch: a run of those whose size is known, so that the lock the caller also

@@ -69,6 +69,10 @@ class Sender:
         # configuration; it alone checks them.
         run_dir_parts(run, worker, max_bytes=None, max_depth=None)
         self.options = options
+        # Read on the caller's hot path: plain attributes, one lookup each.
+        self._max_queue_bytes = options.max_queue_bytes
+        self._max_batch_events = options.max_batch_events
+        self._max_batch_bytes = options.max_batch_bytes
         self.run = run
         self.worker = worker
         self.world_size = world_size
@@ -102,7 +106,7 @@ class Sender:
         # Held while an event is encoded on the sender thread; a fork waits for it (see `_process`).
         self._encoding = threading.Lock()
         self._queue = EventQueue()
-        self._ledger = Ledger()
+        self._ledger = Ledger(self._queue)
         self._batches = BatchLog(self._ledger)
         self._status = Status()
         self._spiller = Spiller(
@@ -195,7 +199,7 @@ class Sender:
         if self._pid != _process.pid:  # forked: see `_process`
             self.forget_parent_after_fork()
         queue = self._queue
-        limit = self.options.max_queue_bytes
+        limit = self._max_queue_bytes
         # The condition's own lock, taken directly: `with self._cond` would add a Python-level call.
         with self._lock:
             status = self._status
@@ -210,19 +214,19 @@ class Sender:
                 return False
             # The first event of a new batch wakes the sender, which may be asleep for up to a heartbeat
             # interval, so that the batch leaves within `linger_secs` of it; later ones only when it is full.
-            wake = not queue.items
-            now = None
-            if wake:
+            if queue.items:
+                wake = False
+                before = queue.append(item, None)
+            else:
+                wake = True
                 now = time.monotonic()
                 self._batches.nothing_pending(now)
-            before = queue.nbytes
-            queue.append(item, now)
+                before = queue.append(item, now)
             queued = before + nbytes
-            self._ledger.accept()
             # Wake it once as a batch fills up, not at every event after: a caller that outruns the sender
             # would otherwise pay for a wake-up (and a fight for the GIL) per event.
-            wake = wake or len(queue.items) == self.options.max_batch_events
-            wake = wake or before < self.options.max_batch_bytes <= queued
+            wake = wake or len(queue.items) == self._max_batch_events
+            wake = wake or before < self._max_batch_bytes <= queued
             held = self._batches.held_bytes
             wake = wake or before + held <= limit < queued + held
         if not self._loop.started:
