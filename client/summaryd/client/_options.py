@@ -24,7 +24,7 @@ OVERFLOW_POLICIES: tuple[Overflow, ...] = ("spill", "drop_oldest", "block")
 
 @dataclass(frozen=True)
 class ClientOptions:
-    """How a client reaches its daemon and what it may hold meanwhile (see `Sender` for each field's meaning).
+    """How a client reaches its daemon and what it may hold meanwhile (see `make` for each field's meaning).
 
     `addresses` holds one daemon today; it is a tuple so that a list of daemons to fail over to fits it.
     """
@@ -77,6 +77,28 @@ class ClientOptions:
         environ: Mapping[str, str] = os.environ,
     ) -> ClientOptions:
         """Arguments win; else `SUMMARYD_ADDRESS`, `SUMMARYD_TOKEN`, `SUMMARYD_TLS*`, `SUMMARYD_SPOOL_DIR`.
+
+        Args:
+            address: `host:port` of the daemon (`host` alone: port 6065); default `SUMMARYD_ADDRESS`, else
+                `localhost:6065`.
+            token, tls_ca, tls_cert, tls_key: bearer token and TLS files; default `SUMMARYD_TOKEN`,
+                `SUMMARYD_TLS_CA`/`_CERT`/`_KEY` (`SUMMARYD_TLS=1`: TLS with the system's roots).
+            spool_dir: spool root; default `SUMMARYD_SPOOL_DIR`, else `~/.cache/summaryd/spool`.
+            spool: whether events may be spooled at all.
+            max_queue_bytes: bound of the events held in memory (queued and unacknowledged), in estimated bytes.
+            max_batch_events, max_batch_bytes: the largest batch sent at once.
+            max_in_flight: batches sent but not yet acknowledged.
+            linger_secs: how long a partial batch waits for more events before it is sent.
+            rpc_timeout: deadline of each call, and how long a sent batch may wait for its ack.
+            close_timeout: default of `close(timeout=...)`, also used at interpreter exit and on SIGTERM.
+            heartbeat_secs: longest silence on the stream; the daemon releases sessions it does not hear from.
+            spool_after: seconds without any acknowledgement (daemon away or stuck) after which unacknowledged
+                events are moved to the spool, where they survive this process.
+            backoff_secs: first and longest pause between attempts to reach the daemon.
+            overflow: what happens when memory runs over `max_queue_bytes`: `spill` the oldest events to the
+                spool (the default; nothing is lost while the local disk takes it), `drop_oldest` queued events,
+                or `block` the caller until there is room (at most `block_secs`, then the new event is dropped).
+            environ: the environment to read (the process's own by default).
 
         Raises:
             ValueError: an address the client cannot dial, half a client certificate, or an unknown overflow
