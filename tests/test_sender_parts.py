@@ -411,3 +411,34 @@ def test_a_permanent_refusal_gives_up_and_says_why(make_sender: Callable[..., Se
 def test_options_and_settings_are_not_given_together(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="either options or the settings"):
         Sender("run", options=options(tmp_path), max_queue_bytes=10)
+
+
+# ---- the options -----------------------------------------------------------------------------------------------
+
+
+def test_options_are_made_once_from_arguments_then_the_environment(tmp_path: Path) -> None:
+    environ = {
+        "SUMMARYD_ADDRESS": "daemon-host",
+        "SUMMARYD_TOKEN": "from-the-environment",
+        "SUMMARYD_SPOOL_DIR": str(tmp_path / "env-spool"),
+    }
+    made = ClientOptions.make(environ=environ)
+    assert made.addresses == ("daemon-host:6065",) and made.address == "daemon-host:6065"
+    assert made.channel.token == "from-the-environment" and made.spool_root == tmp_path / "env-spool"
+    given = ClientOptions.make(address="[::1]:7000", token="given", spool_dir=tmp_path / "mine", environ=environ)
+    assert given.addresses == ("[::1]:7000",) and given.channel.token == "given"
+    assert given.spool_root == tmp_path / "mine"
+    assert ClientOptions.make(spool=False, environ={}).overflow == "drop_oldest", "nowhere to spill to"
+    with pytest.raises(ValueError, match="choose one of spill, drop_oldest, block"):
+        ClientOptions.make(overflow="never", environ={})  # type: ignore[arg-type]
+
+
+def test_a_writer_hands_its_one_options_object_to_every_sender(tmp_path: Path) -> None:
+    from summaryd.client import SummaryWriter
+
+    writer = SummaryWriter("run", address="127.0.0.1:1", worker="", token="t0k3n", spool=False, close_timeout=0)
+    try:
+        sub = writer._sub_sender("sub")
+        assert sub.options is writer.sender.options and writer.sender.options.channel.token == "t0k3n"
+    finally:
+        writer.close(timeout=0)
