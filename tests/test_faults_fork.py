@@ -127,6 +127,8 @@ def test_grpc_fork_support_draws_a_warning(monkeypatch: pytest.MonkeyPatch, capl
     sender = Sender("warned", address="127.0.0.1:1")
     monkeypatch.setenv("GRPC_ENABLE_FORK_SUPPORT", "true")
     monkeypatch.setattr(_process, "_warned_fork_support", False)
+    # No real fork happens: the parent's side must not start a courier (its thread would outlive the test).
+    monkeypatch.setattr(_process, "_grpc_pid", None)
     with caplog.at_level(logging.WARNING, logger="summaryd.client"):
         for _ in range(2):
             _process._before_fork()
