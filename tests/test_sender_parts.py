@@ -17,7 +17,7 @@ from summaryd.client._options import ClientOptions
 from summaryd.client._sender import Sender
 from summaryd.client._sender._batch_log import BatchLog
 from summaryd.client._sender._ledger import DELIVERED, Ledger
-from summaryd.client._sender._queue import EventQueue
+from summaryd.client._sender._sender import EventQueue
 from summaryd.client._sender._spiller import Spiller
 from summaryd.client._sender._status import Status
 from summaryd.client._sender._transport import Ack, Hello, Opened, TransportError
@@ -178,7 +178,7 @@ def test_the_ledger_settles_by_reason_and_reports() -> None:
     queue = EventQueue()
     ledger = Ledger(queue)
     for i in range(10):
-        queue.append((event(i), 10), None)
+        queue.append((event(i), 10))
     ledger.settle(4, DELIVERED)
     ledger.settle(2, "encode_error")
     ledger.spool(3)

@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 from collections import Counter
+from typing import TYPE_CHECKING
 
-from summaryd.client._sender._queue import EventQueue
 from summaryd.client._sender._report import DeliveryReport
+
+if TYPE_CHECKING:  # the queue lives beside its hot path, in `_sender`, which imports this module
+    from summaryd.client._sender._sender import EventQueue
 
 DELIVERED = "delivered"
 

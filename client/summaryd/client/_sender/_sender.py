@@ -7,6 +7,7 @@ import os
 import threading
 import time
 import uuid
+from collections import deque
 from collections.abc import Callable
 from typing import Any
 
@@ -15,16 +16,80 @@ from summaryd.client._options import ClientOptions, carried_or_made
 from summaryd.client._sender._batch_log import BatchLog
 from summaryd.client._sender._connection import Connection
 from summaryd.client._sender._grpc_transport import GrpcTransport
-from summaryd.client._sender._items import EventSource, Queued
+from summaryd.client._sender._items import EventSource, Queued, size_known
 from summaryd.client._sender._ledger import Ledger
 from summaryd.client._sender._loop import SenderLoop
-from summaryd.client._sender._queue import EventQueue, over_budget
 from summaryd.client._sender._report import DeliveryReport
 from summaryd.client._sender._spiller import Spiller
 from summaryd.client._sender._status import Status, log
 from summaryd.client._sender._transport import Transport
 from summaryd.client._spool import SpoolIdentity
 from summaryd.v1.runpath import run_dir_parts
+
+
+class EventQueue:
+    """A deque of queued events, their estimated bytes and how many it ever accepted. Every call holds the
+    sender's lock. It lives in this file because the caller's hot path (`Sender.enqueue`) appends to it inline:
+    a method call there would cost each logged event about a tenth more."""
+
+    def __init__(self) -> None:
+        self.items: deque[Queued] = deque()
+        self.nbytes = 0
+        self.queued_at = 0.0  # when the oldest event of the next batch arrived (what linger counts from)
+        self.room_wanted = 0  # bytes a caller waits to queue (policies spill and block)
+        self.accepted = 0  # events ever queued: what the sender owes the caller an account of
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+    def append(self, item: Queued, now: float | None = None) -> None:
+        """Accept `item` (`Sender.enqueue` does the same inline); `now` when it starts a new batch (the linger
+        clock)."""
+        if now is not None:
+            self.queued_at = now
+        self.items.append(item)
+        self.accepted += 1
+        self.nbytes += item[-1]
+
+    def take_run(self, max_events: int, max_bytes: int) -> list[Queued]:
+        """Pop the next events of a batch: a run of those whose size is known, so that the lock the caller also
+        takes is taken once per run, not per event; a function alone, since only encoding it tells its size."""
+        queue = self.items
+        if not queue:
+            return []
+        first = queue.popleft()
+        items = [first]
+        room = max_bytes - first[-1]
+        if size_known(first):
+            while queue and len(items) < max_events and room > 0:
+                head = queue[0]
+                if not size_known(head):
+                    break
+                items.append(queue.popleft())
+                room -= head[-1]
+        self.nbytes -= max_bytes - room
+        self.queued_at = time.monotonic()
+        return items
+
+    def drop_oldest(self) -> None:
+        self.nbytes -= self.items.popleft()[-1]
+
+    def clear(self) -> int:
+        """Forget every queued event; how many there were."""
+        count = len(self.items)
+        self.items.clear()
+        self.nbytes = 0
+        return count
+
+    def want_room(self, nbytes: int) -> None:
+        """A caller waits to queue `nbytes` (0: no longer): the budget counts them already."""
+        self.room_wanted = nbytes
+
+    def over_budget(self, held_bytes: int, max_queue_bytes: int, nbytes: int = 0) -> bool:
+        """Whether the queue and the batches in memory (`held_bytes`), with `nbytes` more (or the room a caller
+        waits for), are over the memory bound."""
+        return self.nbytes + held_bytes + max(nbytes, self.room_wanted) > max_queue_bytes
+
 
 # Share of `close(timeout)` kept for spooling what the daemon did not acknowledge (at most a second).
 _SPOOL_RESERVE = 0.2
@@ -199,35 +264,37 @@ class Sender:
         if self._pid != _process.pid:  # forked: see `_process`
             self.forget_parent_after_fork()
         queue = self._queue
-        limit = self._max_queue_bytes
         # The condition's own lock, taken directly: `with self._cond` would add a Python-level call.
         with self._lock:
             status = self._status
-            if status.closing or status.failed is not None:
+            if not status.accepting:
                 self._ledger.refuse("closed" if status.closing else "rejected")
                 return False
             nbytes: int = item[-1]
-            held = self._batches.held_bytes
-            if queue.nbytes + held + max(nbytes, queue.room_wanted) > limit and not self._make_room(nbytes):
-                self._ledger.refuse("queue_full")
-                status.warnings.warn("queue_full", f"queue full ({limit} bytes): dropping events of {self.run!r}")
-                return False
+            limit = self._max_queue_bytes
+            batches = self._batches
+            held = batches.held_bytes
+            if queue.nbytes + held + max(nbytes, queue.room_wanted) > limit:
+                if not self._make_room(nbytes):
+                    self._ledger.refuse("queue_full")
+                    status.warnings.warn("queue_full", f"queue full ({limit} bytes): dropping events of {self.run!r}")
+                    return False
+                held = batches.held_bytes  # the lock was let go while waiting for room
             # The first event of a new batch wakes the sender, which may be asleep for up to a heartbeat
             # interval, so that the batch leaves within `linger_secs` of it; later ones only when it is full.
-            if queue.items:
-                wake = False
-                before = queue.append(item, None)
-            else:
-                wake = True
+            wake = not queue.items
+            if wake:
                 now = time.monotonic()
-                self._batches.nothing_pending(now)
-                before = queue.append(item, now)
-            queued = before + nbytes
+                batches.nothing_pending(now)
+                queue.queued_at = now
+            queue.items.append(item)
+            queue.accepted += 1
+            before = queue.nbytes
+            queue.nbytes = queued = before + nbytes
             # Wake it once as a batch fills up, not at every event after: a caller that outruns the sender
             # would otherwise pay for a wake-up (and a fight for the GIL) per event.
             wake = wake or len(queue.items) == self._max_batch_events
             wake = wake or before < self._max_batch_bytes <= queued
-            held = self._batches.held_bytes
             wake = wake or before + held <= limit < queued + held
         if not self._loop.started:
             self._loop.start()
@@ -238,7 +305,7 @@ class Sender:
     def _make_room(self, nbytes: int) -> bool:
         """Apply the overflow policy for an event of `nbytes`; False when it must be dropped. Holds the lock."""
         options, queue, batches = self.options, self._queue, self._batches
-        if not over_budget(queue, batches.held_bytes, options.max_queue_bytes, nbytes):
+        if not queue.over_budget(batches.held_bytes, options.max_queue_bytes, nbytes):
             return True
         if options.overflow == "spill" and self._spiller.error is None:
             # The sender thread spills to disk; only events it has not even serialized yet are waited for,
@@ -259,7 +326,7 @@ class Sender:
             queue.want_room(nbytes)
             try:
                 while (
-                    over_budget(queue, batches.held_bytes, options.max_queue_bytes, nbytes)
+                    queue.over_budget(batches.held_bytes, options.max_queue_bytes, nbytes)
                     and self._loop.alive()
                     and not self._status.closing
                 ):
@@ -273,7 +340,7 @@ class Sender:
             return True
         # drop_oldest (also `spill` once the spool failed): make room from the head of the queue.
         dropped = 0
-        while queue.items and over_budget(queue, batches.held_bytes, options.max_queue_bytes, nbytes):
+        while queue.items and queue.over_budget(batches.held_bytes, options.max_queue_bytes, nbytes):
             queue.drop_oldest()
             dropped += 1
         if dropped:

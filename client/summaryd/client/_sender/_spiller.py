@@ -5,15 +5,18 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from summaryd.client._courier import outbox_root
 from summaryd.client._options import ClientOptions
 from summaryd.client._sender._batch_log import BatchLog
 from summaryd.client._sender._items import Batch
 from summaryd.client._sender._ledger import Ledger
-from summaryd.client._sender._queue import EventQueue, over_budget
 from summaryd.client._sender._status import Status, log
 from summaryd.client._spool import Spool, SpoolIdentity
+
+if TYPE_CHECKING:  # the queue lives beside its hot path, in `_sender`, which imports this module
+    from summaryd.client._sender._sender import EventQueue
 
 
 class Spiller:
@@ -65,8 +68,8 @@ class Spiller:
         if waiting and time.monotonic() - self._batches.progress_at >= self._options.spool_after:
             return True
         options = self._options
-        return options.overflow == "spill" and over_budget(
-            self._queue, self._batches.held_bytes, options.max_queue_bytes
+        return options.overflow == "spill" and self._queue.over_budget(
+            self._batches.held_bytes, options.max_queue_bytes
         )
 
     def spill(self, *, everything: bool, number: Callable[[], Batch | None]) -> None:
@@ -129,7 +132,7 @@ class Spiller:
             self._told = True
             if self._status.closing:
                 why = "closing before the daemon acknowledged them"
-            elif over_budget(self._queue, self._batches.held_bytes, options.max_queue_bytes):
+            elif self._queue.over_budget(self._batches.held_bytes, options.max_queue_bytes):
                 why = f"more than max_queue_bytes={options.max_queue_bytes} waiting"
             else:
                 why = f"no acknowledgement from {options.address} for {options.spool_after:g}s"

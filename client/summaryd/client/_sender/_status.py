@@ -33,6 +33,7 @@ class Status:
 
     def __init__(self) -> None:
         self.closing = False
+        self.accepting = True  # neither closing nor failed: what the caller's hot path asks, in one look
         self.closed = False
         self.close_deadline = float("inf")
         self.spill_all = False  # close() is running out of time: everything goes to the spool now
@@ -52,6 +53,7 @@ class Status:
     def begin_close(self, deadline: float) -> None:
         if not self.closing:
             self.closing = True
+            self.accepting = False
             self.close_deadline = deadline
 
     def finish_close(self) -> None:
@@ -62,6 +64,7 @@ class Status:
 
     def fail(self, reason: str) -> None:
         self.failed = reason
+        self.accepting = False
 
     def confirm_synced(self) -> None:
         self.synced = True
