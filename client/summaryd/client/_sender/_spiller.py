@@ -159,24 +159,18 @@ class Spiller:
     def put_away(self) -> None:
         """When the sender thread ends: delete a spool that is fully acknowledged, keep (sync) one that is not."""
         spool = self._spool
-        if spool is None:
-            return
-        with self._lock:
-            still_spooled = self._ledger.spooled > 0
-        if still_spooled:
+        if spool is not None and self._still_spooled():
             spool.keep()
         else:
-            spool.discard()
-            with self._lock:
-                self._spool = None
+            self.discard_when_acknowledged()
+
+    def _still_spooled(self) -> bool:
+        with self._lock:
+            return self._ledger.spooled > 0
 
     def discard_when_acknowledged(self) -> None:
         spool = self._spool
-        if spool is None:
-            return
-        with self._lock:
-            still_spooled = self._ledger.spooled > 0
-        if still_spooled:
+        if spool is None or self._still_spooled():
             return
         spool.discard()
         if self._told:
