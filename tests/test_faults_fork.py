@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from _support import Daemon, assert_whole_records, event_files, read_events
+from _support import Daemon, assert_whole_records, event_files, read_events, start_daemon
 from summaryd.client import Sender, _process
 
 # The training process: a thread logs `train/loss` without pause; each epoch forks fresh DataLoader workers
@@ -127,9 +127,59 @@ def test_grpc_fork_support_draws_a_warning(monkeypatch: pytest.MonkeyPatch, capl
     sender = Sender("warned", address="127.0.0.1:1")
     monkeypatch.setenv("GRPC_ENABLE_FORK_SUPPORT", "true")
     monkeypatch.setattr(_process, "_warned_fork_support", False)
+    # No real fork happens: the parent's side must not start a courier (its thread would outlive the test).
+    monkeypatch.setattr(_process, "_grpc_pid", None)
     with caplog.at_level(logging.WARNING, logger="summaryd.client"):
         for _ in range(2):
             _process._before_fork()
             _process._after_fork_in_parent()
     assert sum("unset GRPC_ENABLE_FORK_SUPPORT" in r.getMessage() for r in caplog.records) == 1
     sender.close(timeout=0)
+
+
+# A writer given its token as an argument (no SUMMARYD_TOKEN) forks a child that logs through it: the parent's
+# courier delivers the child's outbox with the writer's token, as the writer itself does.
+TOKEN_CHILD = textwrap.dedent(
+    """
+    import json, os, sys
+    from summaryd.client import SummaryWriter
+
+    writer = SummaryWriter("tokened", address=sys.argv[1], worker="", token=sys.argv[2], close_timeout=30)
+    writer.add_scalar("parent", 1.0, 0)
+    assert writer.flush().delivered == 1  # the parent used gRPC: its children must not
+    child = os.fork()
+    if child == 0:
+        writer.add_scalar("child", 2.0, 1)
+        writer.close()
+        os._exit(0)
+    os.waitpid(child, 0)
+    report = writer.close()
+    print(json.dumps({"ok": report.ok}))
+    """
+)
+
+
+def test_courier_delivers_a_childs_outbox_with_the_writers_own_token(tmp_path: Path) -> None:
+    """The token given to SummaryWriter reaches the courier: no SUMMARYD_TOKEN, and the child's step arrives."""
+    token = "fork-token-0123456789abcdef"
+    (tmp_path / "tokens").write_text(f"{token} *\n")
+    daemon = start_daemon(tmp_path, "--token-file", str(tmp_path / "tokens"))
+    try:
+        environ = {k: v for k, v in os.environ.items() if not k.startswith("SUMMARYD_")}
+        environ["SUMMARYD_SPOOL_DIR"] = str(tmp_path / "spool")
+        done = subprocess.run(
+            [sys.executable, "-c", TOKEN_CHILD, daemon.address, token],
+            env=environ,
+            check=False,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert done.returncode == 0, done.stderr
+        assert json.loads(done.stdout.strip().splitlines()[-1])["ok"], done.stdout
+        tags = [
+            v.tag for path in event_files(daemon.logdir / "tokened") for e in read_events(path) for v in e.summary.value
+        ]
+        assert sorted(tags) == ["child", "parent"], done.stderr
+    finally:
+        daemon.terminate()

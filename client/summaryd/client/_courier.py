@@ -32,6 +32,7 @@ import grpc
 
 from summaryd.client._batch_fit import DaemonLimits
 from summaryd.client._channel import ChannelSettings, open_channel
+from summaryd.client._options import ClientOptions
 from summaryd.client._replay import open_request, send_events
 from summaryd.client._spool import MANIFEST, SpoolLockedError, lock, write_manifest
 from summaryd.v1 import summaryd_pb2 as pb
@@ -69,16 +70,24 @@ class Courier:
         self._roots: set[Path] = set()
         self._outboxes: dict[Path, _Outbox] = {}
         self._channels: dict[str, grpc.Channel] = {}
+        # How to reach each daemon: the settings of the senders whose children write the outboxes (a child's
+        # outbox names its daemon's address; its token and TLS files are its writer's, carried here).
+        self._settings: dict[str, ChannelSettings] = {}
+        self._latest: ChannelSettings | None = None
         self._lock = threading.Lock()
         self._wake = threading.Event()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._pid = os.getpid()
 
-    def watch(self, spool_root: Path) -> None:
-        """Deliver the outboxes of this process's children under `spool_root` (started on first call)."""
+    def watch(self, options: ClientOptions) -> None:
+        """Deliver the outboxes of this process's children under the options' spool root, with their token and
+        TLS files (started on first call)."""
         with self._lock:
-            self._roots.add(outbox_root(spool_root, os.getpid()))
+            self._roots.add(outbox_root(options.spool_root, os.getpid()))
+            for address in options.addresses:
+                self._settings[address] = options.channel
+            self._latest = options.channel
             if self._thread is None:
                 self._thread = threading.Thread(target=self._run, name="summaryd-courier", daemon=True)
                 self._thread.start()
@@ -135,7 +144,10 @@ class Courier:
     def _stub(self, address: str) -> pb_grpc.SummariesStub:
         channel = self._channels.get(address)
         if channel is None:
-            channel = self._channels[address] = open_channel(address, ChannelSettings.from_environment())
+            with self._lock:
+                # An address no watched sender has (a writer made in the child): the latest settings watched.
+                settings = self._settings.get(address, self._latest) or ChannelSettings()
+            channel = self._channels[address] = open_channel(address, settings)
         return pb_grpc.SummariesStub(channel)
 
     def _deliver(self, outbox: _Outbox) -> bool:

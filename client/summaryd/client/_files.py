@@ -34,7 +34,7 @@ import numpy as np
 from summaryd.client import _summaries, _torch
 from summaryd.client._channel import open_channel
 from summaryd.client._sender import Sender
-from summaryd.client._spool import SpoolIdentity, SpoolLockedError, spool_files
+from summaryd.client._spool import SpoolLockedError, spool_files
 from summaryd.v1 import summaryd_pb2 as pb
 from summaryd.v1 import summaryd_pb2_grpc as pb_grpc
 
@@ -76,7 +76,8 @@ class FileUploader:
         backoff_secs: tuple[float, float] = (0.1, 2.0),
     ) -> None:
         self.sender = sender
-        self.rpc_timeout = sender.rpc_timeout if rpc_timeout is None else rpc_timeout
+        self.options = sender.options  # the writer's settings: its daemon, token, TLS files and spool
+        self.rpc_timeout = self.options.rpc_timeout if rpc_timeout is None else rpc_timeout
         self.attempts = attempts
         self.backoff_secs = backoff_secs
         self.failed = 0
@@ -163,23 +164,14 @@ class FileUploader:
 
     def _spool(self, files: Files) -> None:
         sender = self.sender
-        if not sender.spool_enabled:
+        if not self.options.spool_enabled:
             self.failed += len(files)
             log.warning(
                 "summaryd: %d projector files of run %r were not uploaded (spooling is off)", len(files), sender.run
             )
             return
-        identity = SpoolIdentity(
-            sender.session_id,
-            sender.run,
-            sender.worker,
-            sender.world_size,
-            sender.address,
-            sender.framework,
-            session_started=sender.session_started,
-        )
         try:
-            directory = spool_files(sender.spool_root, identity, files)
+            directory = spool_files(self.options.spool_root, sender.identity, files)
         except (OSError, ValueError, SpoolLockedError) as exc:
             self.failed += len(files)
             log.error("summaryd: %d projector files of run %r could not be spooled: %s", len(files), sender.run, exc)
@@ -259,7 +251,7 @@ class FileUploader:
         sender = self.sender
         if sender.run_dir is not None:
             return True
-        sender._start()
+        sender.start()
         deadline = time.monotonic() + self.rpc_timeout
         while sender.run_dir is None and time.monotonic() < deadline and not sender.unreachable:
             if self._stop.wait(0.01):
@@ -282,7 +274,7 @@ class FileUploader:
                     break  # the daemon is away: keep the file, try again when idle
                 continue
             if self._channel is None:
-                self._channel = open_channel(sender.address, sender.channel_settings)
+                self._channel = open_channel(self.options.address, self.options.channel)
             request = pb.PutFileRequest(session_id=sender.session_id, path=path, content=content)
             try:
                 pb_grpc.SummariesStub(self._channel).PutFile(request, timeout=self.rpc_timeout)

@@ -26,18 +26,18 @@ import sys
 import threading
 import time
 import weakref
-from pathlib import Path
 from types import FrameType
 from typing import Protocol
 
 from summaryd.client._courier import Courier
+from summaryd.client._options import ClientOptions
 
 log = logging.getLogger("summaryd.client")
 
 
 class Closable(Protocol):
-    close_timeout: float
-    spool_root: Path
+    @property
+    def options(self) -> ClientOptions: ...
 
     def owned_here(self) -> bool: ...
 
@@ -104,7 +104,7 @@ def close_all(timeout: float | None = None) -> None:
     try:
         senders = [s for s in list(_live) if s.owned_here()]
         if timeout is None:
-            timeout = max((s.close_timeout for s in senders), default=5.0)
+            timeout = max((s.options.close_timeout for s in senders), default=5.0)
         deadline = time.monotonic() + timeout
         for sender in senders:
             sender.begin_close(deadline)
@@ -179,7 +179,7 @@ def _after_fork_in_parent() -> None:
     if _grpc_pid == os.getpid():
         for sender in list(_live):
             if sender.owned_here():
-                courier.watch(sender.spool_root)
+                courier.watch(sender.options)
 
 
 def _after_fork_in_child() -> None:

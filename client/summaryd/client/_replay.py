@@ -169,11 +169,10 @@ def replay_spool(
     timeout: float = 30.0,
     *,
     keep: bool = False,
-    settings: ChannelSettings | None = None,
+    settings: ChannelSettings,
 ) -> ReplayResult:
     """Deliver one spool to `target` (an address and where it came from; default: the daemon its process was
-    logging to) with `settings` (default: from the environment); then remove it unless `keep`."""
-    settings = settings or ChannelSettings.from_environment()
+    logging to) with `settings` (token and TLS, made once by the caller); then remove it unless `keep`."""
     if _goes_with_events(directory):
         directory = _events_of(directory)
     result = ReplayResult(str(directory))

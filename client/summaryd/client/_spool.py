@@ -28,7 +28,7 @@ import os
 import shutil
 import socket
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -46,7 +46,7 @@ FILES_SUFFIX = ".files"
 FILES_DIR = "files"
 
 
-def default_root(environ: dict[str, str] | os._Environ[str] = os.environ) -> Path:
+def default_root(environ: Mapping[str, str] = os.environ) -> Path:
     """`SUMMARYD_SPOOL_DIR`, else the user's cache directory."""
     if environ.get("SUMMARYD_SPOOL_DIR"):
         return Path(environ["SUMMARYD_SPOOL_DIR"])

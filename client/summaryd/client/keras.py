@@ -31,7 +31,8 @@ import tensorflow as tf
 from tensorboard.compat.proto.summary_pb2 import Summary, SummaryMetadata
 from tensorboard.util import tensor_util
 
-from summaryd.client._environment import detect_worker, resolve_address
+from summaryd.client._environment import detect_worker
+from summaryd.client._options import ClientOptions
 from summaryd.client.writer import SummaryWriter
 from summaryd.v1.runpath import run_dir_parts
 
@@ -114,13 +115,12 @@ class SummaryCallback(tf.keras.callbacks.Callback):  # type: ignore[misc]
         detected = detect_worker()
         self.worker = detected.label if worker is None else worker
         self._world_size = detected.world_size
-        self._address = address
         base = posixpath.join(self.log_dir, self.worker) if self.worker else self.log_dir
         self._run_dirs = {"train": posixpath.join(base, "train"), "validation": posixpath.join(base, "validation")}
         # What the daemon would refuse fails here, as SummaryWriter's own checks do, not at the first epoch.
         for run in self._run_dirs.values():
             run_dir_parts(run, max_bytes=None, max_depth=None)
-        resolve_address(address)
+        self._options = ClientOptions.make(address=address)  # checks the address here, as SummaryWriter does
         self._writers: dict[str, SummaryWriter] = {}
         self._training = False
         self._global_train_batch = 0
@@ -138,10 +138,10 @@ class SummaryCallback(tf.keras.callbacks.Callback):  # type: ignore[misc]
         if writer is None:
             writer = self._writers[which] = SummaryWriter(
                 self._run_dirs[which],
-                self._address,
                 worker="",  # the worker label is already part of the run path, above `train`/`validation`
                 world_size=self._world_size,
                 framework=f"summaryd-keras/{tf.keras.__version__}",
+                options=self._options,
             )
         return writer
 

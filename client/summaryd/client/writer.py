@@ -27,6 +27,7 @@ from tensorboard.plugins.projector.projector_config_pb2 import EmbeddingInfo, Pr
 
 from summaryd.client import _encoder, _files, _summaries, _torch
 from summaryd.client._environment import detect_worker
+from summaryd.client._options import carried_or_made
 from summaryd.client._sender import DeliveryReport, Sender
 
 log = logging.getLogger("summaryd.client")
@@ -110,7 +111,9 @@ class SummaryWriter:
             earlier, crashed attempt.
         max_queue, flush_secs, filename_suffix: accepted for compatibility; events are shipped within
             `linger_secs` and the daemon names the files.
-        sender_options: passed to `Sender` (queue bound, batch sizes, timeouts).
+        sender_options: the settings of `Sender` (token, TLS files, queue bound, batch sizes, timeouts, spool),
+            made once into the `ClientOptions` every sender and uploader of this writer shares; or `options`,
+            such an object made already.
 
     Raises:
         ValueError: a run path or worker label the daemon refuses (absolute, with `..`, under `.summaryd`, with
@@ -142,9 +145,8 @@ class SummaryWriter:
         self.filename_suffix = filename_suffix
         self._worker = detected.label if worker is None else worker
         self._world_size = world_size or detected.world_size
-        self._address = address
         self._framework = framework
-        self._sender_options = sender_options
+        self._options = carried_or_made(sender_options.pop("options", None), address, sender_options)
         self._sender = self._new_sender(self.log_dir)
         # Import torch's builders now, on the constructing thread: a first import later, racing a fork of
         # another thread (a DataLoader worker), could leave the child holding the import lock.
@@ -159,12 +161,7 @@ class SummaryWriter:
 
     def _new_sender(self, run: str) -> Sender:
         return Sender(
-            run,
-            address=self._address,
-            worker=self._worker,
-            world_size=self._world_size,
-            framework=self._framework,
-            **self._sender_options,
+            run, worker=self._worker, world_size=self._world_size, framework=self._framework, options=self._options
         )
 
     def _sub_sender(self, name: str) -> Sender:
@@ -643,7 +640,7 @@ class SummaryWriter:
         projector's files are uploaded."""
         deadline = None if timeout is None else time.monotonic() + timeout
         if self._uploader is not None:
-            self._uploader.wait(self._sender.rpc_timeout * 2 if deadline is None else timeout)
+            self._uploader.wait(self._options.rpc_timeout * 2 if deadline is None else timeout)
         senders = [self._sender, *self._sub_senders.values()]
         reports = [s.flush(_remaining(deadline), durable=durable) for s in senders]
         return _merge(reports, self._uploader)
@@ -655,7 +652,7 @@ class SummaryWriter:
         many events could not be delivered. Pending projector uploads are finished first (within the timeout).
         """
         senders = [self._sender, *self._sub_senders.values()]
-        deadline = time.monotonic() + (self._sender.close_timeout if timeout is None else timeout)
+        deadline = time.monotonic() + (self._options.close_timeout if timeout is None else timeout)
         if self._uploader is None:  # closed from the start: a later add_embedding is counted, not sent
             self._uploader = _files.FileUploader(self._sender)
         self._uploader.close(max(0.0, deadline - time.monotonic()))

@@ -12,10 +12,13 @@ acknowledged anything for `spool_after` seconds, when memory runs over `max_queu
 and when `close()` runs out of time. Spilled batches are read back to be sent when the daemon returns; a
 spool left at exit is delivered later by `summaryd replay`.
 
-Layers, each a module that builds on the one before: `_state` (settings, and the state of one process),
-`_log` (numbering events into batches, acknowledgements, refusals), `_spilling` (the spool), `_connection`
-(session, write stream, heartbeats), `_thread` (the sender thread's loop) and `_sender` (`Sender`: the caller's
-side, and the public face). `_items` and `_report` hold what the queue, the log and the caller see.
+The parts, each an object with one job, composed by `Sender` (`_sender`, the caller's side and the public
+face): the `EventQueue` (beside it in `_sender`, events not yet numbered), the `Ledger` (`_ledger`, what became of every
+accepted event), the `BatchLog` (`_batch_log`, numbered batches until acknowledged), the `Spiller`
+(`_spiller`, batches to and from the spool), the `Connection` (`_connection`, the session over a `Transport`:
+`_transport` says what one is, `_grpc_transport` is the one over gRPC), the `Status` (`_status`, closing,
+failed, the last error) and the `SenderLoop` (`_loop`, the thread). `_items` and `_report` hold what the queue,
+the log and the caller see. The settings come from `ClientOptions` (`summaryd.client._options`), made once.
 
 Nothing here raises into the caller: failures are counted, logged at a limited rate and reported by
 `flush`/`close`.
@@ -24,10 +27,10 @@ Nothing here raises into the caller: failures are counted, logged at a limited r
 from summaryd.client import _grpc_import  # noqa: F401 - before gRPC is imported (its fork handlers)
 
 # isort: split
+from summaryd.client._options import OVERFLOW_POLICIES, Overflow
 from summaryd.client._sender._items import EventSource, Queued
 from summaryd.client._sender._report import DeliveryReport
 from summaryd.client._sender._sender import Sender
-from summaryd.client._sender._state import OVERFLOW_POLICIES, Overflow
 from summaryd.v1.wire import REFUSED_SEQUENCE_KEY, VERSION
 
 __all__ = [

@@ -1,217 +1,264 @@
-"""The session with the daemon: opening (and resuming) it, the write stream, heartbeats, closing it."""
+"""The session with the daemon over a `Transport`: opening (and resuming) it, the write stream, heartbeats,
+and closing it."""
 
 from __future__ import annotations
 
-import os
-import socket
+import threading
 import time
 
-import grpc
-
-from summaryd.client import _process
 from summaryd.client._batch_fit import DaemonLimits
-from summaryd.client._channel import open_channel
-from summaryd.client._sender._spilling import Spilling
-from summaryd.client._sender._state import log
-from summaryd.client._stream import WriteStream
-from summaryd.v1 import summaryd_pb2 as pb
-from summaryd.v1 import summaryd_pb2_grpc as pb_grpc
-from summaryd.v1.wire import REFUSED_SEQUENCE_KEY, VERSION
-
-# Statuses after which retrying the same request cannot succeed.
-_PERMANENT = frozenset(
-    {grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.PERMISSION_DENIED, grpc.StatusCode.UNAUTHENTICATED}
-)
+from summaryd.client._options import ClientOptions
+from summaryd.client._sender._batch_log import BatchLog
+from summaryd.client._sender._ledger import Ledger
+from summaryd.client._sender._spiller import Spiller
+from summaryd.client._sender._status import Status, log
+from summaryd.client._sender._transport import Ack, Hello, Opened, Opening, Stream, Transport, TransportError
+from summaryd.client._spool import SpoolIdentity
 
 
-class Connection(Spilling):
-    """Keeps one session and write stream open to the daemon, and sends the log over it. Sender thread only."""
+class Connection:
+    """Keeps one session and write stream open to the daemon and sends the batch log over it; acknowledgements
+    settle the log. Sender thread only, but for `on_ack`/`on_end` (the stream's thread) and `flush`/`cancel`
+    (the caller's)."""
 
-    def _poll_connection(self) -> None:
-        """Open (or resume) the session and a write stream without blocking this thread."""
-        if self._outbox_pid is not None or (self._stream is not None and not self._stream.ended):
-            return
+    def __init__(
+        self,
+        options: ClientOptions,
+        identity: SpoolIdentity,
+        transport: Transport,
+        cond: threading.Condition,
+        wake: threading.Event,
+        abandon: threading.Event,
+        batches: BatchLog,
+        ledger: Ledger,
+        spiller: Spiller,
+        status: Status,
+    ) -> None:
+        self._options = options
+        self._identity = identity
+        self._transport = transport
+        self._cond = cond
+        self._wake = wake
+        self._abandon = abandon
+        self._batches = batches
+        self._ledger = ledger
+        self._spiller = spiller
+        self._status = status
+        self._stream: Stream | None = None
+        self._opening: Opening | None = None
+        self._used = False  # a session was asked for: there is one to close
+        self._next_attempt = 0.0
+        self._backoff = options.backoff_secs[0]
+        self.connect_failed = False
+        self._lease = float("inf")
+        self.limits = DaemonLimits()
+        self._last_sent = 0.0
+        self.run_dir: str | None = None
+
+    @property
+    def streaming(self) -> bool:
+        return self._stream is not None
+
+    def poll(self) -> str | None:
+        """Open (or resume) the session and a write stream without blocking this thread; the reason when the
+        daemon refused it for good (then nothing can be delivered)."""
+        if self._stream is not None and not self._stream.ended:
+            return None
         if self._stream is not None:
-            failed = self._stream.error is not None
-            self._disconnect()
+            failed = self._stream.failed
+            self.disconnect()
             if failed:  # a daemon that refuses writes (disk full) is not hammered with resends
                 self._retry_later()
         if self._opening is not None:
             if not self._opening.done():
-                return
-            future, self._opening = self._opening, None
+                return None
+            opening, self._opening = self._opening, None
             try:
-                answer = future.result()
-            except grpc.RpcError as exc:
-                self._connection_failed(exc)
-                return
-            except grpc.FutureCancelledError:
-                return
-            self._connected(answer)
-            return
+                answer = opening.result()
+            except TransportError as exc:
+                return self._open_failed(exc)
+            if answer is not None:
+                self._connected(answer)
+            return None
         if time.monotonic() < self._next_attempt:
-            return
-        if self._channel is None:
-            _process.note_grpc_used()
-            self._channel = open_channel(self.address, self.channel_settings)
-        request = pb.OpenSessionRequest(
-            session_id=self.session_id,
-            run=self.run,
-            worker=self.worker,
-            world_size=self.world_size,
-            client=pb.ClientIdentity(
-                host=socket.gethostname(), pid=os.getpid(), framework=self.framework, version=VERSION
-            ),
-            next_sequence=self._acked + 1,
-            session_started=self.session_started,
-        )
-        self._opening = pb_grpc.SummariesStub(self._channel).OpenSession.future(request, timeout=self.rpc_timeout)
-        self._opening.add_done_callback(lambda _: self._wake.set())
+            return None
+        self._used = True
+        hello = Hello(self._identity, self._batches.acked + 1)
+        self._opening = self._transport.open_session(hello, self._wake.set)
+        return None
 
-    def _connected(self, answer: pb.OpenSessionResponse) -> None:
-        assert self._channel is not None
+    def _connected(self, answer: Opened) -> None:
         self.run_dir = answer.run_dir
         self._lease = answer.lease_seconds or float("inf")
-        self._daemon_limits = DaemonLimits.of(answer)
-        self._on_ack(answer.last_sequence)
-        self._stream = WriteStream(pb_grpc.SummariesStub(self._channel), self._on_ack, self._on_stream_end)
-        with self._lock:
-            self._in_flight = 0
+        self.limits = answer.limits
+        self.on_ack(Ack(answer.last_sequence))
+        self._stream = self._transport.open_stream(self._identity.session_id, self.on_ack, self.on_end)
+        with self._cond:
+            self._batches.new_stream()
+            overcome = self._status.overcome()  # not the error of what is now delivered
+            spooled = self._ledger.spooled
         self._last_sent = time.monotonic()
-        self._connect_failed = False
-        if self._error_passing:  # overcome: not the error of what is now delivered
-            self._last_error = None
-            self._error_passing = False
-            if self._warned.pop("daemon", None) is not None:
-                # The user was told the daemon was away: say it is back, and what becomes of the spool.
-                spooled = f"; sending the {self._spooled} spooled events" if self._spooled else ""
-                log.warning("summaryd: daemon at %s answers again for run %r%s", self.address, self.run, spooled)
+        self.connect_failed = False
+        if overcome and self._status.warnings.forget("daemon"):
+            # The user was told the daemon was away: say it is back, and what becomes of the spool.
+            sending = f"; sending the {spooled} spooled events" if spooled else ""
+            log.warning(
+                "summaryd: daemon at %s answers again for run %r%s",
+                self._transport.address,
+                self._identity.run,
+                sending,
+            )
 
-    def _connection_failed(self, exc: grpc.RpcError) -> None:
-        self._note_error(exc)
-        self._connect_failed = True
-        if exc.code() in _PERMANENT or exc.code() == grpc.StatusCode.FAILED_PRECONDITION:
-            self._give_up(f"{exc.code().name}: {exc.details()}")
-            return
+    def _open_failed(self, exc: TransportError) -> str | None:
+        self.report_error(exc)
+        self.connect_failed = True
+        if exc.permanent:
+            return exc.text
         self._retry_later()
+        return None
 
     def _retry_later(self) -> None:
         """Capped exponential backoff; it starts again from the bottom once the daemon acknowledges."""
         self._next_attempt = time.monotonic() + self._backoff
-        self._backoff = min(self._backoff * 2, self.backoff_secs[1])
+        self._backoff = min(self._backoff * 2, self._options.backoff_secs[1])
 
-    def _disconnect(self) -> None:
+    def report_error(self, exc: TransportError) -> None:
+        with self._cond:
+            self._status.note_error(exc.text, passing=exc.passing)
+        # Say what becomes of the events, so that the line is not read as data lost.
+        then = "; the events are kept and sent when it answers" if exc.passing else ""
+        self._status.warnings.warn(
+            "daemon", f"daemon at {self._transport.address} for run {self._identity.run!r}: {exc.text}{then}"
+        )
+
+    def on_ack(self, ack: Ack) -> None:
+        """The stream's thread (and an opened session): settle every batch the daemon acknowledged."""
+        with self._cond:
+            if self._batches.acknowledge(ack.sequence):
+                self._backoff = self._options.backoff_secs[0]
+            self._cond.notify_all()
+        self._wake.set()
+
+    def on_end(self, error: TransportError | None) -> None:
+        """The stream's thread: the stream ended; a refusal is handled on the sender thread."""
+        if error is None or (error.kind == "cancelled" and self._abandon.is_set()):
+            self._wake.set()
+            return
+        self.report_error(error)
+        if error.kind == "refused":
+            with self._cond:
+                self._batches.note_refusal(error.details, error.refused_sequence)
+        self._wake.set()
+
+    def disconnect(self) -> None:
         if self._stream is not None:
             self._stream.close(cancel=True, timeout=1.0)
             self._stream = None
-        with self._lock:
-            self._in_flight = 0
+        with self._cond:
+            self._batches.new_stream()
 
-    def _closing_while_unreachable(self) -> bool:
-        return self._closing and self._stream is None and self._connect_failed
+    def unreachable_while_closing(self) -> bool:
+        return self._status.closing and self._stream is None and self.connect_failed
 
-    def _on_stream_end(self, stream: WriteStream, error: grpc.RpcError | None) -> None:
-        if error is None or (error.code() == grpc.StatusCode.CANCELLED and self._abandon.is_set()):
-            self._wake.set()
-            return
-        self._note_error(error)
-        if error.code() == grpc.StatusCode.INVALID_ARGUMENT:
-            sequence = refused_sequence(error)
-            with self._cond:
-                self._refused = error.details()
-                self._refused_sequence = sequence
-        self._wake.set()
-
-    def _send_ready(self) -> None:
+    def send_ready(self) -> None:
         """Send unsent batches of the log, oldest first, while the in-flight window has room."""
         stream = self._stream
         if stream is None or stream.ended:
             return
+        session_id = self._identity.session_id
         while True:
-            with self._lock:
-                # Sent batches are a prefix of the log, so the next one to send is right after them.
-                if self._in_flight >= min(self.max_in_flight, len(self._log)):
+            with self._cond:
+                batch = self._batches.next_to_send(self._options.max_in_flight)
+                if batch is None:
                     return
-                batch = self._log[self._in_flight]
-                events, span = batch.events, batch.span
+                events, span, first, nbytes = batch.events, batch.span, batch.first, batch.nbytes
             if events is None:
-                assert span is not None and self._spool is not None
-                events = self._spool.read(span)
-            batch.sent_at = self._last_sent = time.monotonic()
+                assert span is not None
+                events = self._spiller.read(span)
+            self._last_sent = time.monotonic()
+            batch.sent(self._last_sent)
             # Cut again to the daemon's limits: a spooled batch, or one made before they shrank, may be over them.
-            first = batch.first
-            for part in self._daemon_limits.split(events, batch.nbytes, self.session_id):
-                stream.send(pb.WriteRequest(session_id=self.session_id, first_sequence=first, events=part))
+            for part in self.limits.split(events, nbytes, session_id):
+                stream.write(first, part)
                 first += len(part)
-            with self._lock:
-                if not batch.settled:
-                    self._in_flight += 1
+            with self._cond:
+                self._batches.sent(batch)
 
-    def _keep_stream_alive(self) -> None:
+    def keep_alive(self) -> None:
         """Reconnect when an ack is overdue; send a heartbeat when the stream has been silent a while."""
         stream = self._stream
         if stream is None or stream.ended:
             return
         now = time.monotonic()
-        with self._lock:
-            head = self._log[0] if self._log and self._in_flight else None
-        if head is not None and now - head.sent_at > self.rpc_timeout:
-            self._last_error = f"no acknowledgement within {self.rpc_timeout}s; reconnecting"
-            self._error_passing = True
-            stream.call.cancel()
+        timeout = self._options.rpc_timeout
+        with self._cond:
+            head = self._batches.oldest_in_flight()
+            overdue = head is not None and now - head.sent_at > timeout
+            if overdue:
+                self._status.note_error(f"no acknowledgement within {timeout}s; reconnecting", passing=True)
+        if overdue:
+            stream.cancel()
         elif now - self._last_sent >= self._heartbeat_interval():
             self._last_sent = now
-            stream.send(pb.WriteRequest(session_id=self.session_id))
+            stream.heartbeat()
 
     def _heartbeat_interval(self) -> float:
-        return min(self.heartbeat_secs, self._lease / 3)
+        return min(self._options.heartbeat_secs, self._lease / 3)
 
-    def _finish(self) -> None:
+    def wait_hint(self, now: float) -> float:
+        """Seconds until this connection has something to do (a heartbeat, another attempt to open)."""
+        if self._stream is not None:
+            return self._heartbeat_interval() - (now - self._last_sent)
+        if self._opening is None:
+            return self._next_attempt - now
+        return float("inf")  # the opening wakes the thread when it is done
+
+    def finish(self) -> None:
         """After the last ack of a closing sender: end the stream and close the session (the daemon fsyncs).
 
         A close that meets a restarting daemon is tried again until `close()`'s deadline: the daemon knows
         the session from its store, and a close is harmless to repeat.
         """
-        self._discard_spool_when_acknowledged()
+        self._spiller.discard_when_acknowledged()
+        deadline = self._status.close_deadline
         if self._stream is not None:
-            self._stream.close(cancel=False, timeout=max(0.0, self._close_deadline - time.monotonic()))
+            self._stream.close(cancel=False, timeout=max(0.0, deadline - time.monotonic()))
             self._stream = None
-        backoff = self.backoff_secs[0]
-        while self._channel is not None and not self._abandon.is_set():
+        backoff = self._options.backoff_secs[0]
+        while self._used and not self._abandon.is_set():
+            timeout = max(0.01, min(self._options.rpc_timeout, deadline - time.monotonic()))
             try:
-                self._close_session()
-                with self._cond:
-                    self._synced = True
+                if self._transport.close_session(self._identity.session_id, timeout, self._abandon.wait):
+                    with self._cond:
+                        self._status.confirm_synced()
                 return
-            except grpc.RpcError as exc:
-                self._note_error(exc)
-                if exc.code() not in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
+            except TransportError as exc:
+                self.report_error(exc)
+                if exc.kind != "away":
                     return
-            except grpc.FutureCancelledError:
+            if self._abandon.wait(min(backoff, max(0.0, deadline - time.monotonic()))):
                 return
-            if self._abandon.wait(min(backoff, max(0.0, self._close_deadline - time.monotonic()))):
-                return
-            backoff = min(backoff * 2, self.backoff_secs[1])
+            backoff = min(backoff * 2, self._options.backoff_secs[1])
 
-    def _close_session(self) -> None:
-        assert self._channel is not None
-        future = pb_grpc.SummariesStub(self._channel).CloseSession.future(
-            pb.CloseSessionRequest(session_id=self.session_id),
-            timeout=max(0.01, min(self.rpc_timeout, self._close_deadline - time.monotonic())),
-        )
-        while not future.done():
-            if self._abandon.wait(0.02):
-                future.cancel()
-        future.result()
+    def flush(self, timeout: float) -> None:
+        """Caller's thread: have the daemon fsync the run's file; a failure is noted, never raised."""
+        try:
+            self._transport.flush(self._identity.session_id, timeout)
+        except TransportError as exc:
+            self.report_error(exc)
 
+    def cancel(self) -> None:
+        """Caller's thread, when `close()` gives up: cut the stream so that the sender thread ends."""
+        stream = self._stream
+        if stream is not None:
+            stream.cancel()
 
-def refused_sequence(error: grpc.RpcError) -> int | None:
-    """The sequence number of the event a daemon refused, from the trailing metadata of its INVALID_ARGUMENT."""
-    trailing = getattr(error, "trailing_metadata", None)
-    for key, value in (trailing() if callable(trailing) else None) or ():
-        if key == REFUSED_SEQUENCE_KEY:
-            try:
-                return int(value)
-            except (TypeError, ValueError):
-                return None
-    return None
+    def shut(self) -> None:
+        """When the sender thread ends: release the stream, an opening under way and the transport."""
+        self.disconnect()
+        if self._opening is not None:
+            self._opening.cancel()
+        self._transport.close()
+
+    def leave_to_parent(self) -> None:
+        self._transport.leave_to_parent()

@@ -1,4 +1,4 @@
-"""What the caller's queue and the sender's log hold."""
+"""What the caller's queue and the sender's batch log hold."""
 
 from __future__ import annotations
 
@@ -16,7 +16,10 @@ Queued = tuple[EventSource, int] | tuple[bytes, int, float, int] | tuple[str, fl
 
 @dataclass(eq=False)
 class Batch:
-    """Numbered events `first .. first + count - 1`, in memory (`events`) or in the spool (`span`)."""
+    """Numbered events `first .. first + count - 1`, in memory (`events`) or in the spool (`span`).
+
+    Its fields change only through its methods, which the batch log and the spiller call holding the lock.
+    """
 
     first: int
     count: int
@@ -30,6 +33,42 @@ class Batch:
     @property
     def last(self) -> int:
         return self.first + self.count - 1
+
+    @property
+    def pending(self) -> int:
+        """Events of this batch not acknowledged yet."""
+        return self.count - self.done
+
+    def acknowledge_through(self, sequence: int) -> int:
+        """The daemon acknowledged up to `sequence` inside this batch; the number of events newly acknowledged."""
+        newly = max(0, min(sequence, self.last) - self.first + 1 - self.done)
+        self.done += newly
+        return newly
+
+    def settle(self) -> None:
+        self.settled = True
+
+    def renumber(self, first: int) -> None:
+        """Numbered anew from `first` after a refusal (the daemon wrote none of it)."""
+        self.first, self.done = first, 0
+
+    def sent(self, now: float) -> None:
+        self.sent_at = now
+
+    def spilled(self, span: tuple[int, int]) -> None:
+        """Its events are in the spool at `span` now, no longer in memory."""
+        self.events, self.span = None, span
+
+    def loaded(self, events: list[bytes]) -> None:
+        """Read back from the spool: the events not yet acknowledged, in memory, numbered from the first of them."""
+        self.first, self.count, self.done = self.first + self.done, len(events), 0
+        self.events, self.span, self.nbytes = events, None, sum(map(len, events))
+
+    def without(self, index: int) -> None:
+        """Drop event `index` (the one the daemon refused) and those acknowledged already; in memory only."""
+        assert self.events is not None
+        kept = self.events[self.done : index] + self.events[index + 1 :]
+        self.events, self.count, self.nbytes, self.done = kept, len(kept), sum(map(len, kept)), 0
 
 
 def size_known(item: Queued) -> bool:

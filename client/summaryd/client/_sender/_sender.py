@@ -1,31 +1,101 @@
-"""`Sender`: the caller's side, and the whole sender's public face."""
+"""`Sender`: the caller's side, and the face of the parts behind it."""
 
 from __future__ import annotations
 
 import dataclasses
 import os
+import threading
 import time
-from pathlib import Path
-
-import grpc
+import uuid
+from collections import deque
+from collections.abc import Callable
+from typing import Any
 
 from summaryd.client import _process
-from summaryd.client._channel import ChannelSettings
-from summaryd.client._environment import resolve_address
-from summaryd.client._sender._items import EventSource, Queued
+from summaryd.client._options import ClientOptions, carried_or_made
+from summaryd.client._sender._batch_log import BatchLog
+from summaryd.client._sender._connection import Connection
+from summaryd.client._sender._grpc_transport import GrpcTransport
+from summaryd.client._sender._items import EventSource, Queued, size_known
+from summaryd.client._sender._ledger import Ledger
+from summaryd.client._sender._loop import SenderLoop
 from summaryd.client._sender._report import DeliveryReport
-from summaryd.client._sender._state import OVERFLOW_POLICIES, Overflow, log
-from summaryd.client._sender._thread import SenderThread
-from summaryd.client._spool import default_root
-from summaryd.v1 import summaryd_pb2 as pb
-from summaryd.v1 import summaryd_pb2_grpc as pb_grpc
+from summaryd.client._sender._spiller import Spiller
+from summaryd.client._sender._status import Status, log
+from summaryd.client._sender._transport import Transport
+from summaryd.client._spool import SpoolIdentity
 from summaryd.v1.runpath import run_dir_parts
+
+
+class EventQueue:
+    """A deque of queued events, their estimated bytes and how many it ever accepted. Every call holds the
+    sender's lock. It lives in this file because the caller's hot path (`Sender.enqueue`) appends to it inline:
+    a method call there would cost each logged event about a tenth more."""
+
+    def __init__(self) -> None:
+        self.items: deque[Queued] = deque()
+        self.nbytes = 0
+        self.queued_at = 0.0  # when the oldest event of the next batch arrived (what linger counts from)
+        self.room_wanted = 0  # bytes a caller waits to queue (policies spill and block)
+        self.accepted = 0  # events ever queued: what the sender owes the caller an account of
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+    def append(self, item: Queued, now: float | None = None) -> None:
+        """Accept `item` (`Sender.enqueue` does the same inline); `now` when it starts a new batch (the linger
+        clock)."""
+        if now is not None:
+            self.queued_at = now
+        self.items.append(item)
+        self.accepted += 1
+        self.nbytes += item[-1]
+
+    def take_run(self, max_events: int, max_bytes: int) -> list[Queued]:
+        """Pop the next events of a batch: a run of those whose size is known, so that the lock the caller also
+        takes is taken once per run, not per event; a function alone, since only encoding it tells its size."""
+        queue = self.items
+        if not queue:
+            return []
+        first = queue.popleft()
+        items = [first]
+        room = max_bytes - first[-1]
+        if size_known(first):
+            while queue and len(items) < max_events and room > 0:
+                head = queue[0]
+                if not size_known(head):
+                    break
+                items.append(queue.popleft())
+                room -= head[-1]
+        self.nbytes -= max_bytes - room
+        self.queued_at = time.monotonic()
+        return items
+
+    def drop_oldest(self) -> None:
+        self.nbytes -= self.items.popleft()[-1]
+
+    def clear(self) -> int:
+        """Forget every queued event; how many there were."""
+        count = len(self.items)
+        self.items.clear()
+        self.nbytes = 0
+        return count
+
+    def want_room(self, nbytes: int) -> None:
+        """A caller waits to queue `nbytes` (0: no longer): the budget counts them already."""
+        self.room_wanted = nbytes
+
+    def over_budget(self, held_bytes: int, max_queue_bytes: int, nbytes: int = 0) -> bool:
+        """Whether the queue and the batches in memory (`held_bytes`), with `nbytes` more (or the room a caller
+        waits for), are over the memory bound."""
+        return self.nbytes + held_bytes + max(nbytes, self.room_wanted) > max_queue_bytes
+
 
 # Share of `close(timeout)` kept for spooling what the daemon did not acknowledge (at most a second).
 _SPOOL_RESERVE = 0.2
 
 
-class Sender(SenderThread):
+class Sender:
     """Ships the events of one session (one run directory) to the daemon in the background.
 
     Args:
@@ -34,21 +104,16 @@ class Sender(SenderThread):
             `localhost:6065`.
         worker: worker label; the events land in `<run>/<worker>`. Empty for a single process.
         world_size: number of workers of the job (shown in status).
-        max_queue_bytes: bound of the events held in memory (queued and unacknowledged), in estimated bytes.
-        max_batch_events, max_batch_bytes: the largest batch sent at once.
-        linger_secs: how long a partial batch waits for more events before it is sent.
-        rpc_timeout: deadline of each call, and how long a sent batch may wait for its ack.
-        max_in_flight: batches sent but not yet acknowledged.
-        close_timeout: default of `close(timeout=...)`, also used at interpreter exit and on SIGTERM.
-        overflow: what happens when memory runs over `max_queue_bytes`: `spill` the oldest events to the spool
-            (the default; nothing is lost while the local disk takes it), `drop_oldest` queued events, or
-            `block` the caller until there is room (at most `block_secs`, then the new event is dropped).
-        spool_dir: spool root; default `SUMMARYD_SPOOL_DIR`, else `~/.cache/summaryd/spool`. None disables
-            spooling when given as `spool=False`.
-        spool: whether events may be spooled at all.
-        spool_after: seconds without any acknowledgement (daemon away or stuck) after which unacknowledged
-            events are moved to the spool, where they survive this process.
-        heartbeat_secs: longest silence on the stream; the daemon releases sessions it does not hear from.
+        framework: what logs (shown in status).
+        options: the client's settings, made once (`ClientOptions.make`) and shared by the senders of a writer;
+            when given, `address` and `settings` must not be.
+        transport: makes the connection to the daemon from the options (default gRPC; tests give a fake).
+        settings: the other arguments of `ClientOptions.make`: `token`, `tls_*`, `max_queue_bytes`,
+            `max_batch_events`, `max_batch_bytes`, `linger_secs`, `rpc_timeout`, `max_in_flight`,
+            `close_timeout`, `overflow`, `block_secs`, `spool_dir`, `spool`, `spool_after`, `heartbeat_secs`.
+
+    Raises:
+        ValueError: a run path or worker label the daemon refuses, or settings it cannot use.
     """
 
     def __init__(
@@ -59,61 +124,112 @@ class Sender(SenderThread):
         worker: str = "",
         world_size: int = 1,
         framework: str = "summaryd",
-        max_queue_bytes: int = 64 * 1024 * 1024,
-        max_batch_events: int = 1024,
-        max_batch_bytes: int = 1024 * 1024,
-        linger_secs: float = 0.05,
-        rpc_timeout: float = 10.0,
-        max_in_flight: int = 8,
-        backoff_secs: tuple[float, float] = (0.05, 2.0),
-        close_timeout: float = 5.0,
-        overflow: Overflow = "spill",
-        block_secs: float | None = None,
-        spool_dir: str | os.PathLike[str] | None = None,
-        spool: bool = True,
-        spool_after: float = 10.0,
-        heartbeat_secs: float = 10.0,
-        token: str | None = None,
-        tls_ca: str | None = None,
-        tls_cert: str | None = None,
-        tls_key: str | None = None,
+        options: ClientOptions | None = None,
+        transport: Callable[[ClientOptions], Transport] = GrpcTransport,
+        **settings: Any,
     ) -> None:
-        if overflow not in OVERFLOW_POLICIES:
-            raise ValueError(f"overflow={overflow!r}: choose one of {', '.join(OVERFLOW_POLICIES)}")
+        options = carried_or_made(options, address, settings)
         # A run path or worker label the daemon would refuse fails here, where the caller sees it, instead of
         # every event being dropped later on the sender thread. The daemon's length and depth limits are its
         # configuration; it alone checks them.
         run_dir_parts(run, worker, max_bytes=None, max_depth=None)
+        self.options = options
+        # Read on the caller's hot path: plain attributes, one lookup each.
+        self._max_queue_bytes = options.max_queue_bytes
+        self._max_batch_events = options.max_batch_events
+        self._max_batch_bytes = options.max_batch_bytes
         self.run = run
-        self.address = resolve_address(address)
-        # Token and TLS: arguments, else SUMMARYD_TOKEN / SUMMARYD_TLS_*; checked here, not on the sender thread.
-        self.channel_settings = ChannelSettings.from_environment(
-            token=token, tls_ca=tls_ca, tls_cert=tls_cert, tls_key=tls_key
-        )
         self.worker = worker
         self.world_size = world_size
         self.framework = framework
-        self.max_queue_bytes = max_queue_bytes
-        self.max_batch_events = max_batch_events
-        self.max_batch_bytes = max_batch_bytes
-        self.linger_secs = linger_secs
-        self.rpc_timeout = rpc_timeout
-        self.max_in_flight = max_in_flight
-        self.backoff_secs = backoff_secs
-        self.close_timeout = close_timeout
-        self.overflow: Overflow = overflow if spool or overflow != "spill" else "drop_oldest"
-        self.block_secs = block_secs
-        self.spool_root = Path(spool_dir) if spool_dir is not None else default_root()
-        self.spool_enabled = spool
-        self.spool_after = spool_after
-        self.heartbeat_secs = heartbeat_secs
+        self._transport = transport
         self._init_state()
         _process.register(self)
+
+    def _init_state(self) -> None:
+        """Everything that belongs to one process; a forked child builds it anew (never the parent's channel)."""
+        options = self.options
+        self._pid = os.getpid()
+        # In a child forked from a process that used gRPC: never use gRPC, write to an outbox instead.
+        self._outbox_pid = _process.outbox_owner()
+        # Sent when opening the session: a daemon that lost state refuses to resume sessions older than the loss.
+        self.identity = SpoolIdentity(
+            str(uuid.uuid4()),
+            self.run,
+            self.worker,
+            self.world_size,
+            options.address,
+            self.framework,
+            session_started=time.time(),
+        )
+        # One lock for every part. Re-entrant: the SIGTERM handler may close the sender while the interrupted
+        # caller holds it.
+        self._lock = threading.RLock()
+        self._cond = threading.Condition(self._lock)
+        self._wake = threading.Event()
+        self._abandon = threading.Event()
+        # Held while an event is encoded on the sender thread; a fork waits for it (see `_process`).
+        self._encoding = threading.Lock()
+        self._queue = EventQueue()
+        self._ledger = Ledger(self._queue)
+        self._batches = BatchLog(self._ledger)
+        self._status = Status()
+        self._spiller = Spiller(
+            options,
+            self.identity,
+            self._outbox_pid,
+            self._lock,
+            self._abandon,
+            self._queue,
+            self._batches,
+            self._ledger,
+            self._status,
+        )
+        self._connection = Connection(
+            options,
+            self.identity,
+            self._transport(options),
+            self._cond,
+            self._wake,
+            self._abandon,
+            self._batches,
+            self._ledger,
+            self._spiller,
+            self._status,
+        )
+        self._loop = SenderLoop(
+            options,
+            self.identity,
+            self._outbox_pid,
+            self._cond,
+            self._wake,
+            self._abandon,
+            self._encoding,
+            self._queue,
+            self._batches,
+            self._ledger,
+            self._status,
+            self._spiller,
+            self._connection,
+        )
+
+    @property
+    def address(self) -> str:
+        return self.options.address
+
+    @property
+    def session_id(self) -> str:
+        return self.identity.session_id
+
+    @property
+    def run_dir(self) -> str | None:
+        """The run's directory on the daemon, once a session opened."""
+        return self._connection.run_dir
 
     @property
     def unreachable(self) -> bool:
         """Whether the last attempt to open the session failed: the daemon is away (or refused it)."""
-        return self._connect_failed
+        return self._connection.connect_failed
 
     def owned_here(self) -> bool:
         return self._pid == _process.pid
@@ -128,10 +244,13 @@ class Sender(SenderThread):
         """In a forked child: leave the parent's session, stream and spool alone and start afresh."""
         if self.owned_here():
             return
-        if self._spool is not None:
-            self._spool.forget()
-        _process.keep_forever(self._channel, self._stream, self._opening)
+        self._spiller.leave_to_parent()
+        self._connection.leave_to_parent()
         self._init_state()
+
+    def start(self) -> None:
+        """Start the sender thread (the first event does), e.g. to open the session before any event."""
+        self._loop.start()
 
     def submit(self, source: EventSource, nbytes: int = 64) -> bool:
         """Queue one event without blocking (unless `overflow="block"`); False when it was dropped (counted)."""
@@ -144,93 +263,98 @@ class Sender(SenderThread):
         # most right after its thread slept, the usual case in training).
         if self._pid != _process.pid:  # forked: see `_process`
             self.forget_parent_after_fork()
+        queue = self._queue
         # The condition's own lock, taken directly: `with self._cond` would add a Python-level call.
         with self._lock:
-            if self._closing or self._failed is not None:
-                self._dropped["closed" if self._closing else "rejected"] += 1
+            status = self._status
+            if not status.accepting:
+                self._ledger.refuse("closed" if status.closing else "rejected")
                 return False
             nbytes: int = item[-1]
-            over = self._queued_bytes + self._held_bytes + max(nbytes, self._room_wanted) > self.max_queue_bytes
-            if over and not self._make_room(nbytes):
-                self._dropped["queue_full"] += 1
-                self._warn("queue_full", f"queue full ({self.max_queue_bytes} bytes): dropping events of {self.run!r}")
-                return False
+            limit = self._max_queue_bytes
+            batches = self._batches
+            held = batches.held_bytes
+            if queue.nbytes + held + max(nbytes, queue.room_wanted) > limit:
+                if not self._make_room(nbytes):
+                    self._ledger.refuse("queue_full")
+                    status.warnings.warn("queue_full", f"queue full ({limit} bytes): dropping events of {self.run!r}")
+                    return False
+                held = batches.held_bytes  # the lock was let go while waiting for room
             # The first event of a new batch wakes the sender, which may be asleep for up to a heartbeat
             # interval, so that the batch leaves within `linger_secs` of it; later ones only when it is full.
-            wake = not self._queue
+            wake = not queue.items
             if wake:
-                self._queued_at = time.monotonic()
-                if not self._log:
-                    self._progress_at = self._queued_at
-            self._queue.append(item)
-            before = self._queued_bytes
-            self._queued_bytes = queued = before + nbytes
-            self._accepted += 1
+                now = time.monotonic()
+                batches.nothing_pending(now)
+                queue.queued_at = now
+            queue.items.append(item)
+            queue.accepted += 1
+            before = queue.nbytes
+            queue.nbytes = queued = before + nbytes
             # Wake it once as a batch fills up, not at every event after: a caller that outruns the sender
             # would otherwise pay for a wake-up (and a fight for the GIL) per event.
-            wake = wake or len(self._queue) == self.max_batch_events
-            wake = wake or before < self.max_batch_bytes <= queued
-            held = self._held_bytes
-            wake = wake or before + held <= self.max_queue_bytes < queued + held
-        if self._thread is None:
-            self._start()
+            wake = wake or len(queue.items) == self._max_batch_events
+            wake = wake or before < self._max_batch_bytes <= queued
+            wake = wake or before + held <= limit < queued + held
+        if not self._loop.started:
+            self._loop.start()
         elif wake:
             self._wake.set()
         return True
 
     def _make_room(self, nbytes: int) -> bool:
         """Apply the overflow policy for an event of `nbytes`; False when it must be dropped. Holds the lock."""
-        if not self._over_budget(nbytes):
+        options, queue, batches = self.options, self._queue, self._batches
+        if not queue.over_budget(batches.held_bytes, options.max_queue_bytes, nbytes):
             return True
-        if self.overflow == "spill" and self._spool_error is None:
+        if options.overflow == "spill" and self._spiller.error is None:
             # The sender thread spills to disk; only events it has not even serialized yet are waited for,
             # i.e. the caller slows down only when it outruns this machine's own encoding and disk.
-            self._room_wanted = nbytes
+            queue.want_room(nbytes)
             try:
-                while self._queued_bytes + nbytes > self.max_queue_bytes and self._sender_alive():
+                while queue.nbytes + nbytes > options.max_queue_bytes and self._loop.alive():
                     self._wake.set()
                     self._cond.wait(0.05)
-                    if self._spool_error is not None:
+                    if self._spiller.error is not None:
                         break
             finally:
-                self._room_wanted = 0
-            if self._spool_error is None:
+                queue.want_room(0)
+            if self._spiller.error is None:
                 return True
-        if self.overflow == "block":
-            deadline = None if self.block_secs is None else time.monotonic() + self.block_secs
-            self._room_wanted = nbytes
+        if options.overflow == "block":
+            deadline = None if options.block_secs is None else time.monotonic() + options.block_secs
+            queue.want_room(nbytes)
             try:
-                while self._over_budget(nbytes) and self._sender_alive() and not self._closing:
+                while (
+                    queue.over_budget(batches.held_bytes, options.max_queue_bytes, nbytes)
+                    and self._loop.alive()
+                    and not self._status.closing
+                ):
                     remaining = 0.1 if deadline is None else min(0.1, deadline - time.monotonic())
                     if remaining <= 0:
                         return False
                     self._wake.set()
                     self._cond.wait(remaining)
             finally:
-                self._room_wanted = 0
+                queue.want_room(0)
             return True
         # drop_oldest (also `spill` once the spool failed): make room from the head of the queue.
         dropped = 0
-        while self._queue and self._over_budget(nbytes):
-            self._queued_bytes -= self._queue.popleft()[-1]
-            self._settled += 1
+        while queue.items and queue.over_budget(batches.held_bytes, options.max_queue_bytes, nbytes):
+            queue.drop_oldest()
             dropped += 1
         if dropped:
-            self._dropped["queue_full"] += dropped
-            self._warn("queue_full", f"queue over {self.max_queue_bytes} bytes: dropping the oldest of {self.run!r}")
+            self._ledger.settle(dropped, "queue_full")
+            self._status.warnings.warn(
+                "queue_full", f"queue over {options.max_queue_bytes} bytes: dropping the oldest of {self.run!r}"
+            )
         return True
 
     def report(self) -> DeliveryReport:
         """The counts as of now."""
         with self._lock:
-            return DeliveryReport(
-                delivered=self._delivered,
-                undelivered=self._accepted - self._settled,
-                dropped=dict(self._dropped),
-                synced=self._synced,
-                error=self._failed or self._last_error,
-                spooled=self._spooled,
-                spool_path=str(self._spool.directory) if self._spool is not None and self._spooled else None,
+            return self._ledger.report(
+                synced=self._status.synced, error=self._status.error, spool_path=self._spiller.path
             )
 
     def flush(self, timeout: float | None = None, *, durable: bool = False) -> DeliveryReport:
@@ -239,36 +363,29 @@ class Sender(SenderThread):
         With `durable`, also ask the daemon to fsync the run's file. Never raises; the report says what is
         still undelivered when the timeout ran out.
         """
-        deadline = time.monotonic() + (self.rpc_timeout if timeout is None else timeout)
+        deadline = time.monotonic() + (self.options.rpc_timeout if timeout is None else timeout)
+        ledger = self._ledger
         with self._cond:
-            target = self._accepted
-            if self._thread is None and target > self._settled:
+            target = ledger.accepted
+            if not self._loop.started and target > ledger.settled:
                 return self.report()
         self._wake.set()
         with self._cond:
-            while self._settled + (self._spooled if self._outbox_pid else 0) < target and self._failed is None:
+            # In a forked child, events in the outbox are as good as delivered: the parent's courier sends them.
+            while ledger.settled + (ledger.spooled if self._outbox_pid else 0) < target and self._status.failed is None:
                 remaining = deadline - time.monotonic()
-                if remaining <= 0 or not self._sender_alive():
+                if remaining <= 0 or not self._loop.alive():
                     break
                 self._cond.wait(min(remaining, 0.1))
-            done = self._settled >= target
-        channel = self._channel
-        if durable and done and channel is not None:
-            try:
-                pb_grpc.SummariesStub(channel).Flush(
-                    pb.FlushRequest(session_id=self.session_id, durable=True),
-                    timeout=max(0.01, deadline - time.monotonic()),
-                )
-            except (grpc.RpcError, ValueError) as exc:
-                self._note_error(exc)
+            done = ledger.settled >= target
+        if durable and done:
+            self._connection.flush(max(0.01, deadline - time.monotonic()))
         return self.report()
 
     def begin_close(self, deadline: float) -> None:
         """Stop taking events and start delivering the rest; `close()` waits for it."""
         with self._cond:
-            if not self._closing:
-                self._closing = True
-                self._close_deadline = deadline
+            self._status.begin_close(deadline)
             self._cond.notify_all()
         self._wake.set()
 
@@ -281,46 +398,43 @@ class Sender(SenderThread):
         """
         if not self.owned_here():
             self.forget_parent_after_fork()
-        timeout = self.close_timeout if timeout is None else timeout
+        timeout = self.options.close_timeout if timeout is None else timeout
         deadline = time.monotonic() + timeout
         with self._cond:
-            if self._closed:
+            if self._status.closed:
                 return self.report()
-            deadline = min(deadline, self._close_deadline)
+            deadline = min(deadline, self._status.close_deadline)
         self.begin_close(deadline)
-        thread = self._thread
-        if thread is not None:
+        loop = self._loop
+        if loop.started:
             # Deliver until shortly before the deadline, then spool what is left, then stop.
-            reserve = min(1.0, timeout * _SPOOL_RESERVE) if self._can_spool() else 0.0
-            thread.join(max(0.0, deadline - reserve - time.monotonic()))
-            if thread.is_alive():
+            reserve = min(1.0, timeout * _SPOOL_RESERVE) if self._spiller.can_spool() else 0.0
+            if not loop.join(max(0.0, deadline - reserve - time.monotonic())):
                 with self._cond:
-                    self._spill_all = True
+                    self._status.spill_everything()
                 self._wake.set()
-                thread.join(max(0.0, deadline - time.monotonic()))
-            if thread.is_alive():
+                loop.join(max(0.0, deadline - time.monotonic()))
+            if loop.alive():
                 self._abandon.set()
                 self._wake.set()
-                stream = self._stream
-                if stream is not None:
-                    stream.call.cancel()
-                thread.join(1.0)
+                self._connection.cancel()
+                loop.join(1.0)
         return self._closed_report()
 
     def _closed_report(self) -> DeliveryReport:
+        ledger = self._ledger
         with self._cond:
-            self._closed = True
-            undelivered = self._accepted - self._settled
-            unsafe = undelivered - self._spooled
+            self._status.finish_close()
+            undelivered = ledger.unsettled
+            unsafe = undelivered - ledger.spooled
             if unsafe > 0:
-                self._dropped["timeout"] += unsafe
-                self._settled += unsafe
+                ledger.settle(unsafe, "timeout")
                 log.warning(
                     "summaryd: %d events for run %r were not delivered to %s (%s)",
                     unsafe,
                     self.run,
                     self.address,
-                    self._failed or self._last_error or "timed out",
+                    self._status.error or "timed out",
                 )
             report = dataclasses.replace(self.report(), undelivered=undelivered)
         if report.spooled and self._outbox_pid is not None:

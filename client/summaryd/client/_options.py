@@ -1,0 +1,138 @@
+"""The client's settings: made once from arguments and the `SUMMARYD_*` environment, then carried.
+
+`ClientOptions.make` is the one place the client reads its environment for them (the daemon's address, the
+token and TLS files, the spool root); the sender, the courier, the files uploader and replay are handed the
+object, never re-read a variable. Whatever a forked child or a later thread does, it uses the settings its
+writer was made with.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+from summaryd.client._channel import ChannelSettings
+from summaryd.client._environment import resolve_address
+from summaryd.client._spool import default_root
+
+Overflow = Literal["spill", "drop_oldest", "block"]
+OVERFLOW_POLICIES: tuple[Overflow, ...] = ("spill", "drop_oldest", "block")
+
+
+@dataclass(frozen=True)
+class ClientOptions:
+    """How a client reaches its daemon and what it may hold meanwhile (see `make` for each field's meaning).
+
+    `addresses` holds one daemon today; it is a tuple so that a list of daemons to fail over to fits it.
+    """
+
+    addresses: tuple[str, ...]
+    channel: ChannelSettings
+    spool_root: Path
+    spool_enabled: bool = True
+    max_queue_bytes: int = 64 * 1024 * 1024
+    max_batch_events: int = 1024
+    max_batch_bytes: int = 1024 * 1024
+    max_in_flight: int = 8
+    linger_secs: float = 0.05
+    rpc_timeout: float = 10.0
+    close_timeout: float = 5.0
+    heartbeat_secs: float = 10.0
+    spool_after: float = 10.0
+    backoff_secs: tuple[float, float] = (0.05, 2.0)
+    overflow: Overflow = "spill"
+    block_secs: float | None = None
+
+    @property
+    def address(self) -> str:
+        """The daemon this client talks to (the first of `addresses`)."""
+        return self.addresses[0]
+
+    @classmethod
+    def make(
+        cls,
+        *,
+        address: str | None = None,
+        token: str | None = None,
+        tls_ca: str | None = None,
+        tls_cert: str | None = None,
+        tls_key: str | None = None,
+        spool_dir: str | os.PathLike[str] | None = None,
+        spool: bool = True,
+        max_queue_bytes: int = 64 * 1024 * 1024,
+        max_batch_events: int = 1024,
+        max_batch_bytes: int = 1024 * 1024,
+        max_in_flight: int = 8,
+        linger_secs: float = 0.05,
+        rpc_timeout: float = 10.0,
+        close_timeout: float = 5.0,
+        heartbeat_secs: float = 10.0,
+        spool_after: float = 10.0,
+        backoff_secs: tuple[float, float] = (0.05, 2.0),
+        overflow: Overflow = "spill",
+        block_secs: float | None = None,
+        environ: Mapping[str, str] = os.environ,
+    ) -> ClientOptions:
+        """Arguments win; else `SUMMARYD_ADDRESS`, `SUMMARYD_TOKEN`, `SUMMARYD_TLS*`, `SUMMARYD_SPOOL_DIR`.
+
+        Args:
+            address: `host:port` of the daemon (`host` alone: port 6065); default `SUMMARYD_ADDRESS`, else
+                `localhost:6065`.
+            token, tls_ca, tls_cert, tls_key: bearer token and TLS files; default `SUMMARYD_TOKEN`,
+                `SUMMARYD_TLS_CA`/`_CERT`/`_KEY` (`SUMMARYD_TLS=1`: TLS with the system's roots).
+            spool_dir: spool root; default `SUMMARYD_SPOOL_DIR`, else `~/.cache/summaryd/spool`.
+            spool: whether events may be spooled at all.
+            max_queue_bytes: bound of the events held in memory (queued and unacknowledged), in estimated bytes.
+            max_batch_events, max_batch_bytes: the largest batch sent at once.
+            max_in_flight: batches sent but not yet acknowledged.
+            linger_secs: how long a partial batch waits for more events before it is sent.
+            rpc_timeout: deadline of each call, and how long a sent batch may wait for its ack.
+            close_timeout: default of `close(timeout=...)`, also used at interpreter exit and on SIGTERM.
+            heartbeat_secs: longest silence on the stream; the daemon releases sessions it does not hear from.
+            spool_after: seconds without any acknowledgement (daemon away or stuck) after which unacknowledged
+                events are moved to the spool, where they survive this process.
+            backoff_secs: first and longest pause between attempts to reach the daemon.
+            overflow: what happens when memory runs over `max_queue_bytes`: `spill` the oldest events to the
+                spool (the default; nothing is lost while the local disk takes it), `drop_oldest` queued events,
+                or `block` the caller until there is room (at most `block_secs`, then the new event is dropped).
+            environ: the environment to read (the process's own by default).
+
+        Raises:
+            ValueError: an address the client cannot dial, half a client certificate, or an unknown overflow
+                policy; the message says what to give.
+        """
+        if overflow not in OVERFLOW_POLICIES:
+            raise ValueError(f"overflow={overflow!r}: choose one of {', '.join(OVERFLOW_POLICIES)}")
+        return cls(
+            addresses=(resolve_address(address, environ),),
+            channel=ChannelSettings.from_environment(
+                token=token, tls_ca=tls_ca, tls_cert=tls_cert, tls_key=tls_key, environ=environ
+            ),
+            spool_root=Path(spool_dir) if spool_dir is not None else default_root(environ),
+            spool_enabled=spool,
+            max_queue_bytes=max_queue_bytes,
+            max_batch_events=max_batch_events,
+            max_batch_bytes=max_batch_bytes,
+            max_in_flight=max_in_flight,
+            linger_secs=linger_secs,
+            rpc_timeout=rpc_timeout,
+            close_timeout=close_timeout,
+            heartbeat_secs=heartbeat_secs,
+            spool_after=spool_after,
+            backoff_secs=backoff_secs,
+            # Without a spool there is nowhere to spill to: the oldest queued events make room instead.
+            overflow=overflow if spool or overflow != "spill" else "drop_oldest",
+            block_secs=block_secs,
+        )
+
+
+def carried_or_made(options: ClientOptions | None, address: str | None, settings: dict[str, Any]) -> ClientOptions:
+    """`options` when a caller carries them, else made from `address` and `settings` (`ClientOptions.make`)."""
+    if options is None:
+        return ClientOptions.make(address=address, **settings)
+    if address is not None or settings:
+        raise ValueError("give either options or the settings they are made of, not both")
+    return options

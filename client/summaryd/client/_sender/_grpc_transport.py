@@ -1,0 +1,193 @@
+"""The gRPC `Transport`: one channel to the daemon, a `Write` stream per connection, unary calls otherwise."""
+
+from __future__ import annotations
+
+import os
+import socket
+from collections.abc import Callable, Sequence
+
+import grpc
+
+from summaryd.client import _process
+from summaryd.client._batch_fit import DaemonLimits
+from summaryd.client._channel import open_channel
+from summaryd.client._options import ClientOptions
+from summaryd.client._sender._transport import Ack, ErrorKind, Hello, Opened, TransportError
+from summaryd.client._stream import WriteStream
+from summaryd.v1 import summaryd_pb2 as pb
+from summaryd.v1 import summaryd_pb2_grpc as pb_grpc
+from summaryd.v1.wire import REFUSED_SEQUENCE_KEY, VERSION
+
+# Trailing metadata of a refused batch: the sequence number of the event the daemon refused (see the proto).
+
+_KINDS: dict[grpc.StatusCode, ErrorKind] = {
+    grpc.StatusCode.UNAVAILABLE: "away",
+    grpc.StatusCode.DEADLINE_EXCEEDED: "away",
+    grpc.StatusCode.CANCELLED: "cancelled",
+    grpc.StatusCode.INVALID_ARGUMENT: "refused",
+    grpc.StatusCode.PERMISSION_DENIED: "denied",
+    grpc.StatusCode.UNAUTHENTICATED: "denied",
+    grpc.StatusCode.FAILED_PRECONDITION: "denied",
+}
+
+
+def transport_error(exc: grpc.RpcError) -> TransportError:
+    """What a failed call means to the sender."""
+    kind = _KINDS.get(exc.code(), "failed")
+    sequence = refused_sequence(exc) if kind == "refused" else None
+    details = exc.details() or ""
+    return TransportError(kind, f"{exc.code().name}: {details}", details=details, refused_sequence=sequence)
+
+
+def refused_sequence(error: grpc.RpcError) -> int | None:
+    """The sequence number of the event a daemon refused, from the trailing metadata of its INVALID_ARGUMENT."""
+    trailing = getattr(error, "trailing_metadata", None)
+    for key, value in (trailing() if callable(trailing) else None) or ():
+        if key == REFUSED_SEQUENCE_KEY:
+            try:
+                return int(value)
+            except (TypeError, ValueError):
+                return None
+    return None
+
+
+class _Opening:
+    def __init__(self, future: grpc.Future[pb.OpenSessionResponse]) -> None:
+        self._future = future
+
+    def done(self) -> bool:
+        return self._future.done()
+
+    def result(self) -> Opened | None:
+        try:
+            answer = self._future.result()
+        except grpc.RpcError as exc:
+            raise transport_error(exc) from None
+        except grpc.FutureCancelledError:
+            return None
+        return Opened(answer.run_dir, answer.last_sequence, answer.lease_seconds, DaemonLimits.of(answer))
+
+    def cancel(self) -> None:
+        self._future.cancel()
+
+
+class _Stream:
+    def __init__(
+        self,
+        stub: pb_grpc.SummariesStub,
+        session_id: str,
+        on_ack: Callable[[Ack], None],
+        on_end: Callable[[TransportError | None], None],
+    ) -> None:
+        self._session_id = session_id
+        self._on_ack = on_ack
+        self._on_end = on_end
+        self._stream = WriteStream(stub, self._acked, self._ended)
+
+    def _acked(self, sequence: int) -> None:
+        self._on_ack(Ack(sequence))
+
+    def _ended(self, _: WriteStream, error: grpc.RpcError | None) -> None:
+        self._on_end(None if error is None else transport_error(error))
+
+    @property
+    def ended(self) -> bool:
+        return self._stream.ended
+
+    @property
+    def failed(self) -> bool:
+        return self._stream.error is not None
+
+    def write(self, first_sequence: int, events: Sequence[bytes]) -> None:
+        self._stream.send(pb.WriteRequest(session_id=self._session_id, first_sequence=first_sequence, events=events))
+
+    def heartbeat(self) -> None:
+        self._stream.send(pb.WriteRequest(session_id=self._session_id))
+
+    def cancel(self) -> None:
+        self._stream.call.cancel()
+
+    def close(self, *, cancel: bool, timeout: float) -> None:
+        self._stream.close(cancel=cancel, timeout=timeout)
+
+
+class GrpcTransport:
+    """Talks to the first daemon of the options over one channel, opened on first use."""
+
+    def __init__(self, options: ClientOptions) -> None:
+        self._options = options
+        self._channel: grpc.Channel | None = None
+        # The calls under way, which a forked child must never free (they belong to the parent's channel).
+        self._opening: grpc.Future[pb.OpenSessionResponse] | None = None
+        self._stream: _Stream | None = None
+
+    @property
+    def address(self) -> str:
+        return self._options.address
+
+    def _stub(self) -> pb_grpc.SummariesStub:
+        if self._channel is None:
+            _process.note_grpc_used()
+            self._channel = open_channel(self._options.address, self._options.channel)
+        return pb_grpc.SummariesStub(self._channel)
+
+    def open_session(self, hello: Hello, on_done: Callable[[], None]) -> _Opening:
+        identity = hello.identity
+        request = pb.OpenSessionRequest(
+            session_id=identity.session_id,
+            run=identity.run,
+            worker=identity.worker,
+            world_size=identity.world_size,
+            client=pb.ClientIdentity(
+                host=socket.gethostname(), pid=os.getpid(), framework=identity.framework, version=VERSION
+            ),
+            next_sequence=hello.next_sequence,
+            session_started=identity.session_started,
+        )
+        future = self._stub().OpenSession.future(request, timeout=self._options.rpc_timeout)
+        self._opening = future
+        future.add_done_callback(lambda _: on_done())
+        return _Opening(future)
+
+    def open_stream(
+        self,
+        session_id: str,
+        on_ack: Callable[[Ack], None],
+        on_end: Callable[[TransportError | None], None],
+    ) -> _Stream:
+        stream = _Stream(self._stub(), session_id, on_ack, on_end)
+        self._stream = stream
+        return stream
+
+    def close_session(self, session_id: str, timeout: float, stop: Callable[[float], bool]) -> bool:
+        future = self._stub().CloseSession.future(pb.CloseSessionRequest(session_id=session_id), timeout=timeout)
+        while not future.done():
+            if stop(0.02):
+                future.cancel()
+        try:
+            future.result()
+        except grpc.RpcError as exc:
+            raise transport_error(exc) from None
+        except grpc.FutureCancelledError:
+            return False
+        return True
+
+    def flush(self, session_id: str, timeout: float) -> None:
+        channel = self._channel
+        if channel is None:
+            return
+        try:
+            pb_grpc.SummariesStub(channel).Flush(pb.FlushRequest(session_id=session_id, durable=True), timeout=timeout)
+        except grpc.RpcError as exc:
+            raise transport_error(exc) from None
+        except ValueError as exc:  # the channel was closed meanwhile
+            raise TransportError("failed", repr(exc)) from None
+
+    def close(self) -> None:
+        self._opening = self._stream = None
+        if self._channel is not None:
+            self._channel.close()
+            self._channel = None
+
+    def leave_to_parent(self) -> None:
+        _process.keep_forever(self._channel, self._stream, self._opening)

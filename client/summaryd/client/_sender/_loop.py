@@ -1,0 +1,254 @@
+"""The sender thread: numbering queued events into batches, and its loop over the other parts."""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import TYPE_CHECKING
+
+from summaryd.client import _process
+from summaryd.client._encoder import EventEncoder
+from summaryd.client._options import ClientOptions
+from summaryd.client._sender._batch_log import BatchLog
+from summaryd.client._sender._connection import Connection
+from summaryd.client._sender._items import Batch, Queued
+from summaryd.client._sender._ledger import Ledger
+from summaryd.client._sender._spiller import Spiller
+from summaryd.client._sender._status import Status, log
+from summaryd.client._spool import SpoolIdentity
+
+if TYPE_CHECKING:  # the queue lives beside its hot path, in `_sender`, which imports this module
+    from summaryd.client._sender._sender import EventQueue
+
+
+class SenderLoop:
+    """One named daemon thread per sender, started on the first event; it does all the work but queueing:
+    numbers events into the batch log, has the connection send them, the spiller spill them, and ends once
+    everything is acknowledged after a close (or when told to stop)."""
+
+    def __init__(
+        self,
+        options: ClientOptions,
+        identity: SpoolIdentity,
+        outbox_pid: int | None,
+        cond: threading.Condition,
+        wake: threading.Event,
+        abandon: threading.Event,
+        encoding: threading.Lock,
+        queue: EventQueue,
+        batches: BatchLog,
+        ledger: Ledger,
+        status: Status,
+        spiller: Spiller,
+        connection: Connection,
+    ) -> None:
+        self._options = options
+        self._identity = identity
+        self._outbox_pid = outbox_pid
+        self._cond = cond
+        self._wake = wake
+        self._abandon = abandon
+        self._encoding = encoding  # held while an event is encoded; a fork waits for it (see `_process`)
+        self._queue = queue
+        self._batches = batches
+        self._ledger = ledger
+        self._status = status
+        self._spiller = spiller
+        self._connection = connection
+        self._encoder = EventEncoder()
+        self._thread: threading.Thread | None = None
+
+    @property
+    def started(self) -> bool:
+        return self._thread is not None
+
+    def alive(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    def join(self, timeout: float) -> bool:
+        """Wait for the thread to end; whether it did."""
+        if self._thread is not None:
+            self._thread.join(timeout)
+        return not self.alive()
+
+    def start(self) -> None:
+        with self._cond:
+            if self._thread is not None:
+                return
+            self._thread = threading.Thread(
+                target=self._run, name=f"summaryd-sender[{self._identity.run}]", daemon=True
+            )
+        _process.register_multiprocessing_exit()
+        try:
+            self._thread.start()
+        except RuntimeError:  # the interpreter is shutting down
+            with self._cond:
+                self._status.fail("the sender thread could not start (interpreter exiting)")
+
+    def _run(self) -> None:
+        try:
+            if self._loop():
+                self._connection.finish()
+        except Exception as exc:  # a bug here must not go unnoticed, nor reach the training loop
+            log.exception("summaryd sender for run %r failed", self._identity.run)
+            with self._cond:
+                self._status.fail(f"sender failed: {exc!r}")
+        finally:
+            self._connection.shut()
+            self._spiller.put_away()
+            with self._cond:
+                self._cond.notify_all()
+
+    def _loop(self) -> bool:
+        """Run until everything is acknowledged after a close (True), or until told to stop (False)."""
+        while True:
+            with self._cond:
+                if self._status.failed is not None:
+                    return False
+                if self._status.closing and not self._queue and not self._batches:
+                    return True
+                in_outbox = not self._queue and not self._batches.held_events
+                if self._outbox_pid is not None and self._status.closing and in_outbox:
+                    return False  # all in the outbox: the parent's courier delivers it
+            if self._abandon.is_set():
+                self._spiller.spill(everything=True, number=self.number)
+                return False
+            self._handle_refusal()
+            self._spiller.discard_when_acknowledged()
+            if self._outbox_pid is None:
+                refused = self._connection.poll()
+                if refused is not None:
+                    self._give_up(refused)
+                    continue
+            self._take_batches()
+            # Closing while the daemon is away: make everything safe on disk now, then keep trying to deliver
+            # until close() runs out of time.
+            everything = self._status.spill_all or self._connection.unreachable_while_closing()
+            self._spiller.spill(everything=everything, number=self.number)
+            self._connection.send_ready()
+            self._connection.keep_alive()
+            self._wake.wait(self._next_wakeup())
+            self._wake.clear()
+
+    def _take_batches(self) -> None:
+        """Number queued events into batches: as many as may be in flight, and all of them when spilling."""
+        options = self._options
+        while True:
+            with self._cond:
+                if not self._queue:
+                    return
+                spilling = self._spiller.must_spill()
+                if not spilling:
+                    if not self._connection.streaming or self._batches.in_flight >= options.max_in_flight:
+                        return
+                    lingering = time.monotonic() - self._queue.queued_at < options.linger_secs
+                    small = len(self._queue) < options.max_batch_events and self._queue.nbytes < options.max_batch_bytes
+                    if lingering and small and not self._status.closing:
+                        return
+            batch = self.number()
+            if batch is None:
+                return
+            if spilling:
+                self._spiller.spill_batch(batch)
+
+    def number(self) -> Batch | None:
+        """Number the next queued events as one batch (the send cuts it to the daemon's limits, `_batch_fit`);
+        an event no message may carry is dropped first."""
+        options = self._options
+        events: list[bytes] = []
+        nbytes = 0
+        while len(events) < options.max_batch_events and nbytes < options.max_batch_bytes:
+            with self._cond:
+                items = self._queue.take_run(options.max_batch_events - len(events), options.max_batch_bytes - nbytes)
+            if not items:
+                break
+            for item in items:
+                data = self._encode(item)
+                if data is not None:
+                    events.append(data)
+                    nbytes += len(data)
+        limits = self._connection.limits
+        events, too_large = limits.sort_out(events, nbytes, self._identity.session_id)
+        if too_large:
+            self._drop_too_large(too_large)
+            nbytes -= sum(map(len, too_large))
+        if not events:
+            return None
+        with self._cond:
+            batch = self._batches.append(events, nbytes)
+            self._cond.notify_all()
+        return batch
+
+    def _drop_too_large(self, events: list[bytes]) -> None:
+        """Events over the daemon's limits: no resend could deliver them (counted as rejected, and logged)."""
+        limits = self._connection.limits
+        with self._cond:
+            self._ledger.settle(len(events), "rejected")
+            self._cond.notify_all()
+        log.error(
+            "summaryd: dropped %d event(s) of run %r of up to %d bytes: the daemon at %s takes events of at most "
+            "%d bytes (--max-event-bytes) in messages of at most %d bytes (--max-message-bytes)",
+            len(events),
+            self._identity.run,
+            max(map(len, events)),
+            self._options.address,
+            limits.max_event_bytes,
+            limits.max_message_bytes,
+        )
+
+    def _encode(self, item: Queued) -> bytes | None:
+        """The bytes of a queued event; None (counted) when building it failed."""
+        try:
+            if len(item) == 5:
+                return self._encoder.scalar(item)  # protobuf only: no lock a fork could inherit held
+            if len(item) == 4:
+                return self._encoder.summary(item)
+            source = item[0]
+            if isinstance(source, bytes):
+                return source
+            assert callable(source)
+            with self._encoding:
+                data: bytes = source()
+                return data
+        except Exception as exc:
+            log.warning("summaryd: could not encode an event for run %r: %s", self._identity.run, exc)
+            with self._cond:
+                self._ledger.settle(1, "encode_error")
+                self._cond.notify_all()
+            return None
+
+    def _handle_refusal(self) -> None:
+        """The daemon refused the oldest unacknowledged batch: drop what it refused, send the rest again."""
+        with self._cond:
+            refusal = self._batches.take_refusal()
+            if refusal is None:
+                return
+            reason, sequence = refusal
+            self._spiller.load_all()
+            dropped, named = self._batches.refuse(sequence)
+            self._cond.notify_all()
+        if named:
+            log.error("summaryd: the daemon refused an event of run %r: %s", self._identity.run, reason)
+        elif dropped:
+            log.error("summaryd: the daemon refused %d events of run %r: %s", dropped, self._identity.run, reason)
+
+    def _give_up(self, reason: str) -> None:
+        """A permanent refusal (bad run path, no permission): drop everything, report it on close."""
+        log.error("summaryd: giving up on run %r: %s", self._identity.run, reason)
+        with self._cond:
+            self._status.fail(reason)
+            self._ledger.settle(self._queue.clear(), "rejected")
+            self._batches.drop_all("rejected")
+            self._cond.notify_all()
+        self._spiller.discard()
+
+    def _next_wakeup(self) -> float:
+        now = time.monotonic()
+        waits = [self._connection.wait_hint(now), 1.0]
+        with self._cond:
+            if self._queue:
+                waits.append(self._options.linger_secs - (now - self._queue.queued_at))
+            if self._queue or self._batches:
+                waits.append(self._options.spool_after - (now - self._batches.progress_at))
+                waits.append(0.1)  # acks, overdue batches and the in-flight window
+        return max(0.001, min(waits))

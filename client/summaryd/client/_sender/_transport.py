@@ -1,0 +1,145 @@
+"""What the sender needs of a connection to a daemon, whatever carries it (`_grpc_transport`, or a fake).
+
+The sender thread opens a session (without blocking: it polls an `Opening`), then writes numbered events on a
+stream whose acknowledgements arrive on another thread, sends heartbeats on it, and finally closes the
+session. Everything that can go wrong arrives as a `TransportError` of a few kinds that say what the sender
+should do about it, so that the sender knows nothing of gRPC status codes.
+
+Room left for what is to come: an address list to fail over across is the transport's own affair (it is
+built from `ClientOptions.addresses`, and an `away` error is where it would turn to the next daemon); a second
+kind of payload (a columnar batch of scalars) is another `Stream` method beside `write`; a second, durable
+acknowledgement is another field of `Ack`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Literal, Protocol
+
+from summaryd.client._batch_fit import DaemonLimits
+from summaryd.client._spool import SpoolIdentity
+
+# away: the daemon is unreachable or too slow (retry; passes once it answers). cancelled: the call was
+# cancelled (by us, mostly). refused: the daemon refused the request's content (INVALID_ARGUMENT). denied: it
+# refuses this caller or this run for good (auth, a run it cannot write). failed: anything else (retry).
+ErrorKind = Literal["away", "cancelled", "refused", "denied", "failed"]
+
+
+class TransportError(Exception):
+    """A call failed; `text` says how (`CODE: details` for gRPC), `details` what the daemon said, and
+    `refused_sequence` names the event it refused, if it did."""
+
+    def __init__(
+        self, kind: ErrorKind, text: str, *, details: str | None = None, refused_sequence: int | None = None
+    ) -> None:
+        super().__init__(text)
+        self.kind: ErrorKind = kind
+        self.text = text
+        self.details = text if details is None else details
+        self.refused_sequence = refused_sequence
+
+    @property
+    def passing(self) -> bool:
+        """A failure that a later successful call overcomes: the daemon was away, restarting or slow."""
+        return self.kind in ("away", "cancelled")
+
+    @property
+    def permanent(self) -> bool:
+        """Retrying the same request cannot succeed."""
+        return self.kind in ("refused", "denied")
+
+
+@dataclass(frozen=True)
+class Hello:
+    """What opening (or resuming) a session tells the daemon."""
+
+    identity: SpoolIdentity
+    next_sequence: int
+
+
+@dataclass(frozen=True)
+class Opened:
+    """The daemon's answer to a session opened: where the run is, what it holds, its lease and limits."""
+
+    run_dir: str
+    last_sequence: int
+    lease_seconds: float
+    limits: DaemonLimits
+
+
+@dataclass(frozen=True)
+class Ack:
+    """The daemon wrote every event of the session up to `sequence` to the run's file."""
+
+    sequence: int
+
+
+class Opening(Protocol):
+    """A session being opened."""
+
+    def done(self) -> bool: ...
+
+    def result(self) -> Opened | None:
+        """The answer (None when the opening was cancelled); raises `TransportError`."""
+        ...
+
+    def cancel(self) -> None: ...
+
+
+class Stream(Protocol):
+    """One write stream of a session. `on_ack` and `on_end` (given to `Transport.open_stream`) run on a thread
+    of the stream's own."""
+
+    @property
+    def ended(self) -> bool: ...
+
+    @property
+    def failed(self) -> bool:
+        """It ended with an error (not by a close)."""
+        ...
+
+    def write(self, first_sequence: int, events: Sequence[bytes]) -> None: ...
+
+    def heartbeat(self) -> None: ...
+
+    def cancel(self) -> None: ...
+
+    def close(self, *, cancel: bool, timeout: float) -> None:
+        """End the stream (half-close, or cancel) and wait for its acknowledgements (at most `timeout`)."""
+        ...
+
+
+class Transport(Protocol):
+    """A connection to the daemon of one session's sender."""
+
+    @property
+    def address(self) -> str:
+        """The daemon it talks to (for messages)."""
+        ...
+
+    def open_session(self, hello: Hello, on_done: Callable[[], None]) -> Opening: ...
+
+    def open_stream(
+        self,
+        session_id: str,
+        on_ack: Callable[[Ack], None],
+        on_end: Callable[[TransportError | None], None],
+    ) -> Stream: ...
+
+    def close_session(self, session_id: str, timeout: float, stop: Callable[[float], bool]) -> bool:
+        """Ask the daemon to sync and release the session; False when `stop(seconds)` (which waits) said to give
+        up meanwhile (the sender was abandoned). Raises `TransportError`."""
+        ...
+
+    def flush(self, session_id: str, timeout: float) -> None:
+        """Ask the daemon to fsync the run's file (when a session was opened); raises `TransportError`."""
+        ...
+
+    def close(self) -> None:
+        """Release the connection (the sender thread ends)."""
+        ...
+
+    def leave_to_parent(self) -> None:
+        """In a forked child: never touch (nor free) what the parent process still uses."""
+        ...

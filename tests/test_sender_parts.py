@@ -1,0 +1,444 @@
+"""The sender's parts, each on its own: the ledger, the batch log, the spiller, and the whole sender over an
+in-process fake transport (`FakeDaemon` below: a daemon's bookkeeping in memory, no gRPC, no process), so that
+acknowledgements, refusals, reconnects and overflow are driven exactly and fast. The real daemon, real gRPC
+and real faults are the business of the `test_faults_*` files."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from summaryd.client._batch_fit import DaemonLimits
+from summaryd.client._options import ClientOptions
+from summaryd.client._sender import Sender
+from summaryd.client._sender._batch_log import BatchLog
+from summaryd.client._sender._ledger import DELIVERED, Ledger
+from summaryd.client._sender._sender import EventQueue
+from summaryd.client._sender._spiller import Spiller
+from summaryd.client._sender._status import Status
+from summaryd.client._sender._transport import Ack, Hello, Opened, TransportError
+from summaryd.client._spool import SpoolIdentity
+
+# ---- a daemon in memory, and the transport to it ------------------------------------------------------------
+
+
+class FakeDaemon:
+    """What a daemon remembers of one session: the events it wrote by sequence number (a resend of what it
+    holds is dropped, as the real daemon does). `away` refuses to open sessions; `refuse` names an event it
+    refuses (INVALID_ARGUMENT with the refused-sequence); `hold_acks` writes without acknowledging;
+    `lose_writes` never receives what is sent (a connection that breaks before it arrives)."""
+
+    def __init__(self) -> None:
+        self.written: dict[int, bytes] = {}
+        self.last = 0
+        self.away = False
+        self.refuse: int | None = None
+        self.hold_acks = False
+        self.lose_writes = False
+        self.sessions_opened = 0
+        self.closed = False
+        self.streams: list[FakeStream] = []
+
+    def events(self) -> list[bytes]:
+        return [self.written[s] for s in sorted(self.written)]
+
+
+class FakeOpening:
+    def __init__(self, answer: Opened | None, error: TransportError | None) -> None:
+        self._answer, self._error = answer, error
+
+    def done(self) -> bool:
+        return True
+
+    def result(self) -> Opened | None:
+        if self._error is not None:
+            raise self._error
+        return self._answer
+
+    def cancel(self) -> None:
+        pass
+
+
+class FakeStream:
+    def __init__(self, daemon: FakeDaemon, on_ack: Callable[[Ack], None], on_end: Callable[..., None]) -> None:
+        self._daemon, self._on_ack, self._on_end = daemon, on_ack, on_end
+        self.ended = False
+        self.failed = False
+        self.writes: list[tuple[int, int]] = []
+
+    def write(self, first_sequence: int, events: Sequence[bytes]) -> None:
+        daemon = self._daemon
+        if self.ended or daemon.lose_writes:
+            return
+        self.writes.append((first_sequence, len(events)))
+        refused = daemon.refuse
+        if refused is not None and first_sequence <= refused < first_sequence + len(events):
+            daemon.refuse = None  # the bad event is refused once: the sender drops it
+            self._end(TransportError("refused", "INVALID_ARGUMENT: bad event", refused_sequence=refused))
+            return
+        for offset, event in enumerate(events):
+            sequence = first_sequence + offset
+            if sequence == daemon.last + 1:
+                daemon.written[sequence] = event
+                daemon.last = sequence
+        if not daemon.hold_acks:
+            self._on_ack(Ack(daemon.last))
+
+    def heartbeat(self) -> None:
+        pass
+
+    def _end(self, error: TransportError | None) -> None:
+        self.ended, self.failed = True, error is not None
+        self._on_end(error)
+
+    def cut(self) -> None:
+        """The connection breaks (the daemon restarts, say): the stream ends with UNAVAILABLE."""
+        self._end(TransportError("away", "UNAVAILABLE: connection reset"))
+
+    def cancel(self) -> None:
+        if not self.ended:
+            self._end(TransportError("cancelled", "CANCELLED: cancelled"))
+
+    def close(self, *, cancel: bool, timeout: float) -> None:
+        if not self.ended:
+            self._end(None)
+
+
+class FakeTransport:
+    address = "fake:1"
+
+    def __init__(self, daemon: FakeDaemon) -> None:
+        self._daemon = daemon
+
+    def open_session(self, hello: Hello, on_done: Callable[[], None]) -> FakeOpening:
+        daemon = self._daemon
+        if daemon.away:
+            return FakeOpening(None, TransportError("away", "UNAVAILABLE: connection refused"))
+        daemon.sessions_opened += 1
+        return FakeOpening(Opened("run", daemon.last, 0, DaemonLimits()), None)
+
+    def open_stream(
+        self, session_id: str, on_ack: Callable[[Ack], None], on_end: Callable[[TransportError | None], None]
+    ) -> FakeStream:
+        stream = FakeStream(self._daemon, on_ack, on_end)
+        self._daemon.streams.append(stream)
+        return stream
+
+    def close_session(self, session_id: str, timeout: float, stop: Callable[[float], bool]) -> bool:
+        self._daemon.closed = True
+        return True
+
+    def flush(self, session_id: str, timeout: float) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+    def leave_to_parent(self) -> None:
+        pass
+
+
+def options(tmp_path: Path, **overrides: Any) -> ClientOptions:
+    settings: dict[str, Any] = {"backoff_secs": (0.01, 0.05), "linger_secs": 0.0, "close_timeout": 30.0}
+    settings.update(overrides)
+    return ClientOptions.make(address="fake:1", spool_dir=tmp_path / "spool", environ={}, **settings)
+
+
+@pytest.fixture
+def fake() -> FakeDaemon:
+    return FakeDaemon()
+
+
+@pytest.fixture
+def make_sender(tmp_path: Path, fake: FakeDaemon) -> Iterator[Callable[..., Sender]]:
+    made: list[Sender] = []
+
+    def make(**overrides: Any) -> Sender:
+        sender = Sender("run", options=options(tmp_path, **overrides), transport=lambda _: FakeTransport(fake))
+        made.append(sender)
+        return sender
+
+    yield make
+    for sender in made:
+        sender.close(timeout=5)
+
+
+def event(i: int) -> bytes:
+    return b"event-%05d" % i
+
+
+# ---- the ledger -----------------------------------------------------------------------------------------------
+
+
+def test_the_ledger_settles_by_reason_and_reports() -> None:
+    queue = EventQueue()
+    ledger = Ledger(queue)
+    for i in range(10):
+        queue.append((event(i), 10))
+    ledger.settle(4, DELIVERED)
+    ledger.settle(2, "encode_error")
+    ledger.spool(3)
+    ledger.settle(1, DELIVERED, spooled=True)
+    ledger.refuse("closed")  # offered after close: counted, never accepted
+    report = ledger.report(synced=False, error="UNAVAILABLE: away", spool_path="/spool/x")
+    assert (report.delivered, report.undelivered, report.spooled) == (5, 3, 2)
+    assert report.dropped == {"encode_error": 2, "closed": 1}
+    assert report.spool_path == "/spool/x" and report.error == "UNAVAILABLE: away" and not report.ok
+    ledger.settle(2, "timeout", spooled=True)
+    ledger.settle(1, DELIVERED)
+    report = ledger.report(synced=True, error=None, spool_path="/spool/x")
+    assert report.undelivered == 0 and report.spooled == 0 and report.spool_path is None
+
+
+# ---- the batch log --------------------------------------------------------------------------------------------
+
+
+def test_the_batch_log_numbers_without_gaps_and_settles_acks_inside_a_batch() -> None:
+    ledger = Ledger(EventQueue())
+    log = BatchLog(ledger)
+    first = log.append([event(1), event(2), event(3)], 30)
+    second = log.append([event(4), event(5)], 20)
+    assert (first.first, first.last, second.first, second.last, log.next_sequence) == (1, 3, 4, 5, 6)
+    assert log.acknowledge(2)  # inside the first batch
+    assert ledger.delivered == 2 and len(log) == 2 and log.held_events == 3
+    assert not log.acknowledge(1), "an old ack is old news"
+    assert log.acknowledge(5)
+    assert ledger.delivered == 5 and len(log) == 0 and log.held_bytes == 0 and log.held_events == 0
+
+
+def test_the_in_flight_window_and_a_new_stream_resend_everything_unacknowledged() -> None:
+    log = BatchLog(Ledger(EventQueue()))
+    batches = [log.append([event(i)], 10) for i in range(1, 5)]
+    sent = []
+    while (batch := log.next_to_send(window=2)) is not None:
+        log.sent(batch)
+        sent.append(batch)
+    assert sent == batches[:2], "at most two in flight"
+    log.acknowledge(1)
+    assert log.next_to_send(window=2) is batches[2]
+    log.new_stream()  # a reconnect: what was in flight is sent again, oldest first
+    assert log.next_to_send(window=2) is batches[1]
+
+
+def test_a_refused_event_named_by_the_daemon_is_dropped_alone_and_the_rest_renumbered() -> None:
+    ledger = Ledger(EventQueue())
+    log = BatchLog(ledger)
+    log.append([event(1), event(2), event(3)], 30)
+    log.append([event(4)], 10)
+    log.acknowledge(1)
+    assert log.refuse(2) == (1, True)
+    head = log.head
+    assert head is not None and head.events == [event(3)] and head.first == 2
+    assert [(b.first, b.count) for b in log] == [(2, 1), (3, 1)] and log.next_sequence == 4
+    assert ledger.dropped == {"rejected": 1} and ledger.delivered == 1 and log.held_events == 2
+
+
+def test_a_refusal_that_names_no_event_drops_the_oldest_batch() -> None:
+    ledger = Ledger(EventQueue())
+    log = BatchLog(ledger)
+    log.append([event(1), event(2)], 20)
+    log.append([event(3)], 10)
+    assert log.refuse(None) == (2, False)
+    assert [(b.first, b.count) for b in log] == [(1, 1)] and ledger.dropped == {"rejected": 2}
+    assert log.drop_all("rejected") == 1 and ledger.dropped == {"rejected": 3}
+
+
+# ---- the spiller ------------------------------------------------------------------------------------------------
+
+
+def spiller_parts(tmp_path: Path, **overrides: Any) -> tuple[Spiller, BatchLog, Ledger, EventQueue, Status]:
+    queue, status = EventQueue(), Status()
+    ledger = Ledger(queue)
+    log = BatchLog(ledger)
+    identity = SpoolIdentity("session-1", "run", "", 1, "fake:1", "test", session_started=1.0)
+    spiller = Spiller(
+        options(tmp_path, **overrides),
+        identity,
+        None,
+        threading.RLock(),
+        threading.Event(),
+        queue,
+        log,
+        ledger,
+        status,
+    )
+    return spiller, log, ledger, queue, status
+
+
+def test_spilled_batches_are_read_back_and_the_spool_goes_once_acknowledged(tmp_path: Path) -> None:
+    spiller, log, ledger, _, status = spiller_parts(tmp_path)
+    first = log.append([event(1), event(2)], 20)
+    second = log.append([event(3)], 10)
+    status.spill_everything()
+    spiller.spill(everything=False, number=lambda: None)
+    assert first.events is None and second.events is None and first.span is not None
+    assert ledger.spooled == 3 and log.held_bytes == 0 and spiller.path is not None
+    assert spiller.read(first.span) == [event(1), event(2)]
+    log.acknowledge(1)  # one event of the spilled batch delivered
+    spiller.load_all()  # as a refusal does: back into memory, from the first unacknowledged event
+    assert first.events == [event(2)] and first.first == 2 and second.events == [event(3)]
+    assert ledger.spooled == 0 and spiller.path is None and not (tmp_path / "spool" / "session-1").exists()
+
+
+def test_a_spool_left_unacknowledged_is_kept_and_an_acknowledged_one_removed(tmp_path: Path) -> None:
+    spiller, log, _, _, _ = spiller_parts(tmp_path)
+    batch = log.append([event(1)], 10)
+    assert spiller.spill_batch(batch)
+    directory = tmp_path / "spool" / "session-1"
+    spiller.discard_when_acknowledged()
+    assert directory.is_dir(), "still holds an unacknowledged event"
+    log.acknowledge(1)
+    spiller.discard_when_acknowledged()
+    assert not directory.exists() and spiller.path is None
+
+
+def test_nothing_is_spilled_while_the_daemon_keeps_up(tmp_path: Path) -> None:
+    spiller, log, ledger, _, _ = spiller_parts(tmp_path, spool_after=3600.0)
+    batch = log.append([event(1)], 10)
+    spiller.spill(everything=False, number=lambda: None)
+    assert batch.events == [event(1)] and ledger.spooled == 0 and spiller.path is None
+
+
+# ---- the whole sender over the fake transport ------------------------------------------------------------------
+
+
+def test_every_event_is_delivered_once_in_order(make_sender: Callable[..., Sender], fake: FakeDaemon) -> None:
+    sender = make_sender(max_batch_events=7)
+    for i in range(1, 101):
+        assert sender.submit(event(i), 12)
+    report = sender.close()
+    assert report.ok and report.synced and report.delivered == 100
+    assert fake.events() == [event(i) for i in range(1, 101)] and fake.closed
+
+
+def test_a_reconnect_resends_what_was_not_acknowledged_and_nothing_twice(
+    make_sender: Callable[..., Sender], fake: FakeDaemon
+) -> None:
+    sender = make_sender(max_batch_events=5)
+    fake.hold_acks = True  # the first five written, not acknowledged: the daemon drops them when resent
+    for i in range(1, 6):
+        sender.submit(event(i), 12)
+    while fake.last < 5:
+        sender.flush(timeout=0.05)
+    fake.lose_writes = True  # the next five never arrive: they must be sent again after the reconnect
+    for i in range(6, 11):
+        sender.submit(event(i), 12)
+    assert sender.flush(timeout=0.5).delivered == 0
+    fake.hold_acks = fake.lose_writes = False
+    fake.streams[-1].cut()
+    report = sender.flush(timeout=30)
+    assert report.delivered == 10 and report.undelivered == 0
+    assert fake.sessions_opened >= 2 and fake.events() == [event(i) for i in range(1, 11)]
+    assert sender.close().ok
+
+
+def test_a_refused_event_is_dropped_and_the_rest_delivered_without_a_gap(
+    make_sender: Callable[..., Sender], fake: FakeDaemon
+) -> None:
+    fake.refuse = 4
+    sender = make_sender(max_batch_events=3)
+    for i in range(1, 11):
+        sender.submit(event(i), 12)
+    report = sender.close()
+    assert report.delivered == 9 and report.dropped == {"rejected": 1} and report.undelivered == 0
+    assert fake.events() == [event(i) for i in range(1, 11) if i != 4]
+    assert sorted(fake.written) == list(range(1, 10)), "renumbered on from the last acknowledged event"
+
+
+def test_events_spilled_while_the_daemon_is_away_are_sent_when_it_returns(
+    make_sender: Callable[..., Sender], fake: FakeDaemon, tmp_path: Path
+) -> None:
+    fake.away = True
+    sender = make_sender(spool_after=0.0, max_batch_events=4)
+    for i in range(1, 21):
+        sender.submit(event(i), 12)
+    while sender.report().spooled < 20:  # the sender thread spills all of it (bounded by the test's timeout)
+        sender.flush(timeout=0.05)
+    assert sender.report().spool_path is not None
+    fake.away = False
+    report = sender.close()
+    assert report.ok and report.delivered == 20 and report.spooled == 0 and report.spool_path is None
+    assert fake.events() == [event(i) for i in range(1, 21)]
+    assert not any((tmp_path / "spool").iterdir()), "a spool the daemon acknowledged whole is removed"
+
+
+def test_drop_oldest_makes_room_and_counts_it(make_sender: Callable[..., Sender], fake: FakeDaemon) -> None:
+    fake.away = True  # nothing leaves the queue
+    sender = make_sender(overflow="drop_oldest", spool=False, max_queue_bytes=100)
+    assert all(sender.submit(event(i), 10) for i in range(1, 16))
+    report = sender.close(timeout=0.2)
+    assert report.dropped == {"queue_full": 5, "timeout": 10} and report.delivered == 0
+    assert report.error is not None and "UNAVAILABLE" in report.error
+
+
+def test_block_waits_then_drops_the_new_event(make_sender: Callable[..., Sender], fake: FakeDaemon) -> None:
+    fake.away = True
+    sender = make_sender(overflow="block", block_secs=0.1, spool=False, max_queue_bytes=100)
+    assert all(sender.submit(event(i), 10) for i in range(1, 11))
+    assert not sender.submit(event(11), 10), "no room came within block_secs"
+    report = sender.close(timeout=0.2)
+    assert report.dropped == {"queue_full": 1, "timeout": 10}
+
+
+def test_spill_policy_keeps_the_caller_going_and_loses_nothing(
+    make_sender: Callable[..., Sender], fake: FakeDaemon
+) -> None:
+    fake.away = True
+    sender = make_sender(overflow="spill", max_queue_bytes=100, spool_after=3600.0)
+    assert all(sender.submit(event(i), 10) for i in range(1, 51))
+    fake.away = False
+    report = sender.close()
+    assert report.ok and report.delivered == 50 and fake.events() == [event(i) for i in range(1, 51)]
+
+
+def test_a_permanent_refusal_gives_up_and_says_why(make_sender: Callable[..., Sender], tmp_path: Path) -> None:
+    class Denied(FakeTransport):
+        def open_session(self, hello: Hello, on_done: Callable[[], None]) -> FakeOpening:
+            return FakeOpening(None, TransportError("denied", "PERMISSION_DENIED: not your run"))
+
+    sender = Sender("run", options=options(tmp_path), transport=lambda _: Denied(FakeDaemon()))
+    sender.submit(event(1), 10)
+    report = sender.flush(timeout=30)
+    assert report.error == "PERMISSION_DENIED: not your run" and report.dropped == {"rejected": 1}
+    assert not sender.submit(event(2), 10)
+    assert sender.close().dropped == {"rejected": 2}
+
+
+def test_options_and_settings_are_not_given_together(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="either options or the settings"):
+        Sender("run", options=options(tmp_path), max_queue_bytes=10)
+
+
+# ---- the options -----------------------------------------------------------------------------------------------
+
+
+def test_options_are_made_once_from_arguments_then_the_environment(tmp_path: Path) -> None:
+    environ = {
+        "SUMMARYD_ADDRESS": "daemon-host",
+        "SUMMARYD_TOKEN": "from-the-environment",
+        "SUMMARYD_SPOOL_DIR": str(tmp_path / "env-spool"),
+    }
+    made = ClientOptions.make(environ=environ)
+    assert made.addresses == ("daemon-host:6065",) and made.address == "daemon-host:6065"
+    assert made.channel.token == "from-the-environment" and made.spool_root == tmp_path / "env-spool"
+    given = ClientOptions.make(address="[::1]:7000", token="given", spool_dir=tmp_path / "mine", environ=environ)
+    assert given.addresses == ("[::1]:7000",) and given.channel.token == "given"
+    assert given.spool_root == tmp_path / "mine"
+    assert ClientOptions.make(spool=False, environ={}).overflow == "drop_oldest", "nowhere to spill to"
+    with pytest.raises(ValueError, match="choose one of spill, drop_oldest, block"):
+        ClientOptions.make(overflow="never", environ={})  # type: ignore[arg-type]
+
+
+def test_a_writer_hands_its_one_options_object_to_every_sender(tmp_path: Path) -> None:
+    from summaryd.client import SummaryWriter
+
+    writer = SummaryWriter("run", address="127.0.0.1:1", worker="", token="t0k3n", spool=False, close_timeout=0)
+    try:
+        sub = writer._sub_sender("sub")
+        assert sub.options is writer.sender.options and writer.sender.options.channel.token == "t0k3n"
+    finally:
+        writer.close(timeout=0)
