@@ -7,7 +7,6 @@ files are read back with TensorBoard's loader.
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -16,7 +15,6 @@ from pathlib import Path
 import pytest
 from tensorboard.backend.event_processing.event_file_loader import RawEventFileLoader
 from tensorboard.compat.proto.event_pb2 import Event
-from tensorboard.compat.proto.summary_pb2 import Summary
 
 from conftest import Daemon, assert_whole_records, event_files, start_daemon, wait_for
 from summaryd.client._shipper import STATE_NAME

@@ -62,10 +62,9 @@ def _worker() -> str | None:
     if detect_worker().label:
         return None  # the writer reads the environment itself
     distributed = sys.modules.get("torch.distributed")
-    if distributed is not None and distributed.is_available() and distributed.is_initialized():
-        if distributed.get_world_size() > 1:
-            return f"rank-{distributed.get_rank()}"
-    return None
+    if distributed is None or not distributed.is_available() or not distributed.is_initialized():
+        return None
+    return f"rank-{distributed.get_rank()}" if distributed.get_world_size() > 1 else None
 
 
 _live: weakref.WeakSet[PatchedWriter] = weakref.WeakSet()
@@ -88,7 +87,6 @@ class PatchedWriter(SummaryWriter):
             **options,
         )
         self.log_dir = local
-        self._reported = False
         if "://" not in local:
             os.makedirs(local, exist_ok=True)
         _live.add(self)
@@ -99,9 +97,9 @@ class PatchedWriter(SummaryWriter):
         return self
 
     def close(self, timeout: float | None = None) -> DeliveryReport:
+        was_open = not self._closed
         report = super().close(timeout)
-        if not self._reported:
-            self._reported = True
+        if was_open:  # each session once (a writer reopened reports again)
             _append_report(self.run, report)
         return report
 
@@ -237,7 +235,7 @@ class _PostImportFinder(importlib.abc.MetaPathFinder):
             return None
         for finder in sys.meta_path:
             find = getattr(finder, "find_spec", None) if finder is not self else None
-            spec = find(fullname, path, target) if find is not None else None
+            spec: importlib.machinery.ModuleSpec | None = find(fullname, path, target) if find is not None else None
             if spec is not None and spec.loader is not None:
                 spec.loader = _Loader(spec.loader, _replace_in)
                 return spec

@@ -95,9 +95,19 @@ def event_files(directory: Path, state_path: Path) -> list[Path]:
 
 def _is_file_version(record: bytes) -> bool:
     try:
-        return Event.FromString(record).WhichOneof("what") == "file_version"
+        what: str | None = Event.FromString(record).WhichOneof("what")
     except DecodeError:
         return False
+    return what == "file_version"
+
+
+def _refused_sequence(error: grpc.RpcError) -> int | None:
+    """The sequence number the daemon names in the trailing metadata of an INVALID_ARGUMENT, if any."""
+    trailing = getattr(error, "trailing_metadata", None)
+    for key, value in (trailing() if callable(trailing) else None) or ():
+        if key == REFUSED_SEQUENCE_KEY:
+            return int(value)
+    return None
 
 
 def whole_records(path: Path, offset: int) -> Iterator[tuple[bytes, int]]:
@@ -311,10 +321,10 @@ class Shipper:
             for ack in call:
                 acked = max(acked, ack.acked_sequence)
         except grpc.RpcError as exc:
-            refused = dict(exc.trailing_metadata() or ()).get(REFUSED_SEQUENCE_KEY)  # type: ignore[attr-defined]
+            refused = _refused_sequence(exc)
             if exc.code() != grpc.StatusCode.INVALID_ARGUMENT or refused is None:
                 raise
-            return acked, int(refused)
+            return acked, refused
         return acked, None
 
     # ---- lifecycle ------------------------------------------------------------------------------------------
