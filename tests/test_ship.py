@@ -7,6 +7,7 @@ files are read back with TensorBoard's loader.
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -209,3 +210,80 @@ def test_ship_refuses_what_it_cannot_ship(tmp_path: Path, capsys: pytest.Capture
     with pytest.raises(SystemExit):
         main(["ship", str(tmp_path), "--run", "../x", "--once"])
     assert "summaryd ship: error:" in capsys.readouterr().err
+
+
+TF2_SCRIPT = """
+import os, sys, time
+import numpy as np
+import tensorflow as tf
+
+logdir, gate = sys.argv[1], sys.argv[2]
+writer = tf.summary.create_file_writer(logdir)
+with writer.as_default():
+    for step in range(60):
+        if step == 30:  # half written: the test kills the shipper and starts it again
+            writer.flush()
+            while not os.path.exists(gate):
+                time.sleep(0.02)
+        tf.summary.scalar("loss", 1.0 / (step + 1), step=step)
+        tf.summary.histogram("weights", np.random.default_rng(step).normal(size=100), step=step)
+        if step % 10 == 0:
+            tf.summary.image("sample", np.full((1, 4, 4, 3), step / 60, dtype=np.float32), step=step)
+        writer.flush()
+writer.close()
+"""
+
+
+@pytest.mark.slow
+def test_tf2_summaries_shipped_while_written_exactly_once_across_a_sigkill(daemon: Daemon, tmp_path: Path) -> None:
+    """`tf.summary` writes in native code; `summaryd ship` follows it, is SIGKILLed half way and started again;
+    the daemon's files hold every record once, byte-equal to TensorFlow's."""
+    local = tmp_path / "tf"
+    gate = tmp_path / "continue"
+    local.mkdir()
+    ship_command = [
+        sys.executable,
+        "-m",
+        "summaryd.server",
+        "ship",
+        str(local),
+        "--run",
+        "tf2",
+        "--address",
+        daemon.address,
+        "--poll",
+        "0.05",
+    ]
+    script = subprocess.Popen(
+        [sys.executable, "-c", TF2_SCRIPT, str(local), str(gate)],
+        env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    shipper = subprocess.Popen(ship_command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        run_dir = daemon.logdir / "tf2"
+        # Steps 0..29 as scalar and histogram records, 3 images.
+        wait_for(lambda: len(daemon_records(run_dir)) >= 63, 120, "the first half of the records")
+        shipper.kill()
+        shipper.wait()
+        shipper = subprocess.Popen(ship_command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        gate.touch()
+        assert script.wait(120) == 0
+        local_records = [
+            r
+            for path in event_files(local)
+            for r in RawEventFileLoader(str(path), detect_file_replacement=False).Load()
+            if Event.FromString(r).WhichOneof("what") != "file_version"
+        ]
+        assert len(local_records) == 60 * 2 + 6
+        wait_for(lambda: len(daemon_records(run_dir)) >= len(local_records), 60, "every record")
+        shipper.send_signal(signal.SIGTERM)
+        _, err = shipper.communicate(timeout=60)
+        assert shipper.returncode == 0, err
+    finally:
+        for proc in (script, shipper):
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    assert daemon_records(run_dir) == local_records
