@@ -181,3 +181,54 @@ def test_patch_in_code_replaces_writers_imported_before_and_after(daemon: Daemon
     )
     assert done.returncode == 0, done.stderr
     assert scalars(daemon.logdir / "logs" / "a") == [("x", 3, 2.0)]
+
+
+def test_summaryd_run_ships_what_native_writers_write_beside_the_command(daemon: Daemon, tmp_path: Path) -> None:
+    """`--ship DIR`: event files the command writes itself (as a native writer does) reach the daemon by the time
+    `summaryd run` exits, below the run root."""
+    script = textwrap.dedent(
+        """
+        import sys
+        from tensorboard.compat.proto.event_pb2 import Event
+        from summaryd.server.record_writer import frame
+
+        def event(**fields):
+            return frame(Event(wall_time=1.5, **fields).SerializeToString())
+
+        with open(sys.argv[1] + "/events.out.tfevents.1.host", "wb") as f:
+            f.write(event(file_version="brain.Event:2"))
+            for step in range(7):
+                e = Event(wall_time=1.5, step=step)
+                e.summary.value.add(tag="native", simple_value=step)
+                f.write(frame(e.SerializeToString()))
+        """
+    )
+    native = tmp_path / "native"
+    native.mkdir()
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "summaryd.server",
+            "run",
+            "--address",
+            daemon.address,
+            "--run-root",
+            "job",
+            "--ship",
+            str(native),
+            "--",
+            sys.executable,
+            "-c",
+            script,
+            str(native),
+        ],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stderr.splitlines()[-1].startswith("summaryd run: ship delivered 7 records")
+    assert scalars(daemon.logdir / "job") == [("native", step, float(step)) for step in range(7)]
