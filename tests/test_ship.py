@@ -49,6 +49,11 @@ def daemon_records(run_dir: Path) -> list[bytes]:
     return records
 
 
+def ship_argv(directory: Path, run: str, address: str, *flags: str) -> list[str]:
+    """`summaryd ship DIR --run RUN --address A [flags]` as a user runs it."""
+    return [sys.executable, "-m", "summaryd.server", "ship", str(directory), "--run", run, "--address", address, *flags]
+
+
 def ship(directory: Path, run: str, daemon: Daemon, capsys: pytest.CaptureFixture[str], *flags: str) -> str:
     """`summaryd ship DIR --run RUN --once` in this process; returns what it printed."""
     capsys.readouterr()
@@ -105,19 +110,7 @@ def test_a_killed_shipper_and_a_restarted_daemon_double_nothing(
     state = local / STATE_NAME
     append(path, VERSION_RECORD, *(scalar(s) for s in range(20)))
     follower = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "summaryd.server",
-            "ship",
-            str(local),
-            "--run",
-            "kill",
-            "--address",
-            first.address,
-            "--poll",
-            "0.05",
-        ],
+        ship_argv(local, "kill", first.address, "--poll", "0.05"),
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
@@ -184,7 +177,7 @@ def test_ship_follows_until_sigterm_then_drains(daemon: Daemon, tmp_path: Path) 
     path = local / "run-a" / "events.out.tfevents.1.host"
     append(path, VERSION_RECORD, *(scalar(s) for s in range(10)))
     follower = subprocess.Popen(
-        [sys.executable, "-m", "summaryd.server", "ship", str(local), "--run", "follow", "--address", daemon.address],
+        ship_argv(local, "follow", daemon.address),
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
         text=True,
@@ -241,19 +234,7 @@ def test_tf2_summaries_shipped_while_written_exactly_once_across_a_sigkill(daemo
     local = tmp_path / "tf"
     gate = tmp_path / "continue"
     local.mkdir()
-    ship_command = [
-        sys.executable,
-        "-m",
-        "summaryd.server",
-        "ship",
-        str(local),
-        "--run",
-        "tf2",
-        "--address",
-        daemon.address,
-        "--poll",
-        "0.05",
-    ]
+    ship_command = ship_argv(local, "tf2", daemon.address, "--poll", "0.05")
     script = subprocess.Popen(
         [sys.executable, "-c", TF2_SCRIPT, str(local), str(gate)],
         env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"},

@@ -53,6 +53,19 @@ ATTRIBUTES = textwrap.dedent(
 )
 
 
+def summaryd_run(cwd: Path, *args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    """`summaryd run ARGS` as a user runs it, in `cwd`."""
+    return subprocess.run(
+        [sys.executable, "-m", "summaryd.server", "run", *args],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+
+
 def scalars(run_dir: Path) -> list[tuple[str, int, float]]:
     return [
         (v.tag, e.step, v.simple_value)
@@ -88,26 +101,8 @@ def test_summaryd_run_patches_torch_and_tensorboardx_writers(daemon: Daemon, tmp
     theirs.mkdir()
     (theirs / "sitecustomize.py").write_text("import os\nos.environ['CHAINED'] = 'yes'\n")
     env = {**os.environ, "PYTHONPATH": str(theirs)}
-    done = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "summaryd.server",
-            "run",
-            "--address",
-            daemon.address,
-            "--run-root",
-            "exp",
-            "--",
-            sys.executable,
-            "train.py",
-        ],
-        cwd=work,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
+    done = summaryd_run(
+        work, "--address", daemon.address, "--run-root", "exp", "--", sys.executable, "train.py", env=env
     )
     assert done.returncode == 0, done.stderr
     seen = json.loads(done.stdout.splitlines()[-1])
@@ -135,30 +130,10 @@ def test_summaryd_run_patches_torch_and_tensorboardx_writers(daemon: Daemon, tmp
 
 
 def test_summaryd_run_exits_with_the_command_s_code(daemon: Daemon, tmp_path: Path) -> None:
-    done = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "summaryd.server",
-            "run",
-            "--address",
-            daemon.address,
-            "--",
-            sys.executable,
-            "-c",
-            "raise SystemExit(3)",
-        ],
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
+    done = summaryd_run(tmp_path, "--address", daemon.address, "--", sys.executable, "-c", "raise SystemExit(3)")
     assert done.returncode == 3, done.stderr
     assert "0 writers delivered 0 events" in done.stderr
-    usage = subprocess.run(
-        [sys.executable, "-m", "summaryd.server", "run"], capture_output=True, text=True, timeout=60, check=False
-    )
+    usage = summaryd_run(tmp_path)
     assert usage.returncode == 2 and "give the command to run after '--'" in usage.stderr
 
 
@@ -205,29 +180,19 @@ def test_summaryd_run_ships_what_native_writers_write_beside_the_command(daemon:
     )
     native = tmp_path / "native"
     native.mkdir()
-    done = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "summaryd.server",
-            "run",
-            "--address",
-            daemon.address,
-            "--run-root",
-            "job",
-            "--ship",
-            str(native),
-            "--",
-            sys.executable,
-            "-c",
-            script,
-            str(native),
-        ],
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
+    done = summaryd_run(
+        tmp_path,
+        "--address",
+        daemon.address,
+        "--run-root",
+        "job",
+        "--ship",
+        str(native),
+        "--",
+        sys.executable,
+        "-c",
+        script,
+        str(native),
     )
     assert done.returncode == 0, done.stderr
     assert done.stderr.splitlines()[-1].startswith("summaryd run: ship delivered 7 records")
