@@ -268,3 +268,42 @@ def test_tf2_summaries_shipped_while_written_exactly_once_across_a_sigkill(daemo
                 proc.kill()
                 proc.wait()
     assert daemon_records(run_dir) == local_records
+
+
+def test_a_session_the_daemon_forgot_or_released_is_opened_again(
+    daemons: list[Daemon], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Between two passes of one shipper the daemon is restarted (it knows the session only from its store), then
+    releases the session after its lease: each time the session is opened again and resumes, nothing doubled."""
+    from summaryd.client._shipper import Shipper
+
+    daemons.append(start_daemon(tmp_path, "--session-lease", "1"))
+    local = tmp_path / "local"
+    path = local / "events.out.tfevents.1.host"
+    append(path, VERSION_RECORD, *(scalar(s) for s in range(5)))
+    shipper = Shipper(local, "again", address=daemons[0].address)
+    assert shipper.ship_pass() == 5
+
+    daemons[0].proc.kill()
+    daemons[0].proc.wait()
+    daemons.append(
+        start_daemon(
+            tmp_path, "--listen", f"127.0.0.1:{daemons[0].port}", "--session-lease", "1", logdir=daemons[0].logdir
+        )
+    )
+    append(path, *(scalar(s) for s in range(5, 10)))
+    assert shipper.ship_pass() == 5
+
+    capsys.readouterr()
+    wait_for(
+        lambda: (
+            main(["status", "--address", daemons[1].address, "--json"]) == 0
+            and not json.loads(capsys.readouterr().out)["sessions"]
+        ),
+        30,
+        "the session's release",
+    )
+    append(path, *(scalar(s) for s in range(10, 15)))
+    assert shipper.ship_pass() == 5
+    shipper.close()
+    assert daemon_records(daemons[1].logdir / "again") == [scalar(s) for s in range(15)]

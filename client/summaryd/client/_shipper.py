@@ -17,6 +17,7 @@ import os
 import socket
 import struct
 import threading
+import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -168,6 +169,7 @@ class Shipper:
         # Sessions opened by this process (OpenSession answered): sent to directly, closed by `close()`.
         self._opened: dict[str, pb.OpenSessionResponse] = {}
         self._seen: set[str] = set()
+        self._used: dict[str, float] = {}  # session id → when it was last opened or written to
 
     # ---- passes ---------------------------------------------------------------------------------------------
 
@@ -189,8 +191,13 @@ class Shipper:
                 self._seen.add(name)
                 self.totals.files += 1
                 self.totals.runs.add(run)
-            delivered += self._ship_file(path, name, run, cursor)
-            waiting += max(0, path.stat().st_size - cursor.offset)
+            try:
+                size = path.stat().st_size
+                if size > cursor.offset:
+                    delivered += self._ship_file(path, name, run, cursor)
+            except FileNotFoundError:
+                continue  # removed since the listing (a writer's cleanup): what was shipped stays shipped
+            waiting += max(0, size - cursor.offset)
         self.totals.waiting_bytes = waiting
         return delivered
 
@@ -229,7 +236,9 @@ class Shipper:
         """The file's session, opened (resumed) once per process; and how many records from the cursor on the
         daemon already holds in a session that was closed."""
         answer = self._opened.get(cursor.session_id)
-        if answer is not None:
+        # A session quiet for half its lease may have been released by the daemon: opening it again resumes it.
+        if answer is not None and time.monotonic() - self._used.get(cursor.session_id, 0.0) < answer.lease_seconds / 2:
+            self._used[cursor.session_id] = time.monotonic()
             return answer, 0
         request = pb.OpenSessionRequest(
             session_id=cursor.session_id,
@@ -258,21 +267,30 @@ class Shipper:
             request.session_started = cursor.session_started
             answer = self._stub.OpenSession(request, timeout=self.rpc_timeout)
         self._opened[cursor.session_id] = answer
+        self._used[cursor.session_id] = time.monotonic()
         return answer, held
 
     def _send(self, name: str, run: str, cursor: FileCursor, records: list[tuple[bytes, int]]) -> int:
         """Deliver `records` (each with its end offset) in the file's session; checkpoint what was acknowledged."""
         answer, held = self._open(name, run, cursor)
         last_end = records[-1][1]
-        pending = records[held:]
-        if held:
-            # Records beyond this chunk held too cannot be: a chunk is read from the checkpointed offset, and a
-            # checkpoint lags the daemon by at most one chunk.
-            cursor.offset = records[min(held, len(records)) - 1][1]
+        pending = self._past_held(cursor, records, held)
         delivered = 0
+        reopened = False
         while pending:
             first = cursor.next_sequence
-            acked, refused = self._write(cursor.session_id, first, [r for r, _ in pending], answer)
+            try:
+                acked, refused = self._write(cursor.session_id, first, [r for r, _ in pending], answer)
+            except grpc.RpcError as exc:
+                # The daemon restarted (NOT_FOUND) or released the session since this shipper opened it: open
+                # it again (it resumes where the daemon holds it), once.
+                if reopened or exc.code() not in (grpc.StatusCode.NOT_FOUND, grpc.StatusCode.FAILED_PRECONDITION):
+                    raise
+                reopened = True
+                self._opened.pop(cursor.session_id, None)
+                answer, held = self._open(name, run, cursor)
+                pending = self._past_held(cursor, pending, held)
+                continue
             done = max(0, acked - first + 1)
             if done:
                 delivered += done
@@ -294,6 +312,17 @@ class Shipper:
         if self._progress is not None:
             self._progress(self.totals.records, self.totals.bytes)
         return delivered
+
+    @staticmethod
+    def _past_held(cursor: FileCursor, records: list[tuple[bytes, int]], held: int) -> list[tuple[bytes, int]]:
+        """`records` without the first `held`, which a closed session of this file already delivered.
+
+        More than these cannot be held: a chunk is read from the checkpointed offset, and a checkpoint lags the
+        daemon by at most the chunk sent last.
+        """
+        if held:
+            cursor.offset = records[min(held, len(records)) - 1][1]
+        return records[held:]
 
     def _write(
         self, session_id: str, first: int, events: Sequence[bytes], limits: pb.OpenSessionResponse
