@@ -307,3 +307,34 @@ def test_a_session_the_daemon_forgot_or_released_is_opened_again(
     assert shipper.ship_pass() == 5
     shipper.close()
     assert daemon_records(daemons[1].logdir / "again") == [scalar(s) for s in range(15)]
+
+
+def test_ship_once_shows_progress_on_a_terminal(daemon: Daemon, tmp_path: Path) -> None:
+    """On a terminal `ship --once` rewrites one progress line (records and bytes) as it goes; piped, it prints
+    only the banner and the report (the other tests)."""
+    import pty
+
+    local = tmp_path / "local"
+    append(local / "events.out.tfevents.1.host", VERSION_RECORD, *(scalar(s) for s in range(12)))
+    controller, terminal = pty.openpty()
+    try:
+        proc = subprocess.Popen(
+            [*ship_argv(local, "tty", daemon.address), "--once"], stdout=subprocess.DEVNULL, stderr=terminal
+        )
+        os.close(terminal)
+        output = b""
+        while True:
+            try:
+                chunk = os.read(controller, 4096)
+            except OSError:  # the terminal's other end closed: the shipper exited
+                break
+            if not chunk:
+                break
+            output += chunk
+        assert proc.wait(60) == 0
+    finally:
+        os.close(controller)
+    text = output.decode()
+    nbytes = sum(len(scalar(s)) for s in range(12))
+    assert f"\rsummaryd ship: 12 records, {nbytes} bytes" in text
+    assert "delivered 12 records" in text.splitlines()[-1]
