@@ -188,3 +188,46 @@ def test_torchrun_ranks_land_in_their_worker_directories(daemon: Daemon, tmp_pat
             (e.step, v.simple_value) for p in event_files(run_dir) for e in read_events(p) for v in e.summary.value
         ]
         assert values == [(step, rank * 10 + step) for step in range(5)]
+
+
+LIGHTNING_DDP = textwrap.dedent(
+    """
+    import torch
+    import lightning as L
+    from torch.utils.data import DataLoader, TensorDataset
+
+    class Tiny(L.LightningModule):
+        def __init__(self):
+            super().__init__()
+            self.layer = torch.nn.Linear(4, 1)
+
+        def training_step(self, batch, index):
+            x, y = batch
+            loss = torch.nn.functional.mse_loss(self.layer(x), y)
+            self.log("train_loss", loss)
+            return loss
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=0.1)
+
+    if __name__ == "__main__":  # Lightning's launcher runs this script again for rank 1
+        L.seed_everything(0)
+        data = TensorDataset(torch.randn(64, 4), torch.randn(64, 1))
+        trainer = L.Trainer(
+            max_epochs=2, log_every_n_steps=1, accelerator="cpu", devices=2, strategy="ddp",
+            enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+        )
+        trainer.fit(Tiny(), DataLoader(data, batch_size=16))
+    """
+)
+
+
+def test_lightning_ddp_rank_zero_lands_in_its_worker_directory(daemon: Daemon, tmp_path: Path) -> None:
+    """Lightning's own DDP launcher (gloo on CPU) sets no `RANK`; the rank comes from the process group. Only
+    rank zero logs in Lightning, so one writer, in `<run>/rank-0`."""
+    err = run_script(LIGHTNING_DDP, tmp_path / "zero", *under_summaryd(daemon, "ddp"))
+    assert "summaryd run: 1 writers delivered" in err and ", 0 undelivered" in err
+    version = daemon.logdir / "ddp" / "lightning_logs" / "version_0"
+    assert sorted(p.name for p in version.iterdir()) == ["rank-0"]
+    steps = [e.step for p in event_files(version / "rank-0") for e in read_events(p) if e.HasField("summary")]
+    assert len(steps) >= 4
