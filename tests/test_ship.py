@@ -17,7 +17,7 @@ import pytest
 from tensorboard.backend.event_processing.event_file_loader import RawEventFileLoader
 from tensorboard.compat.proto.event_pb2 import Event
 
-from conftest import Daemon, assert_whole_records, event_files, start_daemon, wait_for
+from conftest import Daemon, assert_whole_records, event_files, start_daemon, unused_port, wait_for
 from summaryd.client._shipper import STATE_NAME
 from summaryd.server.cli import main
 from summaryd.server.record_writer import frame
@@ -203,6 +203,12 @@ def test_ship_refuses_what_it_cannot_ship(tmp_path: Path, capsys: pytest.Capture
     with pytest.raises(SystemExit):
         main(["ship", str(tmp_path), "--run", "../x", "--once"])
     assert "summaryd ship: error:" in capsys.readouterr().err
+    # No daemon there: exit 1, the report says why, and the checkpoint holds nothing delivered.
+    local = tmp_path / "local"
+    append(local / "events.out.tfevents.1.host", VERSION_RECORD, scalar(1))
+    assert main(["ship", str(local), "--run", "away", "--once", "--address", f"127.0.0.1:{unused_port()}"]) == 1
+    last = capsys.readouterr().err.splitlines()[-1]
+    assert last.startswith("summaryd ship: delivered 0 records") and "stopped by: UNAVAILABLE" in last
 
 
 TF2_SCRIPT = """

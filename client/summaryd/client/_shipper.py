@@ -28,7 +28,7 @@ from tensorboard.compat.proto.event_pb2 import Event
 
 from summaryd.client._channel import ChannelSettings, open_channel
 from summaryd.client._environment import resolve_address
-from summaryd.client._sender import REFUSED_SEQUENCE_KEY, DeliveryReport
+from summaryd.client._sender import REFUSED_SEQUENCE_KEY
 from summaryd.client._ship_state import Checkpoint, FileCursor
 from summaryd.client._spool import read_records
 from summaryd.v1 import summaryd_pb2 as pb
@@ -63,12 +63,6 @@ class ShipTotals:
     error: str | None = None
     runs: set[str] = field(default_factory=set)
 
-    def report(self) -> DeliveryReport:
-        dropped = {"rejected": self.refused} if self.refused else {}
-        return DeliveryReport(
-            delivered=self.records, undelivered=0, dropped=dropped, synced=self.error is None, error=self.error
-        )
-
     def describe(self) -> str:
         """One line for the end of `summaryd ship`."""
         line = f"delivered {self.records} records ({self.bytes} bytes) from {self.files} files to {len(self.runs)} runs"
@@ -82,7 +76,7 @@ class ShipTotals:
 
 
 class ShipError(RuntimeError):
-    """The daemon could not be reached or refused a session; the message says which and why."""
+    """The daemon answered a batch without acknowledging any of it (nor refusing one event of it)."""
 
 
 def event_files(directory: Path, state_path: Path) -> list[Path]:

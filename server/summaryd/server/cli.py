@@ -352,7 +352,7 @@ def _ship(args: argparse.Namespace, sub: argparse.ArgumentParser) -> int:
 
     import grpc
 
-    from summaryd.client._shipper import Shipper
+    from summaryd.client._shipper import ShipError, Shipper
 
     directory = Path(args.directory)
     if not directory.is_dir():
@@ -393,6 +393,9 @@ def _ship(args: argparse.Namespace, sub: argparse.ArgumentParser) -> int:
         shipper.totals.error = (
             f"{code.name if code else 'ERROR'}: {exc.details() if isinstance(exc, grpc.Call) else exc}"
         )
+        totals = shipper.totals
+    except ShipError as exc:
+        shipper.totals.error = str(exc)
         totals = shipper.totals
     print(f"summaryd ship: {totals.describe()}", file=sys.stderr)
     return 1 if totals.error else 0
