@@ -48,6 +48,9 @@ _FRAMING_BYTES = 16
 # Errors after which the daemon is worth asking again (it is away, restarting, or shutting down).
 _TRANSIENT = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.CANCELLED)
 
+# Errors of a write after which opening the session again may succeed.
+_REOPEN = (grpc.StatusCode.NOT_FOUND, grpc.StatusCode.FAILED_PRECONDITION, grpc.StatusCode.UNAVAILABLE)
+
 Progress = Callable[[int, int], None]
 
 
@@ -276,9 +279,10 @@ class Shipper:
             try:
                 acked, refused = self._write(cursor.session_id, first, [r for r, _ in pending], answer)
             except grpc.RpcError as exc:
-                # The daemon restarted (NOT_FOUND) or released the session since this shipper opened it: open
-                # it again (it resumes where the daemon holds it), once.
-                if reopened or exc.code() not in (grpc.StatusCode.NOT_FOUND, grpc.StatusCode.FAILED_PRECONDITION):
+                # The daemon restarted or released the session since this shipper opened it (NOT_FOUND, or
+                # UNAVAILABLE "released"): open it again, once; it resumes where the daemon holds it. A daemon
+                # that is really away fails that OpenSession.
+                if reopened or exc.code() not in _REOPEN:
                     raise
                 reopened = True
                 self._opened.pop(cursor.session_id, None)
