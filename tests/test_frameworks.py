@@ -24,6 +24,7 @@ pytestmark = pytest.mark.frameworks
 
 LIGHTNING = textwrap.dedent(
     """
+    import os
     import torch
     import lightning as L
     from torch.utils.data import DataLoader, TensorDataset
@@ -47,13 +48,15 @@ LIGHTNING = textwrap.dedent(
         def configure_optimizers(self):
             return torch.optim.SGD(self.parameters(), lr=0.1)
 
-    L.seed_everything(0)
-    data = TensorDataset(torch.randn(64, 4), torch.randn(64, 1))
-    trainer = L.Trainer(
-        max_epochs=3, log_every_n_steps=1, accelerator="cpu", devices=1, enable_checkpointing=False,
-        enable_progress_bar=False, enable_model_summary=False, deterministic=True,
-    )
-    trainer.fit(Tiny(), DataLoader(data, batch_size=16), DataLoader(data, batch_size=32))
+    if __name__ == "__main__":  # Lightning's DDP launcher runs this script again for rank 1
+        L.seed_everything(0)
+        data = TensorDataset(torch.randn(64, 4), torch.randn(64, 1))
+        ddp = dict(devices=2, strategy="ddp") if os.environ.get("TINY_DDP") else dict(devices=1, deterministic=True)
+        trainer = L.Trainer(
+            max_epochs=3, log_every_n_steps=1, accelerator="cpu", enable_checkpointing=False,
+            enable_progress_bar=False, enable_model_summary=False, **ddp,
+        )
+        trainer.fit(Tiny(), DataLoader(data, batch_size=16), DataLoader(data, batch_size=32))
     """
 )
 
@@ -107,13 +110,13 @@ def _environment() -> dict[str, str]:
     return {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "PYTHONHASHSEED": "0"}
 
 
-def run_script(script: str, work: Path, *prefix: str) -> str:
+def run_script(script: str, work: Path, *prefix: str, env: dict[str, str] | None = None) -> str:
     work.mkdir(parents=True, exist_ok=True)
     (work / "train.py").write_text(script)
     done = subprocess.run(
         [*prefix, sys.executable, "train.py"],
         cwd=work,
-        env=_environment(),
+        env={**_environment(), **(env or {})},
         capture_output=True,
         text=True,
         timeout=600,
@@ -197,42 +200,10 @@ def test_torchrun_ranks_land_in_their_worker_directories(daemon: Daemon, tmp_pat
         assert values == [(step, rank * 10 + step) for step in range(5)]
 
 
-LIGHTNING_DDP = textwrap.dedent(
-    """
-    import torch
-    import lightning as L
-    from torch.utils.data import DataLoader, TensorDataset
-
-    class Tiny(L.LightningModule):
-        def __init__(self):
-            super().__init__()
-            self.layer = torch.nn.Linear(4, 1)
-
-        def training_step(self, batch, index):
-            x, y = batch
-            loss = torch.nn.functional.mse_loss(self.layer(x), y)
-            self.log("train_loss", loss)
-            return loss
-
-        def configure_optimizers(self):
-            return torch.optim.SGD(self.parameters(), lr=0.1)
-
-    if __name__ == "__main__":  # Lightning's launcher runs this script again for rank 1
-        L.seed_everything(0)
-        data = TensorDataset(torch.randn(64, 4), torch.randn(64, 1))
-        trainer = L.Trainer(
-            max_epochs=2, log_every_n_steps=1, accelerator="cpu", devices=2, strategy="ddp",
-            enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
-        )
-        trainer.fit(Tiny(), DataLoader(data, batch_size=16))
-    """
-)
-
-
 def test_lightning_ddp_rank_zero_lands_in_its_worker_directory(daemon: Daemon, tmp_path: Path) -> None:
     """Lightning's own DDP launcher (gloo on CPU) sets no `RANK`; the rank comes from the process group. Only
     rank zero logs in Lightning, so one writer, in `<run>/rank-0`."""
-    err = run_script(LIGHTNING_DDP, tmp_path / "zero", *under_summaryd(daemon, "ddp"))
+    err = run_script(LIGHTNING, tmp_path / "zero", *under_summaryd(daemon, "ddp"), env={"TINY_DDP": "1"})
     assert "summaryd run: 1 writers delivered" in err and ", 0 undelivered" in err
     version = daemon.logdir / "ddp" / "lightning_logs" / "version_0"
     assert sorted(p.name for p in version.iterdir()) == ["rank-0"]
