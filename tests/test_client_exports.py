@@ -21,6 +21,7 @@ PUBLIC = {
     "SummaryWriterCache",
     "create_global_step",
     "get_global_step",
+    "patch",
     "reset_global_step",
 }
 

@@ -474,22 +474,31 @@ def test_explicit_summary_writer_receives_the_summaries_without_a_graph(tf: Any,
     assert run.graphs == run.meta_graphs == []
 
 
-@pytest.mark.parametrize("name", ["SummarySaverHook", "StepCounterHook"])
-def test_tensorflow_file_writer_is_refused_with_what_to_pass(tf: Any, tmp_path: Path, name: str) -> None:
-    """A `tf.compat.v1.summary.FileWriter` is refused when the hook is made, saying what to pass instead."""
+def test_a_tensorflow_file_writer_logs_through_summaryd_under_its_mapped_logdir(
+    tf: Any, address: str, daemon: Daemon, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`summary_writer=tf.compat.v1.summary.FileWriter(logdir)`, as TF1 code builds it: the hooks log through the
+    daemon to the run that logdir maps to (below the working directory: its relative path; below the run root),
+    as TensorFlow's hooks log to a writer passed in: summaries, START, no graph."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("SUMMARYD_RUN_ROOT", "tf1")
     with tf.Graph().as_default():
-        file_writer = tf.compat.v1.summary.FileWriter(str(tmp_path / "local"))
-        try:
-            kwargs = {"save_steps": 8, "summary_op": tf.constant("")} if name == "SummarySaverHook" else {}
-            with pytest.raises(TypeError) as raised:
-                getattr(summaryd.client, name)(summary_writer=file_writer, **kwargs)
-        finally:
-            file_writer.close()
-    message = str(raised.value)
-    assert "summary_writer is a tensorflow.python.summary.writer.writer.FileWriter" in message
-    assert "writes event files on this machine" in message
-    assert "pass a summaryd.client.SummaryWriter, e.g. summary_writer=SummaryWriter('<run>')" in message
-    assert "or only output_dir='<run>'" in message
+        file_writer = tf.compat.v1.summary.FileWriter(str(tmp_path / "logs" / "train"))
+    try:
+        train(
+            tf,
+            lambda summaries, _: [
+                summaryd.client.SummarySaverHook(save_steps=8, summary_writer=file_writer, summary_op=summaries[0]),
+                summaryd.client.StepCounterHook(every_n_steps=10, summary_writer=file_writer),
+            ],
+        )
+    finally:
+        file_writer.close()
+    run = view(daemon.logdir / "tf1" / "logs" / "train")
+    assert run.steps("loss") == SAVER_STEPS
+    assert run.steps(RATE_TAG) == COUNTER_STEPS
+    assert run.starts == [1]
+    assert run.graphs == run.meta_graphs == []
 
 
 # One worker of a two-worker TensorFlow cluster (between-graph replication): the global step lives on the chief

@@ -2,12 +2,14 @@
 
 `SummaryWriter` is a drop-in for `torch.utils.tensorboard.SummaryWriter`; `SummarySaverHook` and
 `StepCounterHook` follow `tf.compat.v1.train`'s hooks. Importing this package imports neither the daemon, nor
-uvloop, nor TensorFlow, nor torch: the two hooks are looked up on first access, and are TensorFlow
+uvloop, nor TensorFlow, nor torch (`patch()` makes torch's and tensorboardX's writers these when those are
+imported): the two hooks are looked up on first access, and are TensorFlow
 `SessionRunHook` subclasses when TensorFlow is installed (see `summaryd.client.hooks`).
 """
 
 from typing import TYPE_CHECKING, Any
 
+from summaryd.client._patch import patch
 from summaryd.client._sender import DeliveryReport, Sender
 from summaryd.client.hooks import (
     GlobalStep,
@@ -43,6 +45,7 @@ __all__ = [
     "SummaryWriterCache",
     "create_global_step",
     "get_global_step",
+    "patch",
     "reset_global_step",
 ]
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import importlib.util
 import logging
+import os
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
@@ -291,16 +292,37 @@ def _summary_of(result: Any) -> Summary | bytes:
     )
 
 
+def _tf_file_writer_run(summary_writer: Any) -> str | None:
+    """The run a `tf.compat.v1.summary.FileWriter`'s logdir maps to (as `summaryd run` maps a framework's
+    log_dir: below `SUMMARYD_RUN_ROOT`), or None for any other writer."""
+    kind = type(summary_writer)
+    if not kind.__module__.startswith("tensorflow.") or not callable(getattr(summary_writer, "get_logdir", None)):
+        return None
+    from summaryd.client._patch import RUN_ROOT_ENV, run_path
+
+    return run_path(str(summary_writer.get_logdir()), os.environ.get(RUN_ROOT_ENV, ""))
+
+
 def _check_writer(summary_writer: Any) -> None:
-    """Refuse, when the hook is made, a writer that would not go through the daemon (TF's `FileWriter`, ...)."""
+    """Refuse, when the hook is made, a writer that would not go through the daemon (another library's)."""
     if summary_writer is not None and not isinstance(summary_writer, SummaryWriter):
         kind = f"{type(summary_writer).__module__}.{type(summary_writer).__name__}"
-        local = " (it writes event files on this machine)" if kind.startswith("tensorflow.") else ""
         raise TypeError(
-            f"summary_writer is a {kind}{local}; pass a summaryd.client.SummaryWriter, e.g. "
-            "summary_writer=SummaryWriter('<run>'), or only output_dir='<run>', and the hooks share one "
-            "writer per run through the daemon"
+            f"summary_writer is a {kind}; pass a summaryd.client.SummaryWriter, e.g. "
+            "summary_writer=SummaryWriter('<run>'), a tf.compat.v1.summary.FileWriter, or only "
+            "output_dir='<run>', and the hooks share one writer per run through the daemon"
         )
+
+
+def _writer_or_run(summary_writer: Any, output_dir: str | None) -> tuple[SummaryWriter | None, str | None]:
+    """The hook's writer and output_dir: a TensorFlow `FileWriter` becomes the hooks' shared writer of the run its
+    logdir maps to (without the graph, as TensorFlow's hooks log none to a writer passed in); any other writer not
+    ours is refused."""
+    run = _tf_file_writer_run(summary_writer)
+    if run is not None:
+        return SummaryWriterCache.get(run), output_dir
+    _check_writer(summary_writer)
+    return summary_writer, output_dir
 
 
 def _checked_output_dir(output_dir: str | None) -> str | None:
@@ -340,14 +362,15 @@ class PlainSummarySaverHook(_PlainHookBase):
         save_steps: save summaries every N steps. Exactly one of `save_secs` and `save_steps` should be set.
         save_secs: save summaries every N seconds.
         output_dir: run path under the daemon's logdir; used when no `summary_writer` is given.
-        summary_writer: a `summaryd.client.SummaryWriter`.
+        summary_writer: a `summaryd.client.SummaryWriter`, or a `tf.compat.v1.summary.FileWriter`: the hook then
+            logs through the daemon to the run its logdir maps to (as `summaryd run` maps a framework's log_dir).
         scaffold: an object whose `summary_op` is used when `summary_op` is not given.
         summary_op: what to save: a callable returning a `Summary`, its bytes or a tag → scalar mapping, or a
             list of them (with TensorFlow: string tensors of serialized summaries).
 
     Raises:
         ValueError: unless exactly one of scaffold or summary_op is given, or exactly one of the intervals.
-        TypeError: for a `summary_writer` that is not a `summaryd.client.SummaryWriter` (TF's `FileWriter`).
+        TypeError: for a `summary_writer` that is neither a `summaryd.client.SummaryWriter` nor TF's `FileWriter`.
     """
 
     def __init__(
@@ -366,7 +389,8 @@ class PlainSummarySaverHook(_PlainHookBase):
         self._output_dir = _checked_output_dir(output_dir)
         self._scaffold = scaffold
         self._timer = SecondOrStepTimer(every_secs=save_secs, every_steps=save_steps)
-        _check_writer(summary_writer)  # after TensorFlow's own argument checks, which come first there
+        # After TensorFlow's own argument checks, which come first there.
+        self._summary_writer, self._output_dir = _writer_or_run(summary_writer, self._output_dir)
         self._next_step: int | None = None
         self._request_summary = False
         self._global_step: Any = None
@@ -422,7 +446,7 @@ class PlainStepCounterHook(_PlainHookBase):
 
     Raises:
         ValueError: unless exactly one of `every_n_steps` and `every_n_secs` is given.
-        TypeError: for a `summary_writer` that is not a `summaryd.client.SummaryWriter` (TF's `FileWriter`).
+        TypeError: for a `summary_writer` that is neither a `summaryd.client.SummaryWriter` nor TF's `FileWriter`.
     """
 
     def __init__(
@@ -435,9 +459,8 @@ class PlainStepCounterHook(_PlainHookBase):
         if (every_n_steps is None) == (every_n_secs is None):
             raise ValueError("exactly one of every_n_steps and every_n_secs should be provided.")
         self._timer = SecondOrStepTimer(every_steps=every_n_steps, every_secs=every_n_secs)
-        _check_writer(summary_writer)
-        self._summary_writer: Any = summary_writer
-        self._output_dir = _checked_output_dir(output_dir)
+        self._summary_writer: Any
+        self._summary_writer, self._output_dir = _writer_or_run(summary_writer, _checked_output_dir(output_dir))
         self._last_global_step: int | None = None
         self._steps_per_run = 1
         self._global_step: Any = None

@@ -140,6 +140,10 @@ class SummaryWriter:
             log_dir = datetime.now().strftime("%b%d_%H-%M-%S") + "_" + socket.gethostname() + comment
         detected = detect_worker()
         self.log_dir = str(log_dir)
+        # The run path the senders use; `log_dir` is what callers read (a patched torch writer shows there the
+        # local directory it was given, as torch does).
+        self.run = self.log_dir
+        self._closed = False
         self.max_queue = max_queue
         self.flush_secs = flush_secs
         self.filename_suffix = filename_suffix
@@ -147,7 +151,7 @@ class SummaryWriter:
         self._world_size = world_size or detected.world_size
         self._framework = framework
         self._options = carried_or_made(sender_options.pop("options", None), address, sender_options)
-        self._sender = self._new_sender(self.log_dir)
+        self._sender = self._new_sender(self.run)
         # Import torch's builders now, on the constructing thread: a first import later, racing a fork of
         # another thread (a DataLoader worker), could leave the child holding the import lock.
         _builders()
@@ -166,7 +170,7 @@ class SummaryWriter:
 
     def _sub_sender(self, name: str) -> Sender:
         """The sender of the sub-run `<log_dir>/<name>` (add_scalars, add_hparams), opened on first use."""
-        run = f"{self.log_dir.rstrip('/')}/{name}"
+        run = f"{self.run.rstrip('/')}/{name}"
         sender = self._sub_senders.get(run)
         if sender is None:
             sender = self._sub_senders[run] = self._new_sender(run)
@@ -178,9 +182,15 @@ class SummaryWriter:
         return self._sender
 
     @property
-    def file_writer(self) -> SummaryWriter:
-        """This writer: it has the `add_summary`/`add_event` of torch's `FileWriter`, which some code reaches."""
-        return self
+    def file_writer(self) -> SummaryWriter | None:
+        """This writer, which has the `add_summary`/`add_event`/`get_logdir` of torch's `FileWriter` that some code
+        reaches; None once closed, as torch sets it."""
+        return None if self._closed else self
+
+    @property
+    def all_writers(self) -> dict[str, SummaryWriter] | None:
+        """`{get_logdir(): file_writer}` as torch keeps it; None once closed."""
+        return None if self._closed else {self.get_logdir(): self}
 
     @property
     def default_bins(self) -> list[float]:
@@ -651,6 +661,7 @@ class SummaryWriter:
         Returns within about `timeout` seconds (default the sender's `close_timeout`); the report says how
         many events could not be delivered. Pending projector uploads are finished first (within the timeout).
         """
+        self._closed = True
         senders = [self._sender, *self._sub_senders.values()]
         deadline = time.monotonic() + (self._options.close_timeout if timeout is None else timeout)
         if self._uploader is None:  # closed from the start: a later add_embedding is counted, not sent
@@ -660,6 +671,16 @@ class SummaryWriter:
             return _merge([s.close() for s in senders], self._uploader)
         reports = [s.close(max(0.0, deadline - time.monotonic())) for s in senders]
         return _merge(reports, self._uploader)
+
+    def reopen(self) -> None:
+        """After `close()`, log again to the same run in a new session (torch's `FileWriter.reopen`); nothing
+        while the writer is open."""
+        if not self._closed:
+            return
+        self._sender = self._new_sender(self.run)
+        self._sub_senders = {}
+        self._uploader = None
+        self._closed = False
 
     def __enter__(self) -> SummaryWriter:
         return self

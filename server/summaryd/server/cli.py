@@ -1,5 +1,5 @@
-"""`summaryd` command line: `serve`, `status`, `health`, `replay`; flags and `SUMMARYD_*` variables map onto
-`Config`."""
+"""`summaryd` command line: `serve`, `status`, `health`, `replay`, `run`, `ship`; flags and `SUMMARYD_*`
+variables map onto `Config`."""
 
 from __future__ import annotations
 
@@ -134,7 +134,54 @@ def _build_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.Argumen
     replay.add_argument("--timeout", type=float, default=30.0, help="seconds each call may take")
     replay.add_argument("--json", action="store_true", help="print one JSON object per spool")
     replay.add_argument("--keep", action="store_true", help="keep a delivered spool (replaying it again sends nothing)")
+    _add_zero_code_parsers(commands, subs)
     return parser, subs
+
+
+def _add_zero_code_parsers(commands: Any, subs: dict[str, argparse.ArgumentParser]) -> None:
+    """`run` and `ship`: logging through summaryd without a change to the training code."""
+    address_help = f"daemon HOST:PORT (env {ENV_PREFIX}ADDRESS, default {DEFAULT_ADDRESS})"
+    run = subs["run"] = commands.add_parser(
+        "run",
+        help="run a training command with torch's and tensorboardX's writers logging through summaryd",
+        description="Run COMMAND with summaryd in place of torch.utils.tensorboard.SummaryWriter and "
+        "tensorboardX.SummaryWriter (and their FileWriter): a sitecustomize put first on the child's PYTHONPATH "
+        "patches them at start-up, so Lightning, Transformers and Ignite log to the daemon unchanged. A "
+        "framework's local log_dir maps to a run below --run-root: relative paths as they are "
+        "(lightning_logs/version_0), absolute ones relative to the working directory when below it, else whole "
+        "without the leading '/'. Each rank of torchrun or accelerate launch writes to <run>/rank-N. With "
+        "--ship DIR a shipper follows DIR beside the command, for writers in native code (tf.summary). Prints a "
+        "banner, and at the end the writers' delivery report; exits with the command's code.",
+        usage="summaryd run [--address A] [--run-root R] [--ship DIR] -- COMMAND [ARG ...]",
+    )
+    run.add_argument("--address", default=None, help=address_help)
+    run.add_argument(
+        "--run-root",
+        default=None,
+        metavar="R",
+        help=f"run path the local log_dirs go below (env {ENV_PREFIX}RUN_ROOT, default: none, the log_dir alone)",
+    )
+    run.add_argument("--ship", default=None, metavar="DIR", help="also ship the event files written under DIR")
+    run.add_argument("--state", default=None, metavar="FILE", help="the shipper's checkpoint (see 'summaryd ship')")
+    run.add_argument("argv", nargs=argparse.REMAINDER, metavar="COMMAND", help="the command, after '--'")
+    ship = subs["ship"] = commands.add_parser(
+        "ship",
+        help="stream the event files written under DIR to the daemon, exactly once",
+        description="Tail the TensorBoard event files anything writes under DIR (tf.summary, flax/clu, any native "
+        "writer) and stream their records to the daemon exactly once: each directory holding tfevents files is a "
+        "run below --run; records pass through byte for byte (the daemon writes its own file_version record); a "
+        "record not yet whole at a file's end waits; new files (rotation) are followed. Offsets and session ids "
+        "are checkpointed durably in --state, so restarting the shipper or the daemon neither loses nor doubles "
+        "a record. --once ships what is there and exits; otherwise it follows until SIGTERM or SIGINT, then "
+        "drains. Token and TLS come from SUMMARYD_TOKEN and SUMMARYD_TLS_*.",
+    )
+    ship.add_argument("directory", metavar="DIR", help="the directory the event files are written under")
+    ship.add_argument("--run", required=True, help="run path DIR maps to under the daemon's logdir")
+    ship.add_argument("--once", action="store_true", help="ship what is there now, then exit")
+    ship.add_argument("--address", default=None, help=address_help)
+    ship.add_argument("--state", default=None, metavar="FILE", help="checkpoint file (default DIR/.summaryd-ship.json)")
+    ship.add_argument("--poll", type=float, default=0.5, metavar="SECS", help="seconds between looks at DIR")
+    ship.add_argument("--timeout", type=float, default=10.0, help="seconds each call to the daemon may take")
 
 
 def _add_channel_flags(parser: argparse.ArgumentParser) -> None:
@@ -277,6 +324,81 @@ def _replay(args: argparse.Namespace, sub: argparse.ArgumentParser) -> int:
     return 0 if all(r.ok for r in results) else 1
 
 
+def _run(args: argparse.Namespace, sub: argparse.ArgumentParser) -> int:
+    from pathlib import Path
+
+    from summaryd.client._environment import resolve_address
+    from summaryd.client._launch import run_command
+
+    command = args.argv[1:] if args.argv[:1] == ["--"] else args.argv
+    if not command:
+        sub.error("give the command to run after '--', e.g. summaryd run -- python train.py")
+    try:
+        address = resolve_address(args.address)
+    except ValueError as exc:
+        sub.error(str(exc))
+    run_root = args.run_root if args.run_root is not None else os.environ.get(ENV_PREFIX + "RUN_ROOT", "")
+    ship_dir = Path(args.ship) if args.ship else None
+    state = Path(args.state) if args.state else None
+    return run_command(command, address=address, run_root=run_root, ship_dir=ship_dir, state_path=state)
+
+
+def _ship(args: argparse.Namespace, sub: argparse.ArgumentParser) -> int:
+    import signal
+    import threading
+    from pathlib import Path
+
+    import grpc
+
+    from summaryd.client._shipper import ShipError, Shipper
+
+    directory = Path(args.directory)
+    if not directory.is_dir():
+        sub.error(f"{directory} is not a directory")
+
+    def progress(records: int, nbytes: int) -> None:
+        print(f"\rsummaryd ship: {records} records, {nbytes} bytes", end="", file=sys.stderr, flush=True)
+
+    try:
+        shipper = Shipper(
+            directory,
+            args.run,
+            address=args.address,
+            state_path=Path(args.state) if args.state else None,
+            rpc_timeout=args.timeout,
+            progress=progress if args.once and sys.stderr.isatty() else None,
+        )
+    except ValueError as exc:
+        sub.error(str(exc))
+    mode = "once" if args.once else "following until SIGTERM"
+    print(
+        f"summaryd ship: daemon {shipper.address}, run root {shipper.run}, {directory} ({mode})",
+        file=sys.stderr,
+        flush=True,
+    )
+    try:
+        if args.once:
+            totals = shipper.ship_once()
+            if sys.stderr.isatty():
+                print(file=sys.stderr)
+        else:
+            stop = threading.Event()
+            for signum in (signal.SIGTERM, signal.SIGINT):
+                signal.signal(signum, lambda *_: stop.set())
+            totals = shipper.follow(stop, args.poll)
+    except grpc.RpcError as exc:
+        code = exc.code() if isinstance(exc, grpc.Call) else None
+        shipper.totals.error = (
+            f"{code.name if code else 'ERROR'}: {exc.details() if isinstance(exc, grpc.Call) else exc}"
+        )
+        totals = shipper.totals
+    except ShipError as exc:
+        shipper.totals.error = str(exc)
+        totals = shipper.totals
+    print(f"summaryd ship: {totals.describe()}", file=sys.stderr)
+    return 1 if totals.error else 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the `summaryd` console script."""
     parser, subs = _build_parser()
@@ -293,6 +415,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _client_command(args, sub)
     if args.command == "replay":
         return _replay(args, sub)
+    if args.command == "run":
+        return _run(args, sub)
+    if args.command == "ship":
+        return _ship(args, sub)
     try:
         config = config_from(args, os.environ)
     except ValueError as exc:

@@ -1,0 +1,270 @@
+"""`patch()`: `torch.utils.tensorboard` and `tensorboardX` write through summaryd, without a change to the code.
+
+Their `SummaryWriter` and `FileWriter` are replaced by subclasses of `summaryd.client.SummaryWriter` that take
+the replaced class's constructor arguments. A module already imported is patched at once; one imported later is
+patched right after it runs (an import hook on `sys.meta_path`, as the auto-instrumentation tools do), so
+`patch()` never imports torch itself.
+
+Where the summaries go: the framework's local `log_dir` maps to a run path by `run_path()`, below the run root
+(`SUMMARYD_RUN_ROOT`). The writer keeps showing the local directory in `log_dir`/`get_logdir()` and creates it,
+as torch does, since frameworks write files of their own there (Lightning's `hparams.yaml`).
+"""
+
+from __future__ import annotations
+
+import atexit
+import importlib.abc
+import importlib.machinery
+import json
+import os
+import socket
+import sys
+import weakref
+from collections.abc import Callable, Sequence
+from datetime import datetime
+from types import ModuleType
+from typing import Any
+
+from summaryd.client._environment import detect_worker
+from summaryd.client._sender import DeliveryReport
+from summaryd.client.writer import SummaryWriter
+
+RUN_ROOT_ENV = "SUMMARYD_RUN_ROOT"
+# A file each patched writer appends its delivery report to when it closes (set by `summaryd run`).
+REPORT_ENV = "SUMMARYD_RUN_REPORT"
+
+
+def run_path(log_dir: str | os.PathLike[str], run_root: str = "", cwd: str | None = None) -> str:
+    """The run path a framework's local `log_dir` maps to, below `run_root`.
+
+    A relative directory keeps its path (`lightning_logs/version_0`); an absolute one is taken relative to the
+    working directory when it lies below it, else it keeps its whole path without the leading `/`
+    (`/scratch/exp/runs/x` → `scratch/exp/runs/x`), so two different directories never share a run. A URL
+    (`s3://bucket/logs`) drops its scheme. The directory itself (`.`) maps to the run root, else to the working
+    directory's name.
+    """
+    text = os.fspath(log_dir)
+    cwd = cwd or os.getcwd()
+    if "://" in text:
+        relative = text.partition("://")[2]
+    else:
+        absolute = os.path.normpath(os.path.join(cwd, text))
+        inside = absolute == cwd or absolute.startswith(cwd.rstrip(os.sep) + os.sep)
+        relative = os.path.relpath(absolute, cwd) if inside else absolute.lstrip(os.sep)
+    parts = [p for p in relative.replace(os.sep, "/").split("/") if p not in ("", ".")]
+    root = [p for p in run_root.split("/") if p not in ("", ".")]
+    return "/".join(root + parts) or os.path.basename(cwd.rstrip(os.sep)) or "run"
+
+
+def _worker() -> str | None:
+    """The launcher's worker label; else, under a `torch.distributed` job its launcher did not describe in the
+    environment (a framework that spawns its own ranks), `rank-N` from the process group."""
+    if detect_worker().label:
+        return None  # the writer reads the environment itself
+    distributed = sys.modules.get("torch.distributed")
+    if distributed is None or not distributed.is_available() or not distributed.is_initialized():
+        return None
+    return f"rank-{distributed.get_rank()}" if distributed.get_world_size() > 1 else None
+
+
+_live: weakref.WeakSet[PatchedWriter] = weakref.WeakSet()
+
+
+class PatchedWriter(SummaryWriter):
+    """A summaryd writer standing in for a framework's: the local directory it was given shows in `log_dir`."""
+
+    def __init__(
+        self, local_dir: str | os.PathLike[str], purge_step: int | None, framework: str, **options: Any
+    ) -> None:
+        local = os.fspath(local_dir)
+        worker = _worker()
+        extra: dict[str, Any] = {} if worker is None else {"worker": worker}
+        super().__init__(
+            run_path(local, os.environ.get(RUN_ROOT_ENV, "")),
+            purge_step=purge_step,
+            framework=framework,
+            **extra,
+            **options,
+        )
+        self.log_dir = local
+        if "://" not in local:
+            os.makedirs(local, exist_ok=True)
+        _live.add(self)
+
+    def _get_file_writer(self) -> PatchedWriter:
+        """torch's: the file writer, opened again after `close()` (Lightning's `log_hyperparams` reaches it)."""
+        self.reopen()
+        return self
+
+    def close(self, timeout: float | None = None) -> DeliveryReport:
+        was_open = not self._closed
+        report = super().close(timeout)
+        if was_open:  # each session once (a writer reopened reports again)
+            _append_report(self.run, report)
+        return report
+
+
+def _append_report(run: str, report: DeliveryReport) -> None:
+    path = os.environ.get(REPORT_ENV)
+    if not path:
+        return
+    line = json.dumps(
+        {"run": run, "delivered": report.delivered, "undelivered": report.undelivered, "dropped": dict(report.dropped)}
+    )
+    # One write of one line with O_APPEND: lines of several processes never interleave.
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+    try:
+        os.write(fd, (line + "\n").encode())
+    finally:
+        os.close(fd)
+
+
+def _default_dir(comment: str) -> str:
+    """torch's and tensorboardX's default: `runs/<Mon><DD>_<HH-MM-SS>_<host><comment>`."""
+    return os.path.join("runs", datetime.now().strftime("%b%d_%H-%M-%S") + "_" + socket.gethostname() + comment)
+
+
+class TorchSummaryWriter(PatchedWriter):
+    """`torch.utils.tensorboard.SummaryWriter`, logging through summaryd."""
+
+    def __init__(
+        self,
+        log_dir: str | os.PathLike[str] | None = None,
+        comment: str = "",
+        purge_step: int | None = None,
+        max_queue: int = 10,
+        flush_secs: int = 120,
+        filename_suffix: str = "",
+    ) -> None:
+        super().__init__(
+            log_dir or _default_dir(comment),
+            purge_step,
+            "torch",
+            max_queue=max_queue,
+            flush_secs=flush_secs,
+            filename_suffix=filename_suffix,
+        )
+
+
+class TorchFileWriter(PatchedWriter):
+    """`torch.utils.tensorboard.writer.FileWriter`, logging through summaryd."""
+
+    def __init__(
+        self, log_dir: str | os.PathLike[str], max_queue: int = 10, flush_secs: int = 120, filename_suffix: str = ""
+    ) -> None:
+        super().__init__(
+            log_dir, None, "torch", max_queue=max_queue, flush_secs=flush_secs, filename_suffix=filename_suffix
+        )
+
+
+class TensorboardXSummaryWriter(PatchedWriter):
+    """`tensorboardX.SummaryWriter`, logging through summaryd (`logdir` shows the local directory, as there)."""
+
+    def __init__(
+        self,
+        logdir: str | os.PathLike[str] | None = None,
+        comment: str = "",
+        purge_step: int | None = None,
+        max_queue: int = 10,
+        flush_secs: int = 120,
+        filename_suffix: str = "",
+        write_to_disk: bool = True,
+        log_dir: str | os.PathLike[str] | None = None,
+        **_ignored: Any,
+    ) -> None:
+        super().__init__(
+            log_dir or logdir or _default_dir(comment or ""),
+            purge_step,
+            "tensorboardX",
+            max_queue=max_queue,
+            flush_secs=flush_secs,
+            filename_suffix=filename_suffix,
+        )
+        self.logdir = self.log_dir
+
+
+class TensorboardXFileWriter(PatchedWriter):
+    """`tensorboardX.FileWriter`, logging through summaryd."""
+
+    def __init__(
+        self, logdir: str | os.PathLike[str], max_queue: int = 10, flush_secs: int = 120, filename_suffix: str = ""
+    ) -> None:
+        super().__init__(
+            logdir, None, "tensorboardX", max_queue=max_queue, flush_secs=flush_secs, filename_suffix=filename_suffix
+        )
+        self.logdir = self.log_dir
+
+
+# Module → the names replaced in it. A package re-exports from its `writer` module; both are patched.
+_REPLACEMENTS: dict[str, dict[str, type[PatchedWriter]]] = {
+    "torch.utils.tensorboard": {"SummaryWriter": TorchSummaryWriter, "FileWriter": TorchFileWriter},
+    "torch.utils.tensorboard.writer": {"SummaryWriter": TorchSummaryWriter, "FileWriter": TorchFileWriter},
+    "tensorboardX": {"SummaryWriter": TensorboardXSummaryWriter, "FileWriter": TensorboardXFileWriter},
+    "tensorboardX.writer": {"SummaryWriter": TensorboardXSummaryWriter, "FileWriter": TensorboardXFileWriter},
+}
+
+
+def _replace_in(module: ModuleType) -> None:
+    for name, replacement in _REPLACEMENTS[module.__name__].items():
+        if hasattr(module, name):
+            setattr(module, name, replacement)
+
+
+class _Loader(importlib.abc.Loader):
+    """Runs the module's own loader, then replaces its writers."""
+
+    def __init__(self, loader: importlib.abc.Loader, after: Callable[[ModuleType], None]) -> None:
+        self._loader = loader
+        self._after = after
+
+    def create_module(self, spec: importlib.machinery.ModuleSpec) -> ModuleType | None:
+        return self._loader.create_module(spec)
+
+    def exec_module(self, module: ModuleType) -> None:
+        self._loader.exec_module(module)
+        self._after(module)
+
+
+class _PostImportFinder(importlib.abc.MetaPathFinder):
+    """Finds the modules to patch with the other finders, and wraps their loaders."""
+
+    def find_spec(
+        self, fullname: str, path: Sequence[str] | None, target: ModuleType | None = None
+    ) -> importlib.machinery.ModuleSpec | None:
+        if fullname not in _REPLACEMENTS:
+            return None
+        for finder in sys.meta_path:
+            find = getattr(finder, "find_spec", None) if finder is not self else None
+            spec: importlib.machinery.ModuleSpec | None = find(fullname, path, target) if find is not None else None
+            if spec is not None and spec.loader is not None:
+                spec.loader = _Loader(spec.loader, _replace_in)
+                return spec
+        return None
+
+
+_finder = _PostImportFinder()
+
+
+def patch() -> None:
+    """Make `torch.utils.tensorboard` and `tensorboardX` log through summaryd in this process.
+
+    Their `SummaryWriter` and `FileWriter` become summaryd writers taking the same arguments (so Lightning's
+    `TensorBoardLogger` and Transformers' `TensorBoardCallback` log to the daemon unchanged), whether those
+    modules are imported already or later. A framework's local `log_dir` maps to a run path below
+    `SUMMARYD_RUN_ROOT` (see `run_path`); the daemon's address comes from `SUMMARYD_ADDRESS`. Calling it again
+    does nothing more.
+    """
+    for name in _REPLACEMENTS:
+        module = sys.modules.get(name)
+        if module is not None:
+            _replace_in(module)
+    if _finder not in sys.meta_path:
+        sys.meta_path.insert(0, _finder)
+        # After the senders' own exit handlers (atexit runs the last registered first): a writer the framework
+        # never closed reports what became of its events.
+        atexit.register(_close_live)
+
+
+def _close_live() -> None:
+    for writer in list(_live):
+        writer.close()

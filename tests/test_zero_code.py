@@ -1,0 +1,199 @@
+"""`summaryd run` and `summaryd.client.patch()`: torch's and tensorboardX's writers log through the daemon.
+
+Each script runs in a child process, as a user's would: the patch changes the modules of the process it is in.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from _support import Daemon, event_files, read_events
+from summaryd.client._patch import run_path
+
+ATTRIBUTES = textwrap.dedent(
+    """
+    import json, os, sys
+    from torch.utils.tensorboard import SummaryWriter
+    from torch.utils.tensorboard.writer import FileWriter
+    import tensorboardX
+
+    seen = {}
+    writer = SummaryWriter("runs/torch")
+    seen["class"] = type(writer).__module__
+    seen["log_dir"], seen["get_logdir"] = writer.log_dir, writer.get_logdir()
+    seen["local_dir_made"] = os.path.isdir("runs/torch")
+    seen["file_writer_is_writer"] = writer.file_writer is writer
+    seen["all_writers"] = list(writer.all_writers)
+    for step in range(5):
+        writer.add_scalar("loss", step / 2, step)
+    writer.flush()
+    writer.close()
+    seen["file_writer_closed"] = writer.file_writer
+    seen["all_writers_closed"] = writer.all_writers
+    writer._get_file_writer().add_scalar("after", 1.0, 9)  # torch's writer reopens, as Lightning expects
+    writer.close()
+
+    x = tensorboardX.SummaryWriter(logdir=os.path.abspath("tbx/run"))
+    seen["x_logdir"] = x.logdir
+    x.add_scalar("acc", 0.25, 1)
+    x.close()
+    f = FileWriter("plain")
+    seen["file_writer_class"] = type(f).__name__
+    f.close()
+    seen["chained"] = os.environ.get("CHAINED")
+    print(json.dumps(seen))
+    """
+)
+
+
+def summaryd_run(cwd: Path, *args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    """`summaryd run ARGS` as a user runs it, in `cwd`."""
+    return subprocess.run(
+        [sys.executable, "-m", "summaryd.server", "run", *args],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+
+
+def scalars(run_dir: Path) -> list[tuple[str, int, float]]:
+    return [
+        (v.tag, e.step, v.simple_value)
+        for path in event_files(run_dir)
+        for e in read_events(path)
+        for v in e.summary.value
+    ]
+
+
+@pytest.mark.parametrize(
+    ("log_dir", "root", "expected"),
+    [
+        ("lightning_logs/version_0", "", "lightning_logs/version_0"),
+        ("./output/runs/Dec01_10-00-00_host", "exp", "exp/output/runs/Dec01_10-00-00_host"),
+        ("/work/job/output/runs/x", "", "output/runs/x"),  # below the working directory
+        ("/scratch/runs/x", "sweep/a", "sweep/a/scratch/runs/x"),
+        ("../elsewhere/x", "", "work/elsewhere/x"),
+        ("s3://bucket/logs/x", "r", "r/bucket/logs/x"),
+        (".", "r", "r"),
+        (".", "", "job"),
+    ],
+)
+def test_a_local_log_dir_maps_to_a_run_path(log_dir: str, root: str, expected: str) -> None:
+    assert run_path(log_dir, root, cwd="/work/job") == expected
+
+
+def test_summaryd_run_patches_torch_and_tensorboardx_writers(daemon: Daemon, tmp_path: Path) -> None:
+    work = tmp_path / "work"
+    work.mkdir()
+    (work / "train.py").write_text(ATTRIBUTES)
+    # A sitecustomize of the user's own, which ours must still run.
+    theirs = tmp_path / "theirs"
+    theirs.mkdir()
+    (theirs / "sitecustomize.py").write_text("import os\nos.environ['CHAINED'] = 'yes'\n")
+    env = {**os.environ, "PYTHONPATH": str(theirs)}
+    done = summaryd_run(
+        work, "--address", daemon.address, "--run-root", "exp", "--", sys.executable, "train.py", env=env
+    )
+    assert done.returncode == 0, done.stderr
+    seen = json.loads(done.stdout.splitlines()[-1])
+    assert seen == {
+        "class": "summaryd.client._patch",
+        "log_dir": "runs/torch",
+        "get_logdir": "runs/torch",
+        "local_dir_made": True,
+        "file_writer_is_writer": True,
+        "all_writers": ["runs/torch"],
+        "file_writer_closed": None,
+        "all_writers_closed": None,
+        "x_logdir": str(work / "tbx" / "run"),
+        "file_writer_class": "TorchFileWriter",
+        "chained": "yes",
+    }
+    lines = done.stderr.splitlines()
+    assert lines[0] == f"summaryd run: daemon {daemon.address}, run root exp: {sys.executable} train.py"
+    assert lines[-1] == "summaryd run: 4 writers delivered 7 events, 0 undelivered, dropped none"
+    assert scalars(daemon.logdir / "exp" / "runs" / "torch") == [
+        *(("loss", step, step / 2) for step in range(5)),
+        ("after", 9, 1.0),
+    ]
+    assert scalars(daemon.logdir / "exp" / "tbx" / "run") == [("acc", 1, 0.25)]
+
+
+def test_summaryd_run_exits_with_the_command_s_code(daemon: Daemon, tmp_path: Path) -> None:
+    done = summaryd_run(tmp_path, "--address", daemon.address, "--", sys.executable, "-c", "raise SystemExit(3)")
+    assert done.returncode == 3, done.stderr
+    assert "0 writers delivered 0 events" in done.stderr
+    usage = summaryd_run(tmp_path)
+    assert usage.returncode == 2 and "give the command to run after '--'" in usage.stderr
+
+
+def test_patch_in_code_replaces_writers_imported_before_and_after(daemon: Daemon, tmp_path: Path) -> None:
+    script = textwrap.dedent(
+        """
+        import tensorboardX
+        import summaryd.client
+        summaryd.client.patch()
+        summaryd.client.patch()  # twice: nothing more
+        from torch.utils.tensorboard import SummaryWriter
+        assert tensorboardX.SummaryWriter.__name__ == "TensorboardXSummaryWriter"
+        with SummaryWriter("logs/a") as w:
+            w.add_scalar("x", 2.0, 3)
+        """
+    )
+    env = {**os.environ, "SUMMARYD_ADDRESS": daemon.address}
+    done = subprocess.run(
+        [sys.executable, "-c", script], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120, check=False
+    )
+    assert done.returncode == 0, done.stderr
+    assert scalars(daemon.logdir / "logs" / "a") == [("x", 3, 2.0)]
+
+
+def test_summaryd_run_ships_what_native_writers_write_beside_the_command(daemon: Daemon, tmp_path: Path) -> None:
+    """`--ship DIR`: event files the command writes itself (as a native writer does) reach the daemon by the time
+    `summaryd run` exits, below the run root."""
+    script = textwrap.dedent(
+        """
+        import sys
+        from tensorboard.compat.proto.event_pb2 import Event
+        from summaryd.v1.wire import frame
+
+        def event(**fields):
+            return frame(Event(wall_time=1.5, **fields).SerializeToString())
+
+        with open(sys.argv[1] + "/events.out.tfevents.1.host", "wb") as f:
+            f.write(event(file_version="brain.Event:2"))
+            for step in range(7):
+                e = Event(wall_time=1.5, step=step)
+                e.summary.value.add(tag="native", simple_value=step)
+                f.write(frame(e.SerializeToString()))
+        """
+    )
+    native = tmp_path / "native"
+    native.mkdir()
+    done = summaryd_run(
+        tmp_path,
+        "--address",
+        daemon.address,
+        "--run-root",
+        "job",
+        "--ship",
+        str(native),
+        "--",
+        sys.executable,
+        "-c",
+        script,
+        str(native),
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stderr.splitlines()[-1].startswith("summaryd run: ship delivered 7 records")
+    assert scalars(daemon.logdir / "job") == [("native", step, float(step)) for step in range(7)]
