@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import TypeVar
 
 from summaryd.server.event_check import check_and_frame
-from summaryd.server.event_file import EventFile, next_name
+from summaryd.server.event_file import EventFile, EventSink, next_name
 from summaryd.server.journal import FileJournal
 from summaryd.server.limits import DEFAULT, LimitError, Limits
 from summaryd.server.metrics import Metrics
@@ -64,6 +64,7 @@ class RunWriter:
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     metrics: Metrics | None = None
     limits: Limits = DEFAULT
+    sink: EventSink | None = None
 
     async def write(self, session_id: str, last: int, events: Sequence[bytes]) -> None:
         """Check, frame and append one batch of `session_id` ending at sequence `last`; returns when the batch
@@ -76,6 +77,8 @@ class RunWriter:
                 started = time.perf_counter()
                 size_before = self.bytes_written
                 await run_to_completion(self.executor, lambda: self._write_blocking(session_id, last, events))
+                if self.sink is not None and self.file is not None:
+                    self.sink.appended(self.run_dir, self.file.name, self.file.size)
         finally:
             if metrics is not None:
                 metrics.write_queue.dec()
@@ -143,7 +146,10 @@ class RunWriter:
     async def close(self) -> None:
         """Sync and close the file, record its sessions in the store, then close the directory descriptor."""
         async with self.lock:
+            file = self.file
             await run_to_completion(self.executor, self._close_blocking)
+            if self.sink is not None and file is not None:
+                self.sink.closed(self.run_dir, file.name, file.size)
 
     def _close_blocking(self) -> None:
         try:
@@ -190,9 +196,16 @@ class RunRegistry:
     """
 
     def __init__(
-        self, logdir: str, executor: Executor, journal_dir_fd: int, store: SessionStore, metrics: Metrics | None = None
+        self,
+        logdir: str,
+        executor: Executor,
+        journal_dir_fd: int,
+        store: SessionStore,
+        metrics: Metrics | None = None,
+        sink: EventSink | None = None,
     ) -> None:
         self.metrics = metrics
+        self.sink = sink
         os.makedirs(logdir, exist_ok=True)
         self.logdir = os.path.realpath(logdir)
         self.logdir_fd = os.open(self.logdir, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
@@ -235,6 +248,7 @@ class RunRegistry:
                     self.store,
                     metrics=self.metrics,
                     limits=limits,
+                    sink=self.sink,
                 )
                 self._runs[run_dir] = writer
             writer.sessions += 1
@@ -261,4 +275,6 @@ class RunRegistry:
                 await writer.close()
             except OSError:
                 log.exception("run %s: closing the event file failed", writer.run_dir)
+        if self.sink is not None:
+            await self.sink.drain()
         os.close(self.logdir_fd)
