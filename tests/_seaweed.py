@@ -106,7 +106,7 @@ class SeaweedServer:
         if self.proc.poll() is None:
             os.kill(self.proc.pid, signal.SIGTERM)
             try:
-                self.proc.wait(20)
+                self.proc.wait(5)
             except subprocess.TimeoutExpired:
                 os.kill(self.proc.pid, signal.SIGKILL)
                 self.proc.wait()

@@ -22,7 +22,7 @@ class BucketError(Exception):
     """The bucket refused or failed a call; the message says which and why."""
 
 
-class PreconditionFailed(BucketError):
+class PreconditionFailedError(BucketError):
     """A conditional write lost: the object exists already (create) or changed since it was read (replace)."""
 
 
@@ -80,8 +80,8 @@ class Bucket:
 
         self.url = url.rstrip("/")
         scheme, _, _ = split_url(url)
-        self._store: ObjectStore = store if store is not None else from_url(
-            self.url, **(_s3_options() if scheme == "s3" else {})
+        self._store: ObjectStore = (
+            store if store is not None else from_url(self.url, **(_s3_options() if scheme == "s3" else {}))
         )
 
     async def put(self, key: str, data: bytes | memoryview) -> str:
@@ -98,7 +98,7 @@ class Bucket:
         """Write `key` only if no object is there; return its ETag.
 
         Raises:
-            PreconditionFailed: an object exists at `key`.
+            PreconditionFailedError: an object exists at `key`.
         """
         return await self._conditional_put(key, data, "create")
 
@@ -106,7 +106,7 @@ class Bucket:
         """Write `key` only if it is still the version `etag`; return the new ETag.
 
         Raises:
-            PreconditionFailed: the object changed (or vanished) since that version was read.
+            PreconditionFailedError: the object changed (or vanished) since that version was read.
         """
         return await self._conditional_put(key, data, {"e_tag": etag})
 
@@ -116,8 +116,8 @@ class Bucket:
 
         try:
             result = await obstore.put_async(self._store, key, data, mode=mode)
-        except (AlreadyExistsError, PreconditionError, NotFoundError) as exc:
-            raise PreconditionFailed(f"{self.url}/{key}: {_reason(exc)}") from None
+        except (AlreadyExistsError, PreconditionError, NotFoundError, FileNotFoundError) as exc:
+            raise PreconditionFailedError(f"{self.url}/{key}: {_reason(exc)}") from None
         except Exception as exc:
             raise BucketError(f"{self.url}/{key}: conditional write failed: {_reason(exc)}") from exc
         return result["e_tag"] or ""
@@ -130,7 +130,7 @@ class Bucket:
         try:
             result = await obstore.get_async(self._store, key)
             data = await result.bytes_async()
-        except NotFoundError:
+        except (NotFoundError, FileNotFoundError):  # obstore raises the latter for a missing object
             return None
         except Exception as exc:
             raise BucketError(f"{self.url}/{key}: read failed: {_reason(exc)}") from exc

@@ -101,7 +101,9 @@ class Config:
         300.0, "with a bucket --logdir: the longest new events of an old run wait before they are uploaded", "SECS"
     )
     seal_bytes: int = _option(
-        16 * 1024 * 1024, "with a bucket --logdir: a run's segment is uploaded at once when it reaches this size", "BYTES"
+        16 * 1024 * 1024,
+        "with a bucket --logdir: a run's segment is uploaded at once when it reaches this size",
+        "BYTES",
     )
 
     token_file: str = _option(

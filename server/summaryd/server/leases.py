@@ -6,10 +6,10 @@ be sent to, and when the lease expires (wall-clock seconds). The rules:
 
 - **acquire**: no lease object → create it with If-None-Match (two daemons racing: one wins, the other reads the
   winner's); the holder's own lease → renew it; someone else's that has expired → replace it with If-Match on
-  the ETag just read (two daemons taking over at once: one wins); someone else's live lease → `LeaseHeld`,
+  the ETag just read (two daemons taking over at once: one wins); someone else's live lease → `LeaseHeldError`,
   which names the holder's address;
 - **renew**: replace with If-Match on the ETag of the holder's last write; a mismatch means another daemon took
-  the lease over (`LeaseLost`), and the holder must stop writing the run;
+  the lease over (`LeaseLostError`), and the holder must stop writing the run;
 - **release**: an expired lease written the same way, so that the next daemon need not wait.
 
 Expiry compares the lease's wall-clock deadline with the reader's clock, so daemons' clocks must agree to well
@@ -18,18 +18,19 @@ within the lease's duration (NTP does).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from summaryd.server.bucket import Bucket, PreconditionFailed
+from summaryd.server.bucket import Bucket, PreconditionFailedError
 
 LEASE_PREFIX = ".summaryd/leases/"
 LEASE_SUFFIX = ".lease"
 
 
-class LeaseHeld(Exception):
+class LeaseHeldError(Exception):
     """Another daemon holds the run's lease; clients belong at `address`."""
 
     def __init__(self, run_dir: str, holder: str, address: str, expires: float) -> None:
@@ -40,7 +41,7 @@ class LeaseHeld(Exception):
         self.expires = expires
 
 
-class LeaseLost(Exception):
+class LeaseLostError(Exception):
     """The lease was taken over (or removed) since this daemon last wrote it."""
 
 
@@ -84,7 +85,7 @@ class RunLeases:
         """Take (or renew) the lease of `run_dir`.
 
         Raises:
-            LeaseHeld: another daemon holds a live lease on the run.
+            LeaseHeldError: another daemon holds a live lease on the run.
         """
         key = lease_key(run_dir)
         # Two rounds: a lost race (create or take-over) is answered by reading what the winner wrote.
@@ -93,37 +94,35 @@ class RunLeases:
             if current is None:
                 try:
                     return await self._write(run_dir, key, None)
-                except PreconditionFailed:
+                except PreconditionFailedError:
                     continue
             if current.holder != self.holder and current.expires > self._clock():
-                raise LeaseHeld(run_dir, current.holder, current.address, current.expires)
+                raise LeaseHeldError(run_dir, current.holder, current.address, current.expires)
             try:
                 return await self._write(run_dir, key, current.etag)
-            except PreconditionFailed:
+            except PreconditionFailedError:
                 continue
         current = await self.read(run_dir)
         if current is not None and current.holder != self.holder:
-            raise LeaseHeld(run_dir, current.holder, current.address, current.expires)
-        raise LeaseLost(f"run {run_dir}: the lease changed under every attempt to take it")
+            raise LeaseHeldError(run_dir, current.holder, current.address, current.expires)
+        raise LeaseLostError(f"run {run_dir}: the lease changed under every attempt to take it")
 
     async def renew(self, lease: Lease) -> Lease:
         """Extend `lease` by the duration from now.
 
         Raises:
-            LeaseLost: the lease is no longer the version this daemon wrote.
+            LeaseLostError: the lease is no longer the version this daemon wrote.
         """
         try:
             return await self._write(lease.run_dir, lease_key(lease.run_dir), lease.etag)
-        except PreconditionFailed:
-            raise LeaseLost(f"run {lease.run_dir}: the lease was taken over") from None
+        except PreconditionFailedError:
+            raise LeaseLostError(f"run {lease.run_dir}: the lease was taken over") from None
 
     async def release(self, lease: Lease) -> None:
         """Give the lease up (write it expired), unless it was taken over already."""
         expired = Lease(lease.run_dir, self.holder, self.address, 0.0, lease.etag)
-        try:
+        with contextlib.suppress(PreconditionFailedError):
             await self.bucket.replace(lease_key(lease.run_dir), expired.document(), lease.etag)
-        except PreconditionFailed:
-            pass
 
     async def read(self, run_dir: str) -> Lease | None:
         """The run's lease as stored, or None when there is none (or it cannot be parsed: then it is replaced)."""

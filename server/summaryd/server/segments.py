@@ -28,6 +28,7 @@ when it starts again (`recover`), before it serves. A fully uploaded, closed fil
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import time
@@ -97,6 +98,8 @@ class StagedFile:
     closed: bool = False
     segments: int = 0
     last_upload: float | None = None
+    boundaries: list[int] = field(default_factory=list)
+    """Sizes the writer reported since the last upload: where a segment may end (whole batches)."""
 
     @property
     def pending(self) -> int:
@@ -119,7 +122,9 @@ class UploadCounters:
             return cls()
         return cls(
             _objects=Counter("summaryd_segments_uploaded", "Event-file segments uploaded.", registry=registry),
-            _bytes=Counter("summaryd_segment_bytes_uploaded", "Bytes of event-file segments uploaded.", registry=registry),
+            _bytes=Counter(
+                "summaryd_segment_bytes_uploaded", "Bytes of event-file segments uploaded.", registry=registry
+            ),
         )
 
     def count(self, size: int) -> None:
@@ -167,6 +172,8 @@ class SegmentShipper:
         staged = self._files.get((run_dir, name))
         if staged is None:
             staged = self._files[(run_dir, name)] = StagedFile(run_dir, name, started=now)
+        if size > staged.size:
+            staged.boundaries.append(size)
         staged.size = size
         if staged.pending_since is None and staged.pending > 0:
             staged.pending_since = now
@@ -240,10 +247,8 @@ class SegmentShipper:
             except Exception:
                 log.exception("uploading segments failed")
             delay = tick if not self._failures else _RETRY_SECS[min(self._failures, len(_RETRY_SECS)) - 1]
-            try:
+            with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._wake.wait(), timeout=delay)
-            except TimeoutError:
-                pass
 
     async def ship(self, force: bool = False) -> None:
         """Upload the segments that are due (all pending bytes with `force`), runs side by side."""
@@ -256,10 +261,8 @@ class SegmentShipper:
 
     async def _ship_run(self, files: list[StagedFile], force: bool) -> bool:
         """Ship one run's files in name order; stop at the first failure (order must hold). True when all went."""
-        now = self._clock()
         for staged in files:
-            pending_age = 0.0 if staged.pending_since is None else now - staged.pending_since
-            if force or staged.closed or self.policy.due(staged.pending, pending_age, now - staged.started):
+            while staged.pending > 0 and (force or staged.closed or self._due(staged)):
                 if not await self._upload(staged, raise_errors=False):
                     return False
             if staged.closed and staged.pending == 0:
@@ -267,9 +270,21 @@ class SegmentShipper:
                 self._files.pop((staged.run_dir, staged.name), None)
         return True
 
+    def _due(self, staged: StagedFile) -> bool:
+        now = self._clock()
+        pending_age = 0.0 if staged.pending_since is None else now - staged.pending_since
+        return self.policy.due(staged.pending, pending_age, now - staged.started)
+
+    def _segment_end(self, staged: StagedFile) -> int:
+        """Where the next segment ends: at the last batch that fits in `seal_bytes` (at least one batch)."""
+        start = staged.uploaded
+        ends = [end for end in staged.boundaries if end > start] or [staged.size]
+        fitting = [end for end in ends if end - start <= self.policy.seal_bytes]
+        return fitting[-1] if fitting else ends[0]
+
     async def _upload(self, staged: StagedFile, raise_errors: bool) -> bool:
-        """Upload `staged`'s pending bytes as one segment. False (or raises) when the bucket refused."""
-        start, end = staged.uploaded, staged.size
+        """Upload the next segment of `staged`'s pending bytes. False (or raises) when the bucket refused."""
+        start, end = staged.uploaded, self._segment_end(staged)
         if end <= start:
             return True
         loop = asyncio.get_running_loop()
@@ -286,6 +301,7 @@ class SegmentShipper:
             return False
         self.counters.count(end - start)
         staged.uploaded = end
+        staged.boundaries = [size for size in staged.boundaries if size > end]
         staged.segments += 1
         staged.last_upload = time.time()
         staged.pending_since = self._clock() if staged.pending > 0 else None
