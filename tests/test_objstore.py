@@ -22,7 +22,6 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import obstore
 import pytest
 from tensorboard.compat.proto.event_pb2 import Event
 
@@ -84,6 +83,8 @@ def prefix_of(url: str) -> str:
 
 def segments(seaweed: SeaweedServer, url: str, run: str) -> list[tuple[str, int]]:
     """`(key, size)` of every segment of `run`, in key order."""
+    import obstore  # the s3 extra: imported when run, so that the default tier collects this module without it
+
     store = seaweed.store(BUCKET, prefix_of(url))
     found = [(meta["path"], meta["size"]) for meta in obstore.list(store, run + "/").collect()]
     return sorted((key, size) for key, size in found if parse_segment(key) is not None)
@@ -91,6 +92,8 @@ def segments(seaweed: SeaweedServer, url: str, run: str) -> list[tuple[str, int]
 
 def steps_from_bucket(seaweed: SeaweedServer, url: str, run: str, into: Path) -> collections.Counter[int]:
     """How often each step occurs in `run`'s segments, each read whole with TensorBoard's loader."""
+    import obstore
+
     store = seaweed.store(BUCKET, prefix_of(url))
     into.mkdir(parents=True, exist_ok=True)
     steps: collections.Counter[int] = collections.Counter()
@@ -354,6 +357,8 @@ def test_daemon_killed_mid_run_uploads_its_staged_segment_at_restart(
 
 def read_events_first(seaweed: SeaweedServer, url: str, key: str) -> bytes:
     """The first record of a segment (its `file_version` when it begins a file)."""
+    import obstore
+
     data = bytes(obstore.get(seaweed.store(BUCKET, prefix_of(url)), key).bytes())
     length = int.from_bytes(data[:8], "little")
     return data[12 : 12 + length]
