@@ -362,3 +362,27 @@ def read_events_first(seaweed: SeaweedServer, url: str, key: str) -> bytes:
     data = bytes(obstore.get(seaweed.store(BUCKET, prefix_of(url)), key).bytes())
     length = int.from_bytes(data[:8], "little")
     return data[12 : 12 + length]
+
+
+def test_shutdown_uploads_every_staged_event(tmp_path: Path, seaweed: SeaweedServer, logdir_url: str) -> None:
+    daemon = start_bucket_daemon(tmp_path, logdir_url, "--seal-secs", "3600")
+    writer = SummaryWriter("drain", address=daemon.address)
+    for step in range(120):
+        writer.add_scalar("loss", float(step), step)
+    writer.flush()
+    assert segments(seaweed, logdir_url, "drain") == []
+    assert daemon.terminate() == 0  # SIGTERM: files closed, then every pending byte sealed and uploaded
+    assert staging_settled(tmp_path, "drain")
+    assert steps_from_bucket(seaweed, logdir_url, "drain", tmp_path / "read") == collections.Counter(range(120))
+    writer.close(timeout=1)
+
+
+def test_a_bucket_that_does_not_exist_stops_the_start_in_one_line(
+    tmp_path: Path, seaweed: SeaweedServer, logdir_url: str
+) -> None:
+    argv = [sys.executable, "-m", "summaryd.server", "serve", "--logdir", "s3://no-such-bucket-here/runs"]
+    argv += ["--state-dir", str(tmp_path / "state"), "--listen", "127.0.0.1:0"]
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=120, check=False)
+    assert done.returncode == 1, done.stderr
+    errors = [line for line in done.stderr.splitlines() if " ERROR " in line]
+    assert len(errors) == 1 and "s3://no-such-bucket-here/runs" in errors[0], done.stderr

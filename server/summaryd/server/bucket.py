@@ -148,6 +148,21 @@ class Bucket:
             raise BucketError(f"{self.url}/{prefix}: listing failed: {_reason(exc)}") from exc
         return sorted(found, key=lambda info: info.key)
 
+    async def check(self) -> None:
+        """List one object, to learn at start-up that the bucket exists and these credentials may read it.
+
+        Raises:
+            BucketError: naming what the store answered.
+        """
+        import obstore
+
+        try:
+            stream = obstore.list(self._store, None, chunk_size=1)
+            async for _ in stream:
+                break
+        except Exception as exc:
+            raise BucketError(f"{self.url}: cannot list the bucket: {_reason(exc)}") from exc
+
     async def delete(self, key: str) -> None:
         """Delete `key` (no error when it is gone already)."""
         import obstore

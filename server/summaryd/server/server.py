@@ -402,9 +402,10 @@ def _segment_shipper(config: Config, executor: ThreadPoolExecutor, metrics: Metr
 async def _ship_leftovers(shipper: SegmentShipper, config: Config) -> None:
     """Upload what a stopped daemon staged, before serving (new segments must sort after it), then start."""
     try:
+        await shipper.bucket.check()
         await shipper.recover()
     except BucketError as exc:
-        raise StartupError(f"cannot upload the staged events to --logdir {config.logdir}: {exc}") from None
+        raise StartupError(f"cannot start on --logdir {config.logdir}: {exc}") from None
     shipper.start()
 
 
