@@ -70,8 +70,12 @@ class SeaweedServer:
     """One `weed server` process with its S3 gateway."""
 
     proc: subprocess.Popen[bytes]
-    s3_port: int
+    ports: list[int]
     log_path: Path
+
+    @property
+    def s3_port(self) -> int:
+        return self.ports[0]
 
     @property
     def endpoint(self) -> str:
@@ -115,12 +119,13 @@ class SeaweedServer:
                 self.proc.wait()
 
 
-def start_seaweed(data_dir: Path, timeout: float = 90.0) -> SeaweedServer:
-    """Start SeaweedFS on loopback and wait until its S3 gateway answers."""
+def start_seaweed(data_dir: Path, ports: list[int] | None = None, timeout: float = 90.0) -> SeaweedServer:
+    """Start SeaweedFS on loopback (on `ports`: S3, master, volume, filer; else free ones) and wait until its
+    S3 gateway answers."""
     data_dir.mkdir(parents=True, exist_ok=True)
-    s3, master, volume, filer = twin_free_ports(4)
-    log_path = data_dir / "weed.log"
-    with open(log_path, "wb") as log:
+    s3, master, volume, filer = ports = ports or twin_free_ports(4)
+    log_path = data_dir / f"weed-{time.monotonic_ns()}.log"
+    with open(log_path, "ab") as log:
         proc = subprocess.Popen(
             [
                 str(weed_binary()),
@@ -140,8 +145,11 @@ def start_seaweed(data_dir: Path, timeout: float = 90.0) -> SeaweedServer:
             stdout=log,
             stderr=subprocess.STDOUT,
             start_new_session=True,
+            # SeaweedFS takes AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY as its admin identity and then refuses
+            # anonymous calls (the bucket creation below): it runs with no identity at all.
+            env={name: value for name, value in os.environ.items() if not name.startswith("AWS_")},
         )
-    server = SeaweedServer(proc, s3, log_path)
+    server = SeaweedServer(proc, ports, log_path)
     deadline = time.monotonic() + timeout
     while True:
         if proc.poll() is not None or time.monotonic() > deadline:

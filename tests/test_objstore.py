@@ -386,3 +386,32 @@ def test_a_bucket_that_does_not_exist_stops_the_start_in_one_line(
     assert done.returncode == 1, done.stderr
     errors = [line for line in done.stderr.splitlines() if " ERROR " in line]
     assert len(errors) == 1 and "s3://no-such-bucket-here/runs" in errors[0], done.stderr
+
+
+def test_uploads_wait_while_the_store_is_down_and_go_through_once_it_is_back(
+    tmp_path: Path, logdir_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A store of this test's own, stopped (SIGKILL) and started again on the same ports and data.
+    store = start_seaweed(tmp_path / "weed")
+    try:
+        create_bucket(store, BUCKET)
+        for name, value in store.environment().items():
+            monkeypatch.setenv(name, value)
+        daemon = start_bucket_daemon(tmp_path, logdir_url, "--seal-secs", "0.2")
+        with SummaryWriter("outage", address=daemon.address) as writer:
+            for step in range(100):
+                writer.add_scalar("loss", float(step), step)
+            writer.flush()
+            wait_for(lambda: segments(store, logdir_url, "outage"), 30, "a first segment")
+            store.proc.kill()
+            store.proc.wait(30)
+            for step in range(100, 200):
+                writer.add_scalar("loss", float(step), step)
+            writer.flush()  # acknowledged: staged and journaled, not uploaded
+            store = start_seaweed(tmp_path / "weed", store.ports)
+        wait_for(lambda: staging_settled(tmp_path, "outage"), 240, "the staged events to be uploaded")
+        daemon.terminate()
+        steps = steps_from_bucket(store, logdir_url, "outage", tmp_path / "read")
+        assert steps == collections.Counter(range(200)), "lost or doubled steps"
+    finally:
+        store.stop()
