@@ -219,9 +219,12 @@ async def test_two_daemons_racing_for_a_new_run_one_wins(logdir_url: str) -> Non
 # Through a daemon.
 
 
+@pytest.mark.parametrize("multifile", ["false", "true"], ids=["directory-watcher", "directory-loader"])
 def test_tensorboard_serves_every_scalar_from_the_bucket_while_the_run_is_open(
-    tmp_path: Path, seaweed: SeaweedServer, logdir_url: str, tensorboard_venv: Path
+    tmp_path: Path, seaweed: SeaweedServer, logdir_url: str, tensorboard_venv: Path, multifile: str
 ) -> None:
+    """Both of TensorBoard's Python loaders: the directory watcher (one file after another, never back) and,
+    with `--reload_multifile`, the directory loader (every file whose name contains `tfevents`)."""
     daemon = start_bucket_daemon(tmp_path, logdir_url, "--seal-secs", "1")
     env = {k: v for k, v in os.environ.items() if not k.startswith("PYTHON")}
     tb_log = tmp_path / "tensorboard.log"
@@ -239,6 +242,8 @@ def test_tensorboard_serves_every_scalar_from_the_bucket_while_the_run_is_open(
                 "1",
                 "--load_fast",
                 "false",
+                "--reload_multifile",
+                multifile,
             ],
             stdout=out,
             stderr=subprocess.STDOUT,
@@ -261,15 +266,18 @@ def test_tensorboard_serves_every_scalar_from_the_bucket_while_the_run_is_open(
             except urllib.error.HTTPError:
                 return []
 
-        logged = [(step, step * 0.25) for step in range(300)]
-        for step, value in logged:
-            writer.add_scalar("loss", value, step)
-        writer.flush()
-        # Sealed by age (1 s) while the session is open, read by the next reload (1 s): no close needed.
-        wait_for(lambda: len(scalars()) == len(logged), 60, f"TensorBoard to serve {len(logged)} points")
-        assert [(p[1], p[2]) for p in scalars()] == logged
+        logged: list[tuple[int, float]] = []
+        # Two rounds: the second round's segment (no `file_version`) comes after TensorBoard read the first.
+        for _ in range(2):
+            for step in range(len(logged), len(logged) + 150):
+                writer.add_scalar("loss", step * 0.25, step)
+                logged.append((step, step * 0.25))
+            writer.flush()
+            # Sealed by age (1 s) while the session is open, read at the next reload (1 s): no close needed.
+            wait_for(lambda: len(scalars()) == len(logged), 60, f"TensorBoard to serve {len(logged)} points")
+            assert [(p[1], p[2]) for p in scalars()] == logged
         assert tb.poll() is None, tb_log.read_text()[-3000:]
-        assert segments(seaweed, logdir_url, "live/a")
+        assert len(segments(seaweed, logdir_url, "live/a")) >= 2
     finally:
         writer.close()
         tb.terminate()
