@@ -423,3 +423,25 @@ def test_uploads_wait_while_the_store_is_down_and_go_through_once_it_is_back(
         assert steps == collections.Counter(range(200)), "lost or doubled steps"
     finally:
         store.stop()
+
+
+def test_staging_keeps_about_the_pending_bytes_of_an_open_run(
+    tmp_path: Path, seaweed: SeaweedServer, logdir_url: str
+) -> None:
+    daemon = start_bucket_daemon(tmp_path, logdir_url, "--seal-bytes", str(SEAL_BYTES), "--seal-secs", "3600")
+    try:
+        with SummaryWriter("long", address=daemon.address) as writer:
+            for step in range(8000):
+                writer.add_scalar("loss", float(step), step)
+                if step % 100 == 99:
+                    writer.flush()
+            wait_for(lambda: len(segments(seaweed, logdir_url, "long")) >= 10, 60, "ten segments")
+            (staged,) = (tmp_path / "state" / "staging" / "long").glob("*tfevents*")
+            uploaded = sum(size for _, size in segments(seaweed, logdir_url, "long"))
+            on_disk = staged.stat().st_blocks * 512
+            # The file keeps its size (offsets stay valid); the uploaded bytes' blocks are given back.
+            assert staged.stat().st_size > 10 * SEAL_BYTES
+            assert on_disk <= staged.stat().st_size - uploaded + 2 * SEAL_BYTES, (on_disk, staged.stat().st_size)
+    finally:
+        daemon.terminate()
+    assert steps_from_bucket(seaweed, logdir_url, "long", tmp_path / "read") == collections.Counter(range(8000))

@@ -22,15 +22,19 @@ earlier one would make TensorBoard skip the earlier one for good.
 The bucket is the record of what was uploaded: a file's uploaded end is the largest offset + size among its
 segments, so a daemon killed between upload and anything else uploads neither a byte twice nor a byte too few
 when it starts again (`recover`), before it serves. A fully uploaded, closed file is truncated to an empty
-*stub* in staging: its name keeps the next file's name sorting after it.
+*stub* in staging: its name keeps the next file's name sorting after it. While a file is open, the disk blocks
+of its uploaded bytes are given back (a hole punched, Linux), so staging holds about the pending bytes only.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import ctypes
+import functools
 import logging
 import os
+import sys
 import time
 from collections.abc import Callable
 from concurrent.futures import Executor
@@ -299,6 +303,8 @@ class SegmentShipper:
                 raise BucketError(f"run {staged.run_dir}: uploading {key} failed: {exc}") from exc
             log.warning("run %s: uploading %s failed (kept staged, retrying): %s", staged.run_dir, key, exc)
             return False
+        with contextlib.suppress(OSError):
+            await loop.run_in_executor(self._executor, release_uploaded, path, start, end)
         self.counters.count(end - start)
         staged.uploaded = end
         staged.boundaries = [size for size in staged.boundaries if size > end]
@@ -320,6 +326,41 @@ class SegmentShipper:
                 _, name, offset = parsed
                 ends[name] = max(ends.get(name, 0), offset + info.size)
         return ends
+
+
+_PUNCH_HOLE = 0x02 | 0x01  # FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE (Linux)
+_BLOCK = 4096
+
+
+@functools.cache
+def _fallocate() -> Callable[..., int] | None:
+    if sys.platform != "linux":
+        return None
+    try:
+        function = ctypes.CDLL(None, use_errno=True).fallocate
+    except (OSError, AttributeError):
+        return None
+    function.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_int64, ctypes.c_int64]
+    function.restype = ctypes.c_int
+    typed: Callable[..., int] = function
+    return typed
+
+
+def release_uploaded(path: str, start: int, end: int) -> bool:
+    """Give the disk blocks of the uploaded bytes `start`..`end` of a staged file back (punch a hole; its size
+    and offsets stay), so that staging holds about the pending bytes only. False where the file system cannot.
+
+    Every byte before `start` was uploaded too, so the hole may begin at the block that holds `start`.
+    """
+    fallocate = _fallocate()
+    first, last = start - start % _BLOCK, end - end % _BLOCK
+    if fallocate is None or last <= first:
+        return False
+    fd = os.open(path, os.O_WRONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
+    try:
+        return fallocate(fd, _PUNCH_HOLE, first, last - first) == 0
+    finally:
+        os.close(fd)
 
 
 def _read_range(path: str, start: int, end: int) -> bytes:
