@@ -229,22 +229,9 @@ def test_tensorboard_serves_every_scalar_from_the_bucket_while_the_run_is_open(
     env = {k: v for k, v in os.environ.items() if not k.startswith("PYTHON")}
     tb_log = tmp_path / "tensorboard.log"
     with open(tb_log, "wb") as out:
+        flags = "--host 127.0.0.1 --port 0 --reload_interval 1 --load_fast false --reload_multifile"
         tb = subprocess.Popen(
-            [
-                str(tensorboard_venv / "bin" / "tensorboard"),
-                "--logdir",
-                logdir_url,
-                "--host",
-                "127.0.0.1",
-                "--port",
-                "0",
-                "--reload_interval",
-                "1",
-                "--load_fast",
-                "false",
-                "--reload_multifile",
-                multifile,
-            ],
+            [str(tensorboard_venv / "bin" / "tensorboard"), "--logdir", logdir_url, *flags.split(), multifile],
             stdout=out,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,

@@ -244,7 +244,8 @@ class Server:
                     f.write(f"{self.port}\n")
             except OSError as exc:
                 raise StartupError(f"cannot write --port-file {config.port_file}: {_reason(exc)}") from None
-        log.info("summaryd serving %s on %s (port %d)", registry.logdir, config.host, self.port)
+        where = f"{config.logdir} (staged in {registry.logdir})" if config.is_bucket else registry.logdir
+        log.info("summaryd serving %s on %s (port %d)", where, config.host, self.port)
         self._started.set()
         leases = asyncio.create_task(self._expire_sessions(service), name="summaryd-leases")
         try:
