@@ -432,3 +432,25 @@ def test_staging_keeps_about_the_pending_bytes_of_an_open_run(
     finally:
         daemon.terminate()
     assert steps_from_bucket(seaweed, logdir_url, "long", tmp_path / "read") == collections.Counter(range(8000))
+
+
+def test_projector_files_go_to_the_bucket_beside_the_segments(
+    tmp_path: Path, seaweed: SeaweedServer, logdir_url: str
+) -> None:
+    import numpy as np
+    import obstore
+
+    daemon = start_bucket_daemon(tmp_path, logdir_url)
+    try:
+        with SummaryWriter("emb", address=daemon.address) as writer:
+            writer.add_embedding(np.arange(12, dtype=np.float32).reshape(4, 3), metadata=["a", "b", "c", "d"])
+            writer.add_scalar("loss", 1.0, 0)
+    finally:
+        daemon.terminate()
+    store = seaweed.store(BUCKET, prefix_of(logdir_url))
+    keys = {meta["path"] for meta in obstore.list(store, "emb/").collect()}
+    staged = tmp_path / "state" / "staging" / "emb"
+    for name in ("projector_config.pbtxt", "00000/default/tensors.tsv", "00000/default/metadata.tsv"):
+        assert f"emb/{name}" in keys, keys
+        assert bytes(obstore.get(store, f"emb/{name}").bytes()) == (staged / name).read_bytes()
+    assert steps_from_bucket(seaweed, logdir_url, "emb", tmp_path / "read") == collections.Counter([0])

@@ -113,5 +113,12 @@ class EventSink(Protocol):
     def closed(self, run_dir: str, name: str, size: int) -> None:
         """`name` in `run_dir` was closed at `size` bytes; no more is written to it."""
 
+    async def file_written(self, run_dir: str, path: str, content: bytes) -> None:
+        """A file beside the run's event files (`PutFile`) was written whole; deliver it before the answer.
+
+        Raises:
+            OSError: it could not be delivered (the client keeps it and tries again).
+        """
+
     async def drain(self) -> None:
         """Deliver everything told so far (shutdown, after every file closed)."""

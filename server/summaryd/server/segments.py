@@ -31,6 +31,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import ctypes
+import errno
 import functools
 import logging
 import os
@@ -189,6 +190,18 @@ class SegmentShipper:
         self.appended(run_dir, name, size)
         self._files[(run_dir, name)].closed = True
         self._wake.set()
+
+    async def file_written(self, run_dir: str, path: str, content: bytes) -> None:
+        """Upload a file written beside the run's event files (the projector's) whole, replacing the last.
+
+        Raises:
+            OSError: the bucket refused it (EIO; the daemon answers UNAVAILABLE and the client tries again).
+        """
+        try:
+            await self.bucket.put(f"{run_dir}/{path}", content)
+        except BucketError as exc:
+            raise OSError(errno.EIO, str(exc)) from exc
+        self.counters.count(len(content))
 
     # Status.
 

@@ -462,6 +462,10 @@ class SummariesService(pb_grpc.SummariesServicer):
 
         try:
             await self._complete(run_to_completion(self.registry.executor, put))
+            if self.registry.sink is not None:  # a bucket logdir: the file goes up whole before the answer
+                await self._complete(
+                    self.registry.sink.file_written(session.run.run_dir, request.path, request.content)
+                )
             session.files_written += 1
         except RunPathError as exc:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
