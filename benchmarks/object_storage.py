@@ -45,12 +45,15 @@ def _uploaded(metrics_port: int) -> tuple[float, float]:
 
 
 def _wait_uploaded(staging: Path) -> float:
-    """Poll until every staged file of the run is uploaded (truncated to its stub); return when that was."""
+    """Poll until every staged file of the run is uploaded (truncated to its stub); return when that was, on
+    the `time.monotonic` clock of the trials: the stub's modification time (the truncation), not the moment the
+    poll saw it (the trial process may take a while to exit first)."""
     deadline = time.monotonic() + _UPLOAD_TIMEOUT
     while True:
         files = list(staging.glob("*tfevents*"))
         if files and all(f.stat().st_size == 0 for f in files):
-            return time.monotonic()
+            wall_minus_monotonic = time.time() - time.monotonic()
+            return max(f.stat().st_mtime for f in files) - wall_minus_monotonic
         if time.monotonic() > deadline:
             raise RuntimeError(f"{staging}: not uploaded within {_UPLOAD_TIMEOUT:g}s")
         time.sleep(0.005)

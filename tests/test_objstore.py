@@ -454,3 +454,15 @@ def test_projector_files_go_to_the_bucket_beside_the_segments(
         assert f"emb/{name}" in keys, keys
         assert bytes(obstore.get(store, f"emb/{name}").bytes()) == (staged / name).read_bytes()
     assert steps_from_bucket(seaweed, logdir_url, "emb", tmp_path / "read") == collections.Counter([0])
+
+
+def test_the_object_storage_benchmark_runs_at_smoke_size(tmp_path: Path) -> None:
+    root = Path(__file__).resolve().parent.parent
+    argv = [sys.executable, str(root / "benchmarks" / "run.py"), "--smoke", "--only", "objstore"]
+    argv += ["--json", str(tmp_path / "figures.json")]
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=280, check=False, cwd=root)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    (bucket,) = json.loads((tmp_path / "figures.json").read_text())["results"]["objstore"][
+        "summaryd, s3:// (SeaweedFS)"
+    ]
+    assert bucket["objects"] >= 1 and bucket["bytes_per_event"] > 0
