@@ -116,10 +116,10 @@ def _tail(path: Path, lines: int = 20) -> str:
 
 
 @contextlib.contextmanager
-def running_daemon(workdir: Path) -> Iterator[Daemon]:
-    """A daemon for one benchmark section (logging warnings only), stopped at the end; an exit other than 0 is
-    reported on stderr with the end of its log."""
-    daemon = start_daemon(workdir, "--log-level", "warning", logdir=workdir / "daemon-logdir")
+def running_daemon(workdir: Path, *flags: str) -> Iterator[Daemon]:
+    """A daemon for one benchmark section (logging warnings only; more `serve` flags in `flags`), stopped at the
+    end; an exit other than 0 is reported on stderr with the end of its log."""
+    daemon = start_daemon(workdir, "--log-level", "warning", *flags, logdir=workdir / "daemon-logdir")
     try:
         yield daemon
     finally:

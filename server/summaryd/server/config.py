@@ -10,8 +10,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from summaryd.server.auth import TokenTable
+from summaryd.server.bucket import is_bucket_url, split_url
 from summaryd.server.limits import DEFAULT as _LIMITS
 from summaryd.server.limits import Limits, flag
+from summaryd.server.segments import SealPolicy
 from summaryd.v1.wire import DEFAULT_PORT
 
 # How far beyond --max-message-bytes a message still reaches the service (which refuses it naming the flag).
@@ -29,7 +31,13 @@ def _option(default: Any, help: str, metavar: str | None = None) -> Any:
 class Config:
     """Settings of `summaryd serve`. Each field is the flag `--field-name` and the variable `SUMMARYD_FIELD_NAME`."""
 
-    logdir: str = _option("./runs", "directory that holds every run's event files (TensorBoard's --logdir)", "DIR")
+    logdir: str = _option(
+        "./runs",
+        "directory that holds every run's event files (TensorBoard's --logdir), or a bucket: s3://BUCKET/PREFIX "
+        "(gs://, az:// too; needs summaryd[s3]), reached through the standard variables (AWS_ENDPOINT_URL, "
+        "AWS_ACCESS_KEY_ID, ...)",
+        "DIR",
+    )
     listen: str = _option(
         f"127.0.0.1:{DEFAULT_PORT}", "address to serve gRPC on; port 0 picks a free port", "HOST:PORT"
     )
@@ -79,6 +87,26 @@ class Config:
     )
     session_retention_days: float = _option(
         30.0, "days the daemon remembers an idle session's sequence numbers (for resume and replay)", "DAYS"
+    )
+
+    staging_dir: str = _option(
+        "",
+        "with a bucket --logdir: where each run's events wait to be uploaded (default STATE_DIR/staging)",
+        "DIR",
+    )
+    seal_secs: float = _option(
+        5.0,
+        "with a bucket --logdir: seconds new events wait before they are uploaded as a segment (while the run is "
+        "young; then longer as it ages, up to --seal-max-secs)",
+        "SECS",
+    )
+    seal_max_secs: float = _option(
+        300.0, "with a bucket --logdir: the longest new events of an old run wait before they are uploaded", "SECS"
+    )
+    seal_bytes: int = _option(
+        16 * 1024 * 1024,
+        "with a bucket --logdir: a run's segment is uploaded at once when it reaches this size",
+        "BYTES",
     )
 
     token_file: str = _option(
@@ -139,6 +167,10 @@ class Config:
             raise ValueError("TLS needs both --tls-cert and --tls-key")
         if self.tls_client_ca and not self.tls_cert:
             raise ValueError("--tls-client-ca needs --tls-cert and --tls-key (mutual TLS is TLS first)")
+        if is_bucket_url(self.logdir):
+            split_url(self.logdir)  # a ValueError that names the flag
+        if self.seal_secs <= 0 or self.seal_max_secs <= 0 or self.seal_bytes <= 0:
+            raise ValueError("--seal-secs, --seal-max-secs and --seal-bytes must be positive")
         if self.log_level.lower() not in LOG_LEVELS:
             raise ValueError(f"--log-level {self.log_level!r}: use one of {', '.join(LOG_LEVELS)}")
         if self.log_format not in ("text", "json"):
@@ -205,8 +237,32 @@ class Config:
 
     @property
     def state_path(self) -> str:
-        """The state directory: `state_dir`, else `.summaryd` inside the logdir."""
-        return self.state_dir or os.path.join(self.logdir, ".summaryd")
+        """The state directory: `state_dir`, else `.summaryd` inside a local logdir, else (for a bucket) a
+        directory per bucket and prefix under `$XDG_STATE_HOME/summaryd` (~/.local/state/summaryd)."""
+        if self.state_dir:
+            return self.state_dir
+        if not self.is_bucket:
+            return os.path.join(self.logdir, ".summaryd")
+        scheme, bucket, prefix = split_url(self.logdir)
+        root = os.environ.get("XDG_STATE_HOME") or os.path.join(os.path.expanduser("~"), ".local", "state")
+        return os.path.join(root, "summaryd", scheme, bucket, *(prefix.split("/") if prefix else []))
+
+    @property
+    def is_bucket(self) -> bool:
+        """True when the logdir is a bucket URL rather than a local directory."""
+        return is_bucket_url(self.logdir)
+
+    @property
+    def local_logdir(self) -> str:
+        """Where the run writer puts event files: the logdir, or for a bucket the staging directory."""
+        if not self.is_bucket:
+            return self.logdir
+        return self.staging_dir or os.path.join(self.state_path, "staging")
+
+    @property
+    def seal_policy(self) -> SealPolicy:
+        """When staged events of a bucket logdir are uploaded."""
+        return SealPolicy(self.seal_secs, self.seal_bytes, self.seal_max_secs)
 
 
 def _host(address: str) -> str:

@@ -7,6 +7,7 @@ import itertools
 import os
 import socket
 import time
+from typing import Protocol
 
 from tensorboard.compat.proto.event_pb2 import Event
 
@@ -100,3 +101,24 @@ class EventFile:
         finally:
             self._closed = True
             os.close(self._fd)
+
+
+class EventSink(Protocol):
+    """Where a run's event files go beyond the disk they are written on: nowhere for a local logdir (no sink),
+    the bucket for a bucket logdir (`segments.SegmentShipper`). Told on the event loop, after the fact."""
+
+    def appended(self, run_dir: str, name: str, size: int) -> None:
+        """`name` in `run_dir` now holds `size` journaled bytes (whole records)."""
+
+    def closed(self, run_dir: str, name: str, size: int) -> None:
+        """`name` in `run_dir` was closed at `size` bytes; no more is written to it."""
+
+    async def file_written(self, run_dir: str, path: str, content: bytes) -> None:
+        """A file beside the run's event files (`PutFile`) was written whole; deliver it before the answer.
+
+        Raises:
+            OSError: it could not be delivered (the client keeps it and tries again).
+        """
+
+    async def drain(self) -> None:
+        """Deliver everything told so far (shutdown, after every file closed)."""

@@ -12,7 +12,7 @@ from concurrent.futures import Executor
 from dataclasses import dataclass, field
 
 from summaryd.server.event_check import check_and_frame
-from summaryd.server.event_file import EventFile, next_name
+from summaryd.server.event_file import EventFile, EventSink, next_name
 from summaryd.server.io_threads import run_to_completion
 from summaryd.server.journal import FileJournal
 from summaryd.server.limits import DEFAULT, LimitError, Limits
@@ -47,6 +47,7 @@ class RunWriter:
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     metrics: Metrics | None = None
     limits: Limits = DEFAULT
+    sink: EventSink | None = None
 
     async def write(self, session_id: str, last: int, events: Sequence[bytes]) -> None:
         """Check, frame and append one batch of `session_id` ending at sequence `last`; returns when the batch
@@ -59,6 +60,8 @@ class RunWriter:
                 started = time.perf_counter()
                 size_before = self.bytes_written
                 await run_to_completion(self.executor, lambda: self._write_blocking(session_id, last, events))
+                if self.sink is not None and self.file is not None:
+                    self.sink.appended(self.run_dir, self.file.name, self.file.size)
         finally:
             if metrics is not None:
                 metrics.write_queue.dec()
@@ -129,7 +132,11 @@ class RunWriter:
         The file's journal stays until the caller has its marks on disk (`ClosedFile.finish`).
         """
         async with self.lock:
-            return await run_to_completion(self.executor, self._close_blocking)
+            file = self.file
+            closed = await run_to_completion(self.executor, self._close_blocking)
+            if self.sink is not None and file is not None:
+                self.sink.closed(self.run_dir, file.name, file.size)
+            return closed
 
     def _close_blocking(self) -> ClosedFile | None:
         try:
@@ -184,9 +191,18 @@ class RunRegistry:
     next session gets a new file that sorts last, which TensorBoard reads as a restart.
     """
 
-    def __init__(self, logdir: str, executor: Executor, journal_dir_fd: int, metrics: Metrics | None = None) -> None:
-        """Open the logdir (made when missing); `close()` closes its descriptor."""
+    def __init__(
+        self,
+        logdir: str,
+        executor: Executor,
+        journal_dir_fd: int,
+        metrics: Metrics | None = None,
+        sink: EventSink | None = None,
+    ) -> None:
+        """Open the logdir (made when missing); `close()` closes its descriptor. With a `sink` (a bucket logdir)
+        every appended and closed file is handed on to it."""
         self.metrics = metrics
+        self.sink = sink
         os.makedirs(logdir, exist_ok=True)
         self.logdir = os.path.realpath(logdir)
         self.logdir_fd = os.open(self.logdir, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
@@ -227,6 +243,7 @@ class RunRegistry:
                     self._journal_dir_fd,
                     metrics=self.metrics,
                     limits=limits,
+                    sink=self.sink,
                 )
                 self._runs[run_dir] = writer
             writer.sessions += 1
@@ -250,6 +267,8 @@ class RunRegistry:
         async with self._lock:
             writers, self._runs = list(self._runs.values()), {}
         closed = [await _closed(writer) for writer in writers]
+        if self.sink is not None:
+            await self.sink.drain()
         return [c for c in closed if c is not None]
 
     def close(self) -> None:

@@ -11,6 +11,7 @@ import signal
 import sys
 import tempfile
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -21,12 +22,14 @@ from grpc_health.v1.health import aio as health_aio  # type: ignore[attr-defined
 from grpc_reflection.v1alpha import reflection
 
 from summaryd.server.auth import AuthInterceptor, TokenTable, current_caller
+from summaryd.server.bucket import Bucket, BucketError
 from summaryd.server.config import Config
 from summaryd.server.io_threads import io_executor
 from summaryd.server.metrics import Metrics, MetricsInterceptor, ServiceCollector
 from summaryd.server.open_files import ensure_open_files
 from summaryd.server.refusals import RefusalInterceptor
 from summaryd.server.runs import RunRegistry
+from summaryd.server.segments import SegmentShipper
 from summaryd.server.service import SummariesService
 from summaryd.server.session_lifecycle import SessionLifecycle
 from summaryd.server.state import StateDir
@@ -142,8 +145,9 @@ class Server:
         # Before anything is served: take the state directory's lock and repair what a killed daemon left.
         state = await loop.run_in_executor(executor, _open_state, config)
         resources.callback(state.close)
+        shipper = _segment_shipper(config, executor, self.metrics) if config.is_bucket else None
         try:
-            registry = RunRegistry(config.logdir, executor, state.journal_dir_fd, self.metrics)
+            registry = RunRegistry(config.local_logdir, executor, state.journal_dir_fd, self.metrics, shipper)
         except OSError as exc:
             raise StartupError(f"cannot start on --logdir {config.logdir}: {_reason(exc)}") from None
         resources.callback(registry.close)
@@ -153,6 +157,9 @@ class Server:
             report = await loop.run_in_executor(executor, state.recover, registry.logdir_fd)
         except OSError as exc:
             raise StartupError(f"cannot start on --logdir {config.logdir}: {_reason(exc)}") from None
+        if shipper is not None:
+            await _ship_leftovers(shipper, config)
+            resources.push_async_callback(shipper.stop)
         if report.files:
             log.warning(
                 "recovered %d event files left open by a stopped daemon: %d bytes cut, %d files deleted, "
@@ -190,7 +197,8 @@ class Server:
         for name in ("", SERVICE_NAME):
             await health.set(name, health_pb2.HealthCheckResponse.SERVING)
         await listener.start()
-        log.info("summaryd serving %s on %s (port %d)", registry.logdir, config.host, self.port)
+        where = f"{config.logdir} (staged in {registry.logdir})" if config.is_bucket else registry.logdir
+        log.info("summaryd serving %s on %s (port %d)", where, config.host, self.port)
         return _Serving(server, health, service, lifecycle, resources)
 
     async def main_loop(self) -> None:
@@ -404,7 +412,7 @@ def _open_state(config: Config) -> StateDir:
     Raises:
         StartupError: the logdir or state directory is a file, or cannot be made or written.
     """
-    logdir = config.logdir
+    logdir = config.local_logdir
     if os.path.exists(logdir) and not os.path.isdir(logdir):
         raise StartupError(f"--logdir {logdir} is a file; give a directory (it is created when missing)")
     if config.state_dir and os.path.exists(config.state_dir) and not os.path.isdir(config.state_dir):
@@ -424,6 +432,31 @@ def _open_state(config: Config) -> StateDir:
             f"cannot open the state directory {config.state_path}: {_reason(exc)}; give a --state-dir "
             "(or --logdir) this user can write"
         ) from None
+
+
+def _segment_shipper(config: Config, executor: ThreadPoolExecutor, metrics: Metrics) -> SegmentShipper:
+    """The uploader of a bucket logdir's staged event files.
+
+    Raises:
+        StartupError: the bucket library is missing.
+    """
+    try:
+        bucket = Bucket(config.logdir)
+    except ImportError:
+        raise StartupError(f"--logdir {config.logdir} needs the bucket library: pip install 'summaryd[s3]'") from None
+    except Exception as exc:  # obstore's configuration errors (a bad region, a malformed endpoint)
+        raise StartupError(f"cannot use --logdir {config.logdir}: {_reason(exc)}") from None
+    return SegmentShipper(bucket, config.local_logdir, config.seal_policy, executor, metrics.registry)
+
+
+async def _ship_leftovers(shipper: SegmentShipper, config: Config) -> None:
+    """Upload what a stopped daemon staged, before serving (new segments must sort after it), then start."""
+    try:
+        await shipper.bucket.check()
+        await shipper.recover()
+    except BucketError as exc:
+        raise StartupError(f"cannot start on --logdir {config.logdir}: {exc}") from None
+    shipper.start()
 
 
 def _reason(exc: BaseException) -> str:

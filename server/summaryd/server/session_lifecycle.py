@@ -269,6 +269,8 @@ class SessionLifecycle:
 
         try:
             await self._complete(run_to_completion(self.registry.executor, put))
+            if self.registry.sink is not None:  # a bucket logdir: the file goes up whole before the answer
+                await self._complete(self.registry.sink.file_written(run_dir, path, content))
         except IsADirectoryError:
             raise RunPathError(f"file path {path!r} names a directory of the run") from None
         except OSError as exc:

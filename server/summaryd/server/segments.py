@@ -1,0 +1,406 @@
+"""Sealed segments: a run's staged event file goes to the bucket as immutable objects, each byte once.
+
+With a bucket logdir the run writer writes its event files into the staging directory as it does on a local
+disk (with journal, recovery and exactly-once unchanged). The `SegmentShipper` follows each staged file and
+uploads the bytes the writer has journaled since the last upload as one object, a *segment*, when they are
+old enough (`SealPolicy`) or many enough, and the rest when the file closes. Object stores cannot append;
+re-uploading a growing file (what TensorFlow's and tensorboardX's S3 writers do on every flush) costs the
+square of its size, segments cost its size.
+
+A segment's key is the staged file's name and the offset of its first byte:
+
+    PREFIX/RUN/events.out.tfevents.<stamp>.<host>.<pid>.<n>.<offset, 16 digits>
+
+Keys sort in the order of the bytes (the file names sort in the order they were made, `event_file.next_name`,
+and the zero-padded offsets within one file), which is the order TensorBoard's loaders walk a directory: they
+read the files whose name contains `tfevents` in name order and never return to an earlier one. Only the
+first segment of a file starts with `file_version`; a later one holds whole records that carry on where the
+previous one stopped, which both TensorBoard loaders (the directory watcher and the directory loader) read as
+more of the same run. The uploads of one run go one at a time, in key order: a later segment visible before an
+earlier one would make TensorBoard skip the earlier one for good.
+
+The bucket is the record of what was uploaded: a file's uploaded end is the largest offset + size among its
+segments, so a daemon killed between upload and anything else uploads neither a byte twice nor a byte too few
+when it starts again (`recover`), before it serves. A fully uploaded, closed file is truncated to an empty
+*stub* in staging: its name keeps the next file's name sorting after it. While a file is open, the disk blocks
+of its uploaded bytes are given back (a hole punched, Linux), so staging holds about the pending bytes only.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ctypes
+import errno
+import functools
+import logging
+import os
+import sys
+import time
+from collections.abc import Callable
+from concurrent.futures import Executor
+from dataclasses import dataclass, field
+
+from prometheus_client import CollectorRegistry, Counter
+
+from summaryd.server.bucket import Bucket, BucketError
+
+log = logging.getLogger(__name__)
+
+OFFSET_DIGITS = 16
+AGE_FRACTION = 16
+"""A segment may wait up to 1/AGE_FRACTION of its file's age (within `seal_secs`..`seal_max_secs`)."""
+_RETRY_SECS = (1.0, 2.0, 5.0, 10.0, 30.0)
+
+
+def segment_key(run_dir: str, file_name: str, offset: int) -> str:
+    """The key of the segment of `run_dir`'s staged file `file_name` that starts at byte `offset`."""
+    return f"{run_dir}/{file_name}.{offset:0{OFFSET_DIGITS}d}"
+
+
+def parse_segment(key: str) -> tuple[str, str, int] | None:
+    """`(run_dir, file_name, offset)` of a segment key; None for any other object."""
+    run_dir, _, base = key.rpartition("/")
+    name, _, offset = base.rpartition(".")
+    if not run_dir or "tfevents" not in name or len(offset) != OFFSET_DIGITS or not offset.isdigit():
+        return None
+    return run_dir, name, int(offset)
+
+
+@dataclass(frozen=True)
+class SealPolicy:
+    """When a staged file's pending bytes become a segment.
+
+    By size at once (`seal_bytes`), by age after a while that grows with the file: `seal_secs` while the
+    file is young, then 1/AGE_FRACTION of its age, never more than `seal_max_secs`. A run's object count thus
+    grows with the logarithm of its age for its first hour or so, then by one per `seal_max_secs` at most
+    (about 290 a day at the default 300 s), however often it writes.
+    """
+
+    seal_secs: float = 5.0
+    seal_bytes: int = 16 * 1024 * 1024
+    seal_max_secs: float = 300.0
+
+    def interval(self, file_age: float) -> float:
+        """The longest a pending byte waits in a file that has been written for `file_age` seconds."""
+        return min(max(self.seal_secs, file_age / AGE_FRACTION), max(self.seal_max_secs, self.seal_secs))
+
+    def due(self, pending: int, pending_age: float, file_age: float) -> bool:
+        """Whether `pending` bytes, the oldest `pending_age` seconds old, are to be sealed now."""
+        return pending > 0 and (pending >= self.seal_bytes or pending_age >= self.interval(file_age))
+
+
+@dataclass(eq=False)
+class StagedFile:
+    """One event file in staging: how much of it is journaled (`size`) and uploaded."""
+
+    run_dir: str
+    name: str
+    started: float
+    size: int = 0
+    uploaded: int = 0
+    pending_since: float | None = None
+    closed: bool = False
+    segments: int = 0
+    last_upload: float | None = None
+    boundaries: list[int] = field(default_factory=list)
+    """Sizes the writer reported since the last upload: where a segment may end (whole batches)."""
+
+    @property
+    def pending(self) -> int:
+        return self.size - self.uploaded
+
+
+@dataclass
+class UploadCounters:
+    """What went to the bucket (also exported as Prometheus counters when given a registry)."""
+
+    objects: int = 0
+    bytes: int = 0
+    failures: int = 0
+    _objects: Counter | None = field(default=None, repr=False)
+    _bytes: Counter | None = field(default=None, repr=False)
+
+    @classmethod
+    def registered(cls, registry: CollectorRegistry | None) -> UploadCounters:
+        if registry is None:
+            return cls()
+        return cls(
+            _objects=Counter("summaryd_segments_uploaded", "Event-file segments uploaded.", registry=registry),
+            _bytes=Counter(
+                "summaryd_segment_bytes_uploaded", "Bytes of event-file segments uploaded.", registry=registry
+            ),
+        )
+
+    def count(self, size: int) -> None:
+        self.objects += 1
+        self.bytes += size
+        if self._objects is not None and self._bytes is not None:
+            self._objects.inc()
+            self._bytes.inc(size)
+
+
+class SegmentShipper:
+    """Uploads staged event files as sealed segments; the run writer tells it what it journaled and closed.
+
+    `appended` and `closed` are called on the event loop (they only note sizes); uploads run in a task of their
+    own (`start`), one run's segments in order, different runs side by side. `drain` seals everything at
+    shutdown; what it cannot upload stays staged for `recover` at the next start.
+    """
+
+    def __init__(
+        self,
+        bucket: Bucket,
+        staging_dir: str,
+        policy: SealPolicy,
+        executor: Executor,
+        registry: CollectorRegistry | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.bucket = bucket
+        self.staging_dir = staging_dir
+        self.policy = policy
+        self.counters = UploadCounters.registered(registry)
+        self._executor = executor
+        self._clock = clock
+        self._files: dict[tuple[str, str], StagedFile] = {}
+        self._wake = asyncio.Event()
+        self._shipping = asyncio.Lock()
+        self._task: asyncio.Task[None] | None = None
+        self._failures = 0
+
+    # The writer's side.
+
+    def appended(self, run_dir: str, name: str, size: int) -> None:
+        """The staged file `name` of `run_dir` now holds `size` journaled bytes (whole records)."""
+        now = self._clock()
+        staged = self._files.get((run_dir, name))
+        if staged is None:
+            staged = self._files[(run_dir, name)] = StagedFile(run_dir, name, started=now)
+        if size > staged.size:
+            staged.boundaries.append(size)
+        staged.size = size
+        if staged.pending_since is None and staged.pending > 0:
+            staged.pending_since = now
+        if staged.pending >= self.policy.seal_bytes:
+            self._wake.set()
+
+    def closed(self, run_dir: str, name: str, size: int) -> None:
+        """The writer closed the staged file at `size` bytes: its last segment is sealed now."""
+        self.appended(run_dir, name, size)
+        self._files[(run_dir, name)].closed = True
+        self._wake.set()
+
+    async def file_written(self, run_dir: str, path: str, content: bytes) -> None:
+        """Upload a file written beside the run's event files (the projector's) whole, replacing the last.
+
+        Raises:
+            OSError: the bucket refused it (EIO; the daemon answers UNAVAILABLE and the client tries again).
+        """
+        try:
+            await self.bucket.put(f"{run_dir}/{path}", content)
+        except BucketError as exc:
+            raise OSError(errno.EIO, str(exc)) from exc
+        self.counters.count(len(content))
+
+    # Status.
+
+    def staged(self) -> list[StagedFile]:
+        """The files in staging that are open or not yet wholly uploaded."""
+        return list(self._files.values())
+
+    # Lifecycle.
+
+    async def recover(self) -> int:
+        """Upload what a stopped daemon left in staging (before serving); return the bytes uploaded.
+
+        Raises:
+            BucketError: the bucket cannot be listed or written; the daemon must not serve then, or the
+                staged bytes would be overtaken by newer segments.
+        """
+        loop = asyncio.get_running_loop()
+        leftovers = await loop.run_in_executor(self._executor, _staged_files, self.staging_dir)
+        before = self.counters.bytes
+        for run_dir, names in sorted(leftovers.items()):
+            ends = await self._uploaded_ends(run_dir)
+            for name, size in names:
+                staged = StagedFile(run_dir, name, started=self._clock(), size=size, closed=True)
+                staged.uploaded = ends.get(name, 0)
+                if staged.uploaded > size:
+                    log.warning(
+                        "run %s: %s has %d bytes in the bucket but %d in staging (staging lost its tail); keeping "
+                        "the bucket's",
+                        run_dir,
+                        name,
+                        staged.uploaded,
+                        size,
+                    )
+                    staged.uploaded = size
+                await self._upload(staged, raise_errors=True)
+                await loop.run_in_executor(self._executor, self._stub, staged)
+        uploaded = self.counters.bytes - before
+        if uploaded:
+            log.warning("uploaded %d staged bytes a stopped daemon left behind", uploaded)
+        return uploaded
+
+    def start(self) -> None:
+        """Start sealing and uploading in the background."""
+        self._task = asyncio.create_task(self._run(), name="summaryd-segments")
+
+    async def drain(self) -> None:
+        """Seal and upload every pending byte (shutdown); stop the background task."""
+        await self.stop()
+        await self.ship(force=True)
+
+    async def stop(self) -> None:
+        """Stop the background task; what is staged and not uploaded stays for the next start-up."""
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+            self._task = None
+
+    async def _run(self) -> None:
+        tick = max(min(self.policy.seal_secs / 4, 0.5), 0.02)
+        while True:
+            self._wake.clear()
+            try:
+                await self.ship()
+            except Exception:
+                log.exception("uploading segments failed")
+            delay = tick if not self._failures else _RETRY_SECS[min(self._failures, len(_RETRY_SECS)) - 1]
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), timeout=delay)
+
+    async def ship(self, force: bool = False) -> None:
+        """Upload the segments that are due (all pending bytes with `force`), runs side by side."""
+        async with self._shipping:
+            runs: dict[str, list[StagedFile]] = {}
+            for staged in sorted(self._files.values(), key=lambda s: s.name):
+                runs.setdefault(staged.run_dir, []).append(staged)
+            results = await asyncio.gather(*(self._ship_run(files, force) for files in runs.values()))
+            self._failures = 0 if all(results) else self._failures + 1
+
+    async def _ship_run(self, files: list[StagedFile], force: bool) -> bool:
+        """Ship one run's files in name order; stop at the first failure (order must hold). True when all went."""
+        for staged in files:
+            while staged.pending > 0 and (force or staged.closed or self._due(staged)):
+                if not await self._upload(staged, raise_errors=False):
+                    return False
+            if staged.closed and staged.pending == 0:
+                await asyncio.get_running_loop().run_in_executor(self._executor, self._stub, staged)
+                self._files.pop((staged.run_dir, staged.name), None)
+        return True
+
+    def _due(self, staged: StagedFile) -> bool:
+        now = self._clock()
+        pending_age = 0.0 if staged.pending_since is None else now - staged.pending_since
+        return self.policy.due(staged.pending, pending_age, now - staged.started)
+
+    def _segment_end(self, staged: StagedFile) -> int:
+        """Where the next segment ends: at the last batch that fits in `seal_bytes` (at least one batch)."""
+        start = staged.uploaded
+        ends = [end for end in staged.boundaries if end > start] or [staged.size]
+        fitting = [end for end in ends if end - start <= self.policy.seal_bytes]
+        return fitting[-1] if fitting else ends[0]
+
+    async def _upload(self, staged: StagedFile, raise_errors: bool) -> bool:
+        """Upload the next segment of `staged`'s pending bytes. False (or raises) when the bucket refused."""
+        start, end = staged.uploaded, self._segment_end(staged)
+        if end <= start:
+            return True
+        loop = asyncio.get_running_loop()
+        path = os.path.join(self.staging_dir, staged.run_dir, staged.name)
+        key = segment_key(staged.run_dir, staged.name, start)
+        try:
+            data = await loop.run_in_executor(self._executor, _read_range, path, start, end)
+            await self.bucket.put(key, data)
+        except (BucketError, OSError) as exc:
+            self.counters.failures += 1
+            if raise_errors:
+                raise BucketError(f"run {staged.run_dir}: uploading {key} failed: {exc}") from exc
+            log.warning("run %s: uploading %s failed (kept staged, retrying): %s", staged.run_dir, key, exc)
+            return False
+        with contextlib.suppress(OSError):
+            await loop.run_in_executor(self._executor, release_uploaded, path, start, end)
+        self.counters.count(end - start)
+        staged.uploaded = end
+        staged.boundaries = [size for size in staged.boundaries if size > end]
+        staged.segments += 1
+        staged.last_upload = time.time()
+        staged.pending_since = self._clock() if staged.pending > 0 else None
+        return True
+
+    def _stub(self, staged: StagedFile) -> None:
+        # Truncated, not deleted: the name stays, so that the run's next file sorts after it.
+        os.truncate(os.path.join(self.staging_dir, staged.run_dir, staged.name), 0)
+
+    async def _uploaded_ends(self, run_dir: str) -> dict[str, int]:
+        """Per staged file name of `run_dir`: the end of its last uploaded segment."""
+        ends: dict[str, int] = {}
+        for info in await self.bucket.list(run_dir + "/"):
+            parsed = parse_segment(info.key)
+            if parsed is not None and parsed[0] == run_dir:
+                _, name, offset = parsed
+                ends[name] = max(ends.get(name, 0), offset + info.size)
+        return ends
+
+
+_PUNCH_HOLE = 0x02 | 0x01  # FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE (Linux)
+_BLOCK = 4096
+
+
+@functools.cache
+def _fallocate() -> Callable[..., int] | None:
+    if sys.platform != "linux":
+        return None
+    try:
+        function = ctypes.CDLL(None, use_errno=True).fallocate
+    except (OSError, AttributeError):
+        return None
+    function.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_int64, ctypes.c_int64]
+    function.restype = ctypes.c_int
+    typed: Callable[..., int] = function
+    return typed
+
+
+def release_uploaded(path: str, start: int, end: int) -> bool:
+    """Give the disk blocks of the uploaded bytes `start`..`end` of a staged file back (punch a hole; its size
+    and offsets stay), so that staging holds about the pending bytes only. False where the file system cannot.
+
+    Every byte before `start` was uploaded too, so the hole may begin at the block that holds `start`.
+    """
+    fallocate = _fallocate()
+    first, last = start - start % _BLOCK, end - end % _BLOCK
+    if fallocate is None or last <= first:
+        return False
+    fd = os.open(path, os.O_WRONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
+    try:
+        return fallocate(fd, _PUNCH_HOLE, first, last - first) == 0
+    finally:
+        os.close(fd)
+
+
+def _read_range(path: str, start: int, end: int) -> bytes:
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
+    try:
+        data = os.pread(fd, end - start, start)
+    finally:
+        os.close(fd)
+    if len(data) != end - start:
+        raise OSError(f"{path}: {len(data)} of {end - start} bytes at {start} (the staged file was cut)")
+    return data
+
+
+def _staged_files(staging_dir: str) -> dict[str, list[tuple[str, int]]]:
+    """Non-empty event files in staging, per run directory, in name order."""
+    found: dict[str, list[tuple[str, int]]] = {}
+    for dirpath, dirnames, filenames in os.walk(staging_dir):
+        dirnames.sort()
+        run_dir = os.path.relpath(dirpath, staging_dir)
+        for name in sorted(filenames):
+            if "tfevents" not in name or run_dir == ".":
+                continue
+            size = os.lstat(os.path.join(dirpath, name)).st_size
+            if size:
+                found.setdefault(run_dir.replace(os.sep, "/"), []).append((name, size))
+    return found

@@ -1,0 +1,64 @@
+"""Settings of a bucket logdir: where its state and staging go, and the URLs and seal flags refused at once.
+
+No object store is needed: these run in the default tier (the objstore tier runs the daemon on a real one).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from summaryd.server.bucket import is_bucket_url, split_url
+from summaryd.server.cli import main
+from summaryd.server.config import Config
+from summaryd.server.segments import SealPolicy
+
+
+def test_a_local_logdir_keeps_its_state_beside_it(tmp_path: Path) -> None:
+    config = Config(logdir=str(tmp_path / "runs"))
+    assert not config.is_bucket
+    assert config.local_logdir == str(tmp_path / "runs")
+    assert config.state_path == str(tmp_path / "runs" / ".summaryd")
+
+
+def test_a_bucket_logdir_stages_under_a_local_state_directory(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "xdg"))
+    config = Config(logdir="s3://bucket/team/exp", seal_secs=2, seal_bytes=1000, seal_max_secs=60)
+    assert config.is_bucket
+    assert config.state_path == str(tmp_path / "xdg" / "summaryd" / "s3" / "bucket" / "team" / "exp")
+    assert config.local_logdir == str(tmp_path / "xdg" / "summaryd" / "s3" / "bucket" / "team" / "exp" / "staging")
+    assert config.seal_policy == SealPolicy(seal_secs=2, seal_bytes=1000, seal_max_secs=60)
+    explicit = Config(logdir="gs://bucket", state_dir=str(tmp_path / "s"), staging_dir=str(tmp_path / "st"))
+    assert (explicit.state_path, explicit.local_logdir) == (str(tmp_path / "s"), str(tmp_path / "st"))
+
+
+def test_bucket_urls_are_recognised_and_split() -> None:
+    assert [is_bucket_url(u) for u in ("s3://b/p", "gs://b", "az://acct/c", "./runs", "/srv/s3://x", "ftp://b")] == [
+        True,
+        True,
+        True,
+        False,
+        False,
+        False,
+    ]
+    assert split_url("s3://bucket/a/b/") == ("s3", "bucket", "a/b")
+    assert split_url("s3://bucket") == ("s3", "bucket", "")
+
+
+@pytest.mark.parametrize(
+    ("argv", "says"),
+    [
+        (["--logdir", "s3://"], "s3://BUCKET/PREFIX"),
+        (["--logdir", "s3://bucket/a//b"], "empty, '.' or '..'"),
+        (["--logdir", "s3://bucket/../b"], "empty, '.' or '..'"),
+        (["--logdir", "s3://bucket/p", "--seal-secs", "0"], "--seal-secs"),
+        (["--logdir", "s3://bucket/p", "--seal-bytes", "-1"], "--seal-bytes"),
+    ],
+)
+def test_bad_bucket_settings_are_one_usage_line(argv: list[str], says: str, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exited:
+        main(["serve", *argv])
+    assert exited.value.code == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and says in err, err
