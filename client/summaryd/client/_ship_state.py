@@ -40,6 +40,16 @@ class FileCursor:
         """A new session for the records from `offset` on (a new file, or one whose session was closed)."""
         return cls(session_id=str(uuid.uuid4()), session_started=time.time(), offset=offset)
 
+    def renew(self) -> None:
+        """A new session for the records from the offset on (the file's session was closed)."""
+        self.session_id, self.session_started, self.next_sequence = str(uuid.uuid4()), time.time(), 1
+
+    def advance(self, offset: int, next_sequence: int | None = None) -> None:
+        """The records before `offset` are delivered or skipped; the next one sent gets `next_sequence`."""
+        self.offset = offset
+        if next_sequence is not None:
+            self.next_sequence = next_sequence
+
 
 class Checkpoint:
     """The cursors of every file under the shipped directory, saved durably by `save()`."""

@@ -64,6 +64,10 @@ class ShipTotals:
     error: str | None = None
     runs: set[str] = field(default_factory=set)
 
+    def stopped_by(self, reason: str) -> None:
+        """Shipping ended early because of `reason` (the first reason given is kept)."""
+        self.error = self.error or reason
+
     def describe(self) -> str:
         """One line for the end of `summaryd ship`."""
         line = f"delivered {self.records} records ({self.bytes} bytes) from {self.files} files to {len(self.runs)} runs"
@@ -214,7 +218,7 @@ class Shipper:
         pending_bytes = 0
         for record, end in whole_records(path, cursor.offset):
             if cursor.offset == 0 and end == len(record) + _FRAMING_BYTES and _is_file_version(record):
-                cursor.offset = end  # the daemon writes its own file_version record
+                cursor.advance(end)  # the daemon writes its own file_version record
                 continue
             pending.append((record, end))
             pending_bytes += len(record)
@@ -254,10 +258,7 @@ class Shipper:
                 pb.CloseSessionRequest(session_id=cursor.session_id), timeout=self.rpc_timeout
             )
             held = max(0, closed.acked_sequence - cursor.next_sequence + 1)
-            replacement = FileCursor.fresh(cursor.offset)
-            self._checkpoint.files[name] = replacement
-            cursor.session_id, cursor.session_started = replacement.session_id, replacement.session_started
-            cursor.next_sequence = 1
+            cursor.renew()
             request.session_id, request.next_sequence = cursor.session_id, 1
             request.session_started = cursor.session_started
             answer = self._stub.OpenSession(request, timeout=self.rpc_timeout)
@@ -292,7 +293,7 @@ class Shipper:
                 delivered += done
                 self.totals.records += done
                 self.totals.bytes += sum(len(r) for r, _ in pending[:done])
-                cursor.offset, cursor.next_sequence = pending[done - 1][1], acked + 1
+                cursor.advance(pending[done - 1][1], acked + 1)
                 pending = pending[done:]
             if refused is not None:
                 # Nothing of the refusing batch was written: drop the refused record and number the rest anew.
@@ -303,7 +304,7 @@ class Shipper:
                     del pending[index]
             elif done == 0 and pending:
                 raise ShipError(f"the daemon acknowledged nothing of {name} at sequence {first}")
-        cursor.offset = last_end  # past a refused last record too
+        cursor.advance(last_end)  # past a refused last record too
         self._checkpoint.save()
         if self._progress is not None:
             self._progress(self.totals.records, self.totals.bytes)
@@ -317,7 +318,7 @@ class Shipper:
         daemon by at most the chunk sent last.
         """
         if held:
-            cursor.offset = records[min(held, len(records)) - 1][1]
+            cursor.advance(records[min(held, len(records)) - 1][1])
         return records[held:]
 
     def _write(
@@ -415,7 +416,7 @@ def ship_until(stop: threading.Event, shipper: Shipper, poll_secs: float = 0.5) 
         try:
             shipper.follow(stop, poll_secs)
         except Exception as exc:  # kept in the totals, which the caller reports
-            shipper.totals.error = shipper.totals.error or str(exc)
+            shipper.totals.stopped_by(str(exc))
             log.error("shipper stopped: %s", exc)
 
     thread = threading.Thread(target=target, name="summaryd-ship", daemon=True)

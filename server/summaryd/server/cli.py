@@ -388,12 +388,12 @@ def _ship(args: argparse.Namespace, sub: argparse.ArgumentParser) -> int:
             totals = shipper.follow(stop, args.poll)
     except grpc.RpcError as exc:
         code = exc.code() if isinstance(exc, grpc.Call) else None
-        shipper.totals.error = (
+        shipper.totals.stopped_by(
             f"{code.name if code else 'ERROR'}: {exc.details() if isinstance(exc, grpc.Call) else exc}"
         )
         totals = shipper.totals
     except ShipError as exc:
-        shipper.totals.error = str(exc)
+        shipper.totals.stopped_by(str(exc))
         totals = shipper.totals
     print(f"summaryd ship: {totals.describe()}", file=sys.stderr)
     return 1 if totals.error else 0

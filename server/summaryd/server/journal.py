@@ -154,6 +154,10 @@ class Journal:
                 self.close()
                 raise
 
+    def drop_scan(self) -> None:
+        """Forget the records read at opening (once the owner has loaded them); the size they end at stays."""
+        self.scan = Scan([], self.scan.whole)
+
     @classmethod
     def replace(
         cls,

@@ -26,7 +26,7 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
-from summaryd.server.journal import Journal, Scan
+from summaryd.server.journal import Journal
 
 # Keeps a damaged state file aside: (directory fd, name, what is wrong, copy (True) or move (False)).
 Quarantine = Callable[[int, str, str, bool], None]
@@ -125,7 +125,7 @@ class SessionStore:
             record.doubtful = record.doubtful or (index < scan.trusted_from and not record.closed)
         self._lines = len(scan.records)
         damage = scan.describe()
-        self._journal.scan = Scan([], scan.whole)
+        self._journal.drop_scan()  # loaded: its records need not stay in memory
         # (A store kept aside whole, being no file at all, has been reported already.)
         short = not self._replaced and os.fstat(self._journal.fileno()).st_size < expected_size
         if scan.damaged or short:
@@ -156,6 +156,10 @@ class SessionStore:
             self._replaced = True
             return Journal(STORE_NAME, self._state_fd, create=True)
         return journal
+
+    def lost_state_before(self, when: float | None) -> None:
+        """State that sessions started before `when` (Unix seconds; None: never) may have had was lost."""
+        self.lost_before = when
 
     def may_have_lost(self, next_sequence: int, session_started: float) -> bool:
         """Whether a session the store does not know may be one whose record was lost with damaged state.

@@ -116,7 +116,7 @@ class StateDir:
             self.store = self._store = SessionStore(
                 self.fd, retention_secs, self.quarantine, expected_size=store_size, witness=self._witness
             )
-            self.store.lost_before = self.lost_before
+            self.store.lost_state_before(self.lost_before)
         except BaseException as exc:
             allow(self.identity)
             if self._losses is not None:
@@ -251,7 +251,7 @@ class StateDir:
         """From now on, refuse to resume sessions unknown to the store that started before `when`."""
         self.lost_before = when if self.lost_before is None else max(self.lost_before, when)
         if self._store is not None:
-            self._store.lost_before = self.lost_before
+            self._store.lost_state_before(self.lost_before)
 
     def _kept_as(self, dir_fd: int, name: str) -> str:
         """A free name in the state directory for the damaged entry `name` of `dir_fd`."""
