@@ -197,3 +197,31 @@ def test_summaryd_run_ships_what_native_writers_write_beside_the_command(daemon:
     assert done.returncode == 0, done.stderr
     assert done.stderr.splitlines()[-1].startswith("summaryd run: ship delivered 7 records")
     assert scalars(daemon.logdir / "job") == [("native", step, float(step)) for step in range(7)]
+
+
+AFTER_CLOSE = textwrap.dedent(
+    """
+    from torch.utils.tensorboard import SummaryWriter
+
+    writer = SummaryWriter("runs/fit")  # as Lightning: fit logs, closes the writer, then test logs to it again
+    writer.add_scalar("train_loss", 0.5, 0)
+    writer.add_scalars("cmp", {"a": 1.0}, 0)
+    writer.close()
+    writer.add_scalar("test_loss", 0.25, 1)
+    writer.add_scalars("cmp", {"a": 2.0}, 1)
+    writer.add_histogram("weights", [0.0, 1.0, 2.0], 1)
+    writer.close()
+    """
+)
+
+
+def test_logging_after_close_reopens_a_patched_writer_as_torch_does(daemon: Daemon, tmp_path: Path) -> None:
+    (tmp_path / "train.py").write_text(AFTER_CLOSE)
+    done = summaryd_run(tmp_path, "--address", daemon.address, "--", sys.executable, "train.py")
+    assert done.returncode == 0, done.stderr
+    assert done.stderr.splitlines()[-1].endswith("0 undelivered, dropped none"), done.stderr
+    run = daemon.logdir / "runs" / "fit"
+    assert [s for s in scalars(run) if s[0] != "weights"] == [("train_loss", 0, 0.5), ("test_loss", 1, 0.25)]
+    assert scalars(run / "cmp_a") == [("cmp", 0, 1.0), ("cmp", 1, 2.0)]
+    histograms = [v.tag for path in event_files(run) for e in read_events(path) for v in e.summary.value if v.histo.num]
+    assert histograms == ["weights"]

@@ -71,7 +71,10 @@ _live: weakref.WeakSet[PatchedWriter] = weakref.WeakSet()
 
 
 class PatchedWriter(SummaryWriter):
-    """A summaryd writer standing in for a framework's: the local directory it was given shows in `log_dir`."""
+    """A summaryd writer standing in for a framework's: the local directory it was given shows in `log_dir`, and
+    logging after `close()` reopens it, as torch's `_get_file_writer` does."""
+
+    reopens_on_use = True
 
     def __init__(
         self, local_dir: str | os.PathLike[str], purge_step: int | None, framework: str, **options: Any

@@ -121,6 +121,11 @@ class SummaryWriter:
             what to give.
     """
 
+    reopens_on_use = False
+    """Whether logging after `close()` reopens the writer in a new session, as torch's does (the writers that
+    `summaryd run` puts in place of torch's and tensorboardX's: frameworks close their logger's writer at the end
+    of `fit` and log to it again in `test`); here such events are counted as dropped ("closed")."""
+
     def __init__(
         self,
         log_dir: str | os.PathLike[str] | None = None,
@@ -662,15 +667,30 @@ class SummaryWriter:
         many events could not be delivered. Pending projector uploads are finished first (within the timeout).
         """
         self._closed = True
-        senders = [self._sender, *self._sub_senders.values()]
+        main, subs = self._sender, dict(self._sub_senders)
         deadline = time.monotonic() + (self._options.close_timeout if timeout is None else timeout)
         if self._uploader is None:  # closed from the start: a later add_embedding is counted, not sent
             self._uploader = _files.FileUploader(self._sender)
         self._uploader.close(max(0.0, deadline - time.monotonic()))
+        senders = [main, *subs.values()]
         if timeout is None:
-            return _merge([s.close() for s in senders], self._uploader)
-        reports = [s.close(max(0.0, deadline - time.monotonic())) for s in senders]
+            reports = [s.close() for s in senders]
+        else:
+            reports = [s.close(max(0.0, deadline - time.monotonic())) for s in senders]
+        if self.reopens_on_use:
+            # The closed senders hand each later event on to a reopened writer's, so that the caller's hot path
+            # has no check of its own.
+            main.hand_over_after_close(functools.partial(self._reopened, None))
+            for run, sender in subs.items():
+                sender.hand_over_after_close(functools.partial(self._reopened, run))
         return _merge(reports, self._uploader)
+
+    def _reopened(self, run: str | None) -> Sender:
+        """The sender that takes over from a closed one of `run` (None: the main run), the writer reopened."""
+        self.reopen()
+        if run is None:
+            return self._sender
+        return self._sub_sender(run[len(self.run.rstrip("/")) + 1 :])
 
     def reopen(self) -> None:
         """After `close()`, log again to the same run in a new session (torch's `FileWriter.reopen`); nothing

@@ -174,6 +174,8 @@ class Sender:
         self._ledger = Ledger(self._queue)
         self._batches = BatchLog(self._ledger)
         self._status = Status()
+        # What takes the events logged after close() (see `hand_over_after_close`); None: they are dropped.
+        self._successor: Callable[[], Sender] | None = None
         self._spiller = Spiller(
             options,
             self.identity,
@@ -252,6 +254,12 @@ class Sender:
         """Start the sender thread (the first event does), e.g. to open the session before any event."""
         self._loop.start()
 
+    def hand_over_after_close(self, successor: Callable[[], Sender]) -> None:
+        """Once closed, pass each event queued here to the sender `successor()` returns instead of dropping it
+        (a writer that reopens on use, as torch's does after `close()`)."""
+        with self._lock:
+            self._successor = successor
+
     def submit(self, source: EventSource, nbytes: int = 64) -> bool:
         """Queue one event without blocking (unless `overflow="block"`); False when it was dropped (counted)."""
         return self.enqueue((source, nbytes))
@@ -268,6 +276,8 @@ class Sender:
         with self._lock:
             status = self._status
             if not status.accepting:
+                if status.closed and self._successor is not None:
+                    return self._successor().enqueue(item)
                 self._ledger.refuse("closed" if status.closing else "rejected")
                 return False
             nbytes: int = item[-1]
