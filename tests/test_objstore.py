@@ -23,9 +23,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import Daemon, read_events, start_daemon, unused_port, wait_for
 from tensorboard.compat.proto.event_pb2 import Event
 
+from _support import Daemon, read_events, start_daemon, unused_port, wait_for
 from benchmarks._seaweed import SeaweedServer, create_bucket, start_seaweed
 from summaryd.client import SummaryWriter
 from summaryd.server.bucket import Bucket, PreconditionFailedError

@@ -27,6 +27,7 @@ from summaryd.server.errors import (
     LimitError,
     ResumeRefusedError,
     RunMismatchError,
+    RunOwnedElsewhereError,
     RunPathError,
     SequenceGapError,
     SessionClosedError,
@@ -63,6 +64,7 @@ STATUS: dict[type[Exception], grpc.StatusCode] = {
     # The session's state does not allow it.
     SessionClosedError: grpc.StatusCode.FAILED_PRECONDITION,
     RunMismatchError: grpc.StatusCode.FAILED_PRECONDITION,
+    RunOwnedElsewhereError: grpc.StatusCode.FAILED_PRECONDITION,
     ResumeRefusedError: grpc.StatusCode.FAILED_PRECONDITION,
     SequenceGapError: grpc.StatusCode.FAILED_PRECONDITION,
     SessionUnknownError: grpc.StatusCode.NOT_FOUND,
@@ -90,7 +92,7 @@ async def _answered(context: Context) -> AsyncIterator[None]:
     try:
         yield
     except _REFUSALS as exc:
-        metadata = exc.trailing_metadata if isinstance(exc, BatchRefusedError) else ()
+        metadata = exc.trailing_metadata if isinstance(exc, (BatchRefusedError, RunOwnedElsewhereError)) else ()
         await context.abort(status_of(exc), str(exc), trailing_metadata=metadata)
 
 

@@ -37,6 +37,7 @@ from summaryd.server.io_threads import run_to_completion
 from summaryd.server.limits import DEFAULT, LimitError, Limits
 from summaryd.server.logs import Throttle
 from summaryd.server.request_checks import MAX_SEQUENCE
+from summaryd.server.run_ownership import RunOwnership
 from summaryd.server.runs import ClosedFile, RunRegistry, RunWriter
 from summaryd.server.session_store import SessionRecord, SessionStore
 from summaryd.server.sessions import Ending, Session, SessionTable
@@ -59,11 +60,21 @@ def _retrieve(task: asyncio.Task[Any]) -> None:
 class SessionLifecycle:
     """Opens, resumes, writes, flushes, releases and closes the sessions of one run registry and session store."""
 
-    def __init__(self, registry: RunRegistry, store: SessionStore, lease: float, limits: Limits = DEFAULT) -> None:
+    def __init__(
+        self,
+        registry: RunRegistry,
+        store: SessionStore,
+        lease: float,
+        limits: Limits = DEFAULT,
+        ownership: RunOwnership | None = None,
+    ) -> None:
         self.registry = registry
         self.store = store
         self.lease = lease
         self.limits = limits
+        # A bucket logdir's run leases: a session holds its run's lease from its start to its end.
+        self.ownership = ownership
+        self._stopping = False
         self.sessions = SessionTable()
         # Batches, flushes, closes and releases being carried out; shutdown waits for these.
         self._busy = 0
@@ -132,7 +143,8 @@ class SessionLifecycle:
             ResumeRefusedError: resuming could write events twice.
             LimitError: the session would exceed `--max-sessions`, `--max-sessions-per-peer` or `--max-open-runs`.
             RunPathError: a part of the run path exists already as a symlink or a file.
-            StorageError: the run directory could not be opened.
+            RunOwnedElsewhereError: (a bucket logdir) another daemon writes the run.
+            StorageError: the run directory (or the run's lease) could not be opened.
         """
         session_id, run_dir = request.session_id, "/".join(parts)
         session = self.sessions.get(session_id)
@@ -168,10 +180,34 @@ class SessionLifecycle:
         self, request: pb.OpenSessionRequest, parts: list[str], record: SessionRecord | None, peer: str
     ) -> Session:
         """A session this daemon does not hold live: new, or resumed where the session store says it stands."""
-        session_id = request.session_id
         over = self._over_session_limits(peer)
         if over is not None:  # before any directory is made
             raise LimitError(over)
+        await self._own("/".join(parts))
+        try:
+            session = await self._start_owned(request, parts, record, peer)
+        except BaseException:
+            await self._disown("/".join(parts))
+            raise
+        return session
+
+    async def _own(self, run_dir: str) -> None:
+        """Hold the run's lease for one more session (a bucket logdir)."""
+        if self.ownership is not None:
+            try:
+                await self.ownership.take(run_dir)
+            except OSError as exc:
+                raise self._storage_error(exc, run_dir, "the run's lease could not be taken") from exc
+
+    async def _disown(self, run_dir: str) -> None:
+        """Let go of the run's lease for one session; at shutdown the leases are released after the last upload."""
+        if self.ownership is not None and not self._stopping:
+            await self.ownership.let_go(run_dir)
+
+    async def _start_owned(
+        self, request: pb.OpenSessionRequest, parts: list[str], record: SessionRecord | None, peer: str
+    ) -> Session:
+        session_id = request.session_id
         try:
             writer = await self.registry.acquire(parts, self.limits)
         except OSError as exc:
@@ -180,6 +216,7 @@ class SessionLifecycle:
         raced = self.sessions.get(session_id)
         if raced is not None:
             await self.registry.release(writer)
+            await self._disown(writer.run_dir)  # this call's count; the raced session holds its own
             return raced
         # Counted again right before the session is added (no await in between): concurrent opens cannot overshoot.
         over = self._over_session_limits(peer)
@@ -291,6 +328,7 @@ class SessionLifecycle:
 
     async def close_all(self) -> None:
         """Release every session and close every file (shutdown); clients resume their sessions later."""
+        self._stopping = True
         for session in self.sessions:
             await self._complete(self._release(session, None))
         closed = await self.registry.close_all()
@@ -367,6 +405,7 @@ class SessionLifecycle:
                 [record] if record is not None else [], [closed] if closed else [], sync=closing and last
             )
             self.sessions.remove(session, ending)
+            await self._disown(session.run.run_dir)
         return True
 
     async def _close_record(self, session_id: str) -> int:

@@ -1,0 +1,133 @@
+"""Several daemons on one bucket logdir: run leases decide which daemon writes a run, the others redirect.
+
+Against a real SeaweedFS (the fixtures of `test_objstore`) and real daemons; the leases are read back from the
+bucket as the daemons wrote them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import time
+import uuid
+from pathlib import Path
+
+import grpc
+import pytest
+from test_objstore import logdir_url, seaweed, start_bucket_daemon, steps_from_bucket
+
+from _support import Daemon, wait_for
+from benchmarks._seaweed import SeaweedServer
+from summaryd.client import SummaryWriter
+from summaryd.server.bucket import Bucket
+from summaryd.server.leases import Lease, RunLeases
+from summaryd.v1 import summaryd_pb2 as pb
+from summaryd.v1 import summaryd_pb2_grpc as pb_grpc
+from summaryd.v1.wire import OWNER_ADDRESS_KEY
+
+pytestmark = pytest.mark.objstore
+
+__all__ = ["logdir_url", "seaweed"]  # fixtures shared with the object-storage tests
+
+
+def daemon_in(workdir: Path, url: str, *flags: str) -> Daemon:
+    """A daemon on the bucket logdir `url` with a state directory of its own, under `workdir`."""
+    workdir.mkdir(parents=True, exist_ok=True)
+    return start_bucket_daemon(workdir, url, *flags)
+
+
+def lease_of(url: str, run: str) -> Lease | None:
+    return asyncio.run(RunLeases(Bucket(url), "reader", "", 30.0).read(run))
+
+
+def open_session(address: str, run: str) -> pb.OpenSessionResponse:
+    with grpc.insecure_channel(address) as channel:
+        request = pb.OpenSessionRequest(session_id=str(uuid.uuid4()), run=run, next_sequence=1)
+        answer: pb.OpenSessionResponse = pb_grpc.SummariesStub(channel).OpenSession(request, timeout=30)
+        return answer
+
+
+def refusal(address: str, run: str) -> tuple[grpc.StatusCode, str, dict[str, str]]:
+    with pytest.raises(grpc.RpcError) as caught:
+        open_session(address, run)
+    error = caught.value
+    trailing = {key: value for key, value in (error.trailing_metadata() or ())}  # type: ignore[attr-defined]
+    return error.code(), error.details(), trailing  # type: ignore[attr-defined]
+
+
+def test_two_daemons_on_one_bucket_each_write_their_own_runs(
+    tmp_path: Path, seaweed: SeaweedServer, logdir_url: str, daemons: list[Daemon]
+) -> None:
+    daemons += [daemon_in(tmp_path / name, logdir_url) for name in ("a", "b")]
+    a, b = daemons
+    with SummaryWriter("left", address=a.address) as left, SummaryWriter("right", address=b.address) as right:
+        for step in range(100):
+            left.add_scalar("loss", float(step), step)
+            right.add_scalar("loss", float(step), step)
+        left.flush()
+        right.flush()
+        # Each run's lease names the daemon writing it, while its sessions are open.
+        held = {run: lease_of(logdir_url, run) for run in ("left", "right")}
+        assert {run: lease.address for run, lease in held.items() if lease} == {"left": a.address, "right": b.address}
+        assert all(lease is not None and lease.expires > time.time() for lease in held.values())
+    for daemon in daemons:
+        assert daemon.terminate() == 0
+    for run in ("left", "right"):
+        assert steps_from_bucket(seaweed, logdir_url, run, tmp_path / run) == collections.Counter(range(100))
+        lease = lease_of(logdir_url, run)
+        assert lease is not None and lease.expires < time.time()  # released when the run closed
+
+
+def test_a_run_written_by_another_daemon_is_refused_naming_its_owner(
+    tmp_path: Path, seaweed: SeaweedServer, logdir_url: str, daemons: list[Daemon]
+) -> None:
+    daemons += [daemon_in(tmp_path / name, logdir_url) for name in ("a", "b")]
+    a, b = daemons
+    open_session(a.address, "shared")  # a owns the run while the session is live
+    code, details, trailing = refusal(b.address, "shared")
+    assert code == grpc.StatusCode.FAILED_PRECONDITION
+    assert trailing[OWNER_ADDRESS_KEY] == a.address and a.address in details
+    open_session(a.address, "shared")  # a second worker of the run on its owner: taken
+    open_session(b.address, "other")  # b still takes runs nobody writes
+
+
+def test_an_expired_lease_is_taken_over_and_a_live_one_is_not(
+    tmp_path: Path, seaweed: SeaweedServer, logdir_url: str, daemons: list[Daemon]
+) -> None:
+    bucket = Bucket(logdir_url)
+    gone = RunLeases(bucket, "gone-daemon", "10.255.0.1:6065", 30.0, clock=lambda: time.time() - 3600)
+    alive = RunLeases(bucket, "live-daemon", "10.255.0.2:6065", 3600.0)
+    asyncio.run(gone.acquire("stale"))
+    asyncio.run(alive.acquire("held"))
+    daemons.append(start_bucket_daemon(tmp_path, logdir_url))
+    (daemon,) = daemons
+
+    code, _, trailing = refusal(daemon.address, "held")
+    assert (code, trailing[OWNER_ADDRESS_KEY]) == (grpc.StatusCode.FAILED_PRECONDITION, "10.255.0.2:6065")
+
+    with SummaryWriter("stale", address=daemon.address) as writer:
+        for step in range(50):
+            writer.add_scalar("loss", float(step), step)
+        writer.flush()
+        lease = lease_of(logdir_url, "stale")
+        assert lease is not None and lease.address == daemon.address and lease.holder != "gone-daemon"
+    daemon.terminate()
+    assert steps_from_bucket(seaweed, logdir_url, "stale", tmp_path / "read") == collections.Counter(range(50))
+
+
+def test_a_held_lease_is_renewed_before_it_expires(
+    tmp_path: Path, seaweed: SeaweedServer, logdir_url: str, daemons: list[Daemon]
+) -> None:
+    daemons.append(start_bucket_daemon(tmp_path, logdir_url, "--run-lease", "1.5"))
+    open_session(daemons[0].address, "kept")
+    first = lease_of(logdir_url, "kept")
+    assert first is not None
+
+    def renewed() -> bool:
+        later = lease_of(logdir_url, "kept")
+        return later is not None and later.holder == first.holder and later.expires > first.expires
+
+    wait_for(renewed, 30, "the lease to be renewed")  # every 0.5 s
+    daemons.append(daemon_in(tmp_path / "b", logdir_url))
+    _, _, trailing = refusal(daemons[1].address, "kept")
+    assert trailing[OWNER_ADDRESS_KEY] == daemons[0].address
