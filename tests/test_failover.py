@@ -55,6 +55,11 @@ def refusal(address: str, run: str) -> tuple[grpc.StatusCode, str, dict[str, str
     return error.code(), error.details(), trailing  # type: ignore[attr-defined]
 
 
+def steps_of(seaweed: SeaweedServer, url: str, tmp_path: Path) -> collections.Counter[int]:
+    """Steps of the run `moving` uploaded so far (read into a fresh directory each time)."""
+    return steps_from_bucket(seaweed, url, "moving", tmp_path / f"peek-{uuid.uuid4().hex[:8]}")
+
+
 def test_two_daemons_on_one_bucket_each_write_their_own_runs(
     tmp_path: Path, seaweed: SeaweedServer, logdir_url: str, daemons: list[Daemon]
 ) -> None:
@@ -131,3 +136,55 @@ def test_a_held_lease_is_renewed_before_it_expires(
     daemons.append(daemon_in(tmp_path / "b", logdir_url))
     _, _, trailing = refusal(daemons[1].address, "kept")
     assert trailing[OWNER_ADDRESS_KEY] == daemons[0].address
+
+
+def test_two_clients_of_one_run_on_two_daemons_end_on_one_daemon(
+    tmp_path: Path, seaweed: SeaweedServer, logdir_url: str, daemons: list[Daemon]
+) -> None:
+    daemons += [daemon_in(tmp_path / name, logdir_url) for name in ("a", "b")]
+    a, b = daemons
+    first = SummaryWriter("job", address=a.address)
+    try:
+        first.add_scalar("first", 0.0, 0)
+        first.flush()  # a owns the run from here
+        # The second worker is sent to b, which refuses it naming a; it follows and writes there.
+        with SummaryWriter("job", address=b.address, backoff_secs=(0.05, 0.2)) as second:
+            for step in range(100):
+                second.add_scalar("second", float(step), step)
+        for step in range(1, 100):
+            first.add_scalar("first", float(step), step)
+    finally:
+        first.close()
+    for daemon in daemons:
+        daemon.terminate()
+    assert not (tmp_path / "b" / "state" / "staging" / "job").exists()  # b never wrote the run
+    assert list((tmp_path / "a" / "state" / "staging" / "job").glob("*tfevents*"))
+    assert steps_from_bucket(seaweed, logdir_url, "job", tmp_path / "read") == collections.Counter(
+        [*range(100), *range(100)]
+    )
+
+
+def test_a_session_moves_to_another_daemon_on_the_bucket_when_its_daemon_dies(
+    tmp_path: Path, seaweed: SeaweedServer, logdir_url: str, daemons: list[Daemon]
+) -> None:
+    # Short run leases: the survivor takes the dead daemon's run over once its lease has expired.
+    flags = ("--run-lease", "2", "--seal-secs", "0.2")
+    daemons += [daemon_in(tmp_path / name, logdir_url, *flags) for name in ("a", "b")]
+    a, b = daemons
+    writer = SummaryWriter("moving", address=f"{a.address},{b.address}", backoff_secs=(0.05, 0.2))
+    try:
+        for step in range(100):
+            writer.add_scalar("loss", float(step), step)
+        writer.flush()
+        # What a acknowledged is uploaded before it dies (without a durable watermark, the client would not
+        # send it again).
+        wait_for(lambda: sum(steps_of(seaweed, logdir_url, tmp_path).values()) == 100, 60, "the first upload")
+        a.proc.kill()
+        a.proc.wait(30)
+        for step in range(100, 200):
+            writer.add_scalar("loss", float(step), step)
+    finally:
+        writer.close(timeout=60)
+    b.terminate()
+    assert steps_from_bucket(seaweed, logdir_url, "moving", tmp_path / "read") == collections.Counter(range(200))
+    assert list((tmp_path / "b" / "state" / "staging" / "moving").glob("*tfevents*"))
