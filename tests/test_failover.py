@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import json
 import time
 import uuid
 from pathlib import Path
+from typing import Any
 
 import grpc
 import pytest
@@ -20,6 +22,7 @@ from _support import Daemon, wait_for
 from benchmarks._seaweed import SeaweedServer
 from summaryd.client import SummaryWriter
 from summaryd.server.bucket import Bucket
+from summaryd.server.cli import main
 from summaryd.server.leases import Lease, RunLeases
 from summaryd.v1 import summaryd_pb2 as pb
 from summaryd.v1 import summaryd_pb2_grpc as pb_grpc
@@ -188,3 +191,34 @@ def test_a_session_moves_to_another_daemon_on_the_bucket_when_its_daemon_dies(
     b.terminate()
     assert steps_from_bucket(seaweed, logdir_url, "moving", tmp_path / "read") == collections.Counter(range(200))
     assert list((tmp_path / "b" / "state" / "staging" / "moving").glob("*tfevents*"))
+
+
+def test_status_shows_each_runs_lease_holder_staged_bytes_and_last_upload(
+    tmp_path: Path, seaweed: SeaweedServer, logdir_url: str, daemons: list[Daemon], capsys: pytest.CaptureFixture[str]
+) -> None:
+    daemons.append(daemon_in(tmp_path, logdir_url, "--seal-secs", "3600", "--seal-bytes", "16384"))
+    (daemon,) = daemons
+
+    def status_of(run: str) -> dict[str, Any]:
+        assert main(["status", "--address", daemon.address, "--json"]) == 0
+        (found,) = [r for r in json.loads(capsys.readouterr().out)["runs"] if r["run_dir"] == run]
+        return found
+
+    with SummaryWriter("watched", address=daemon.address) as writer:
+        writer.add_scalar("loss", 0.0, 0)
+        writer.flush()
+        before = status_of("watched")
+        assert before["lease_holder"] == daemon.address
+        assert before["staged_bytes"] >= before["bytes_written"] > 0 and before["last_upload_unix"] == 0
+        for step in range(1, 1000):  # past --seal-bytes: segments go up while the run is open
+            writer.add_scalar("loss", float(step), step)
+            if step % 100 == 0:
+                writer.flush()
+        writer.flush()
+        wait_for(lambda: status_of("watched")["last_upload_unix"] > 0, 60, "a first upload")
+        after = status_of("watched")
+        assert 0 <= after["staged_bytes"] < after["bytes_written"]
+        assert abs(time.time() - after["last_upload_age_seconds"] - after["last_upload_unix"]) < 60
+        assert main(["status", "--address", daemon.address]) == 0
+        table = capsys.readouterr().out
+        assert "LEASE HOLDER" in table and daemon.address in table.split("OPEN RUN (BUCKET)")[1]

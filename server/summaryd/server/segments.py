@@ -168,6 +168,7 @@ class SegmentShipper:
         self._shipping = asyncio.Lock()
         self._task: asyncio.Task[None] | None = None
         self._failures = 0
+        self._last_uploads: dict[str, float] = {}  # by run, wall clock: outlives the run's uploaded files
 
     # The writer's side.
 
@@ -208,6 +209,11 @@ class SegmentShipper:
     def staged(self) -> list[StagedFile]:
         """The files in staging that are open or not yet wholly uploaded."""
         return list(self._files.values())
+
+    def backlog(self, run_dir: str) -> tuple[int, float | None]:
+        """The bytes of `run_dir` staged and not yet uploaded, and when its last segment was (wall clock)."""
+        pending = sum(staged.pending for staged in self._files.values() if staged.run_dir == run_dir)
+        return pending, self._last_uploads.get(run_dir)
 
     # Lifecycle.
 
@@ -326,7 +332,7 @@ class SegmentShipper:
         staged.uploaded = end
         staged.boundaries = [size for size in staged.boundaries if size > end]
         staged.segments += 1
-        staged.last_upload = time.time()
+        staged.last_upload = self._last_uploads[staged.run_dir] = time.time()
         staged.pending_since = self._clock() if staged.pending > 0 else None
         return True
 
