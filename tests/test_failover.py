@@ -222,3 +222,33 @@ def test_status_shows_each_runs_lease_holder_staged_bytes_and_last_upload(
         assert main(["status", "--address", daemon.address]) == 0
         table = capsys.readouterr().out
         assert "LEASE HOLDER" in table and daemon.address in table.split("OPEN RUN (BUCKET)")[1]
+
+
+def test_a_daemon_whose_lease_was_taken_over_releases_the_runs_sessions_and_redirects(
+    tmp_path: Path, seaweed: SeaweedServer, logdir_url: str, daemons: list[Daemon]
+) -> None:
+    daemons.append(daemon_in(tmp_path, logdir_url, "--run-lease", "1.5"))
+    (daemon,) = daemons
+    with grpc.insecure_channel(daemon.address) as channel:
+        stub = pb_grpc.SummariesStub(channel)
+        session = str(uuid.uuid4())
+        stub.OpenSession(pb.OpenSessionRequest(session_id=session, run="stolen", next_sequence=1), timeout=30)
+        write = pb.WriteRequest(session_id=session, first_sequence=1)
+        assert len(list(stub.Write(iter([write]), timeout=10))) == 1  # live: a heartbeat is answered
+        # Another daemon judges this one gone (its clock an hour ahead) and takes the run over.
+        thief = RunLeases(Bucket(logdir_url), "thief", "10.255.0.3:6065", 30.0, clock=lambda: time.time() + 3600)
+        asyncio.run(thief.acquire("stolen"))
+        # At its next renewal the daemon learns it and releases the session: a heartbeat on it is turned away.
+
+        def released() -> bool:
+            try:
+                list(stub.Write(iter([write]), timeout=10))
+            except grpc.RpcError as exc:
+                # Released having written nothing, it is not remembered: NOT_FOUND (else UNAVAILABLE, released).
+                return exc.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.NOT_FOUND)
+            return False
+
+        wait_for(released, 30, "the session to be released")
+    code, _, trailing = refusal(daemon.address, "stolen")  # resuming (or a new session) goes to the thief
+    assert (code, trailing[OWNER_ADDRESS_KEY]) == (grpc.StatusCode.FAILED_PRECONDITION, "10.255.0.3:6065")
+    assert "lease was taken over" in daemon.log_path.read_text()

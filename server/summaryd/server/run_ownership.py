@@ -4,7 +4,9 @@ A session opening on a run this daemon does not write yet takes the run's lease 
 another daemon's live lease refuses it with `RunOwnedElsewhereError`, naming where the client belongs. Every
 session holding the run counts; when the last one leaves (its file closed), the lease is released so that
 another daemon need not wait for it to expire. While held, leases are renewed in the background at a third of
-their duration. A lease found taken over at renewal is dropped and logged: another daemon judged this one gone.
+their duration. A lease found taken over at renewal (another daemon judged this one gone) is dropped, logged,
+and reported to `on_lost`, which ends the run's live sessions here: their clients open them again and are sent
+to the new owner.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import errno
 import logging
 import os
 import uuid
+from collections.abc import Awaitable, Callable
 
 from summaryd.server.bucket import BucketError
 from summaryd.server.errors import RunOwnedElsewhereError
@@ -53,6 +56,8 @@ class RunOwnership:
 
     def __init__(self, leases: RunLeases) -> None:
         self.leases = leases
+        # Told (outside the lease lock) of each run whose lease was taken over; set by the session lifecycle.
+        self.on_lost: Callable[[str], Awaitable[None]] | None = None
         self._held: dict[str, tuple[Lease, int]] = {}
         # Lease writes of one daemon are few (one per run opened or closed) and must not interleave: a renewal
         # racing an acquire of the same run would leave the daemon with a stale ETag.
@@ -128,14 +133,23 @@ class RunOwnership:
         while True:
             await asyncio.sleep(self.leases.duration / 3)
             async with self._lock:
-                for run_dir, (lease, count) in list(self._held.items()):
-                    await self._renew(run_dir, lease, count)
+                lost = [run for run, (lease, count) in list(self._held.items()) if not await self._renew(lease, count)]
+            for run_dir in lost:
+                if self.on_lost is not None:
+                    try:
+                        await self.on_lost(run_dir)
+                    except Exception:
+                        log.exception("run %s: ending its sessions after the lease was lost failed", run_dir)
 
-    async def _renew(self, run_dir: str, lease: Lease, count: int) -> None:
+    async def _renew(self, lease: Lease, count: int) -> bool:
+        """Renew one lease; False when it was taken over (then it is no longer held)."""
+        run_dir = lease.run_dir
         try:
             self._held[run_dir] = (await self.leases.renew(lease), count)
         except LeaseLostError:
             del self._held[run_dir]
-            log.error("run %s: its lease was taken over by another daemon; this daemon no longer owns it", run_dir)
+            log.error("run %s: its lease was taken over by another daemon; its sessions here are released", run_dir)
+            return False
         except BucketError as exc:  # tried again at the next round, while the lease lasts
             log.warning("run %s: the lease could not be renewed: %s", run_dir, exc)
+        return True

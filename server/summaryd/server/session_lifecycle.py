@@ -74,6 +74,8 @@ class SessionLifecycle:
         self.limits = limits
         # A bucket logdir's run leases: a session holds its run's lease from its start to its end.
         self.ownership = ownership
+        if ownership is not None:
+            ownership.on_lost = self.release_run
         self._stopping = False
         self.sessions = SessionTable()
         # Batches, flushes, closes and releases being carried out; shutdown waits for these.
@@ -325,6 +327,13 @@ class SessionLifecycle:
         for session in self.sessions:
             if session.expired(now):
                 await self._complete(self._release(session, now))
+
+    async def release_run(self, run_dir: str) -> None:
+        """Release every live session of `run_dir` (another daemon took the run over); they stay resumable, and
+        their clients, opening them again, are sent to the new owner."""
+        for session in self.sessions:
+            if session.run.run_dir == run_dir:
+                await self._complete(self._release(session, None))
 
     async def close_all(self) -> None:
         """Release every session and close every file (shutdown); clients resume their sessions later."""
