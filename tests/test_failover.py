@@ -16,7 +16,7 @@ from typing import Any
 
 import grpc
 import pytest
-from test_objstore import logdir_url, seaweed, start_bucket_daemon, steps_from_bucket
+from test_objstore import logdir_url, seaweed, segments, start_bucket_daemon, steps_from_bucket
 
 from _support import Daemon, wait_for
 from benchmarks._seaweed import SeaweedServer
@@ -252,3 +252,31 @@ def test_a_daemon_whose_lease_was_taken_over_releases_the_runs_sessions_and_redi
     code, _, trailing = refusal(daemon.address, "stolen")  # resuming (or a new session) goes to the thief
     assert (code, trailing[OWNER_ADDRESS_KEY]) == (grpc.StatusCode.FAILED_PRECONDITION, "10.255.0.3:6065")
     assert "lease was taken over" in daemon.log_path.read_text()
+
+
+def test_close_and_a_durable_flush_return_once_the_events_are_uploaded(
+    tmp_path: Path, seaweed: SeaweedServer, logdir_url: str, daemons: list[Daemon]
+) -> None:
+    # Sealing by age is off in effect, and another worker keeps the run's file open: only the calls upload.
+    daemons.append(daemon_in(tmp_path, logdir_url, "--seal-secs", "3600"))
+    (daemon,) = daemons
+    keeper = SummaryWriter("durable", address=daemon.address)
+    try:
+        keeper.add_scalar("other", 0.0, 0)
+        keeper.flush()
+        assert segments(seaweed, logdir_url, "durable") == []
+        with SummaryWriter("durable", address=daemon.address) as writer:
+            for step in range(50):
+                writer.add_scalar("loss", float(step), step)
+            writer.flush(durable=True)
+            assert sorted(steps_from_bucket(seaweed, logdir_url, "durable", tmp_path / "flushed").elements()) == [
+                0,
+                *range(50),
+            ]
+            for step in range(50, 100):
+                writer.add_scalar("loss", float(step), step)
+        # Closed: uploaded before close() returned, while the run's file stays open for the keeper.
+        steps = steps_from_bucket(seaweed, logdir_url, "durable", tmp_path / "closed")
+        assert steps == collections.Counter([0, *range(100)])
+    finally:
+        keeper.close()

@@ -103,6 +103,8 @@ class StagedFile:
     closed: bool = False
     segments: int = 0
     last_upload: float | None = None
+    wanted: int = 0
+    """Bytes a caller waits to see uploaded (`upload_through`): due now, whatever their age."""
     boundaries: list[int] = field(default_factory=list)
     """Sizes the writer reported since the last upload: where a segment may end (whole batches)."""
 
@@ -169,6 +171,7 @@ class SegmentShipper:
         self._task: asyncio.Task[None] | None = None
         self._failures = 0
         self._last_uploads: dict[str, float] = {}  # by run, wall clock: outlives the run's uploaded files
+        self._progress = asyncio.Event()  # set (and replaced) after every upload, for `upload_through`
 
     # The writer's side.
 
@@ -203,6 +206,20 @@ class SegmentShipper:
         except BucketError as exc:
             raise OSError(errno.EIO, str(exc)) from exc
         self.counters.count(len(content))
+
+    async def upload_through(self, run_dir: str, name: str, size: int) -> None:
+        """Return once the first `size` bytes of staged file `name` are in the bucket (sealed now, not when due;
+        the run's earlier files go first). Waits while the bucket fails: callers bound it with their deadline."""
+        key = (run_dir, name)
+        staged = self._files.get(key)
+        if staged is None:  # wholly uploaded and put away already
+            return
+        # Never beyond what the writer reported: bytes of a batch still being written (or cut) are not waited on.
+        size = min(size, staged.size)
+        staged.wanted = max(staged.wanted, size)
+        self._wake.set()
+        while (current := self._files.get(key)) is not None and current.uploaded < size:
+            await self._progress.wait()
 
     # Status.
 
@@ -298,6 +315,8 @@ class SegmentShipper:
         return True
 
     def _due(self, staged: StagedFile) -> bool:
+        if staged.uploaded < staged.wanted:
+            return True
         now = self._clock()
         pending_age = 0.0 if staged.pending_since is None else now - staged.pending_since
         return self.policy.due(staged.pending, pending_age, now - staged.started)
@@ -334,6 +353,8 @@ class SegmentShipper:
         staged.segments += 1
         staged.last_upload = self._last_uploads[staged.run_dir] = time.time()
         staged.pending_since = self._clock() if staged.pending > 0 else None
+        self._progress.set()
+        self._progress = asyncio.Event()
         return True
 
     def _stub(self, staged: StagedFile) -> None:

@@ -39,6 +39,7 @@ from summaryd.server.logs import Throttle
 from summaryd.server.request_checks import MAX_SEQUENCE
 from summaryd.server.run_ownership import RunOwnership
 from summaryd.server.runs import ClosedFile, RunRegistry, RunWriter
+from summaryd.server.segments import SegmentShipper
 from summaryd.server.session_store import SessionRecord, SessionStore
 from summaryd.server.sessions import Ending, Session, SessionTable
 from summaryd.v1 import summaryd_pb2 as pb
@@ -278,13 +279,31 @@ class SessionLifecycle:
             raise self._storage_error(exc, session.run.run_dir, "the batch was not written") from exc
 
     async def flush(self, session: Session, durable: bool) -> int:
-        """The session's highest contiguous sequence number, all of it on disk when `durable`.
+        """The session's highest contiguous sequence number, all of it on disk when `durable` (for a bucket
+        logdir: uploaded).
 
         Raises:
             StorageError: fsync failed.
         """
         session.touch()
-        return await self._complete(self._flush(session, durable))
+        uploaded = self._staged_end(session.run)
+        acked = await self._complete(self._flush(session, durable))
+        if durable:
+            await self._uploaded(uploaded)
+        return acked
+
+    @staticmethod
+    def _staged_end(run: RunWriter) -> tuple[str, str, int] | None:
+        """Where the run's staged file ends now: what a durable flush or a close waits to see uploaded."""
+        return (run.run_dir, run.file.name, run.file.size) if run.file is not None else None
+
+    async def _uploaded(self, end: tuple[str, str, int] | None) -> None:
+        """A bucket logdir: wait until the staged bytes up to `end` are uploaded (sealed now). Not carried out
+        to its end when the call is cancelled: the bytes are staged and journaled already, and a bucket that
+        fails would hold the call (and shutdown) forever; the client's deadline ends the wait."""
+        sink = self.registry.sink
+        if end is not None and isinstance(sink, SegmentShipper):
+            await sink.upload_through(*end)
 
     async def _flush(self, session: Session, durable: bool) -> int:
         async with session.lock:
@@ -355,7 +374,9 @@ class SessionLifecycle:
         session = self.sessions.get(session_id)
         if session is None:
             return await self._complete(self._close_record(session_id)), 0
+        uploaded = self._staged_end(session.run)
         if await self._complete(self._leave(session, "closed")):
+            await self._uploaded(uploaded)
             log.info(
                 "session %s closed: run %s, %d events written, %d duplicates dropped",
                 session.session_id,
