@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from _support import Daemon, start_daemon, steps_in, unused_port
+from _support import Daemon, log_losses, start_daemon, steps_in, unused_port
 from summaryd.client import SummaryWriter
 from summaryd.client._options import ClientOptions
 from summaryd.client._sender._targets import DaemonTargets
@@ -39,8 +39,7 @@ def test_targets_go_round_the_list_and_follow_a_redirect() -> None:
 def test_a_daemon_that_is_gone_is_passed_over_for_the_next(tmp_path: Path, daemon: Daemon) -> None:
     gone = f"127.0.0.1:{unused_port()}"
     with SummaryWriter("over", address=f"{gone},{daemon.address}", backoff_secs=(0.05, 0.2)) as writer:
-        for step in range(50):
-            writer.add_scalar("loss", float(step), step)
+        log_losses(writer, range(50))
     assert steps_in(daemon.logdir / "over") == list(range(50))
 
 
@@ -54,12 +53,10 @@ def test_a_session_moves_to_the_next_daemon_when_its_daemon_dies(tmp_path: Path,
     a, b = daemons
     writer = SummaryWriter("moved", address=f"{a.address},{b.address}", backoff_secs=(0.05, 0.2))
     try:
-        for step in range(100):
-            writer.add_scalar("loss", float(step), step)
+        log_losses(writer, range(100))
         writer.flush()
         assert a.terminate() == 0
-        for step in range(100, 200):
-            writer.add_scalar("loss", float(step), step)
+        log_losses(writer, range(100, 200))
     finally:
         writer.close()
     assert steps_in(logdir / "moved") == list(range(200))

@@ -18,7 +18,7 @@ import grpc
 import pytest
 from test_objstore import logdir_url, seaweed, segments, start_bucket_daemon, steps_from_bucket
 
-from _support import Daemon, wait_for
+from _support import Daemon, log_losses, wait_for
 from benchmarks._seaweed import SeaweedServer
 from summaryd.client import SummaryWriter
 from summaryd.server.bucket import Bucket
@@ -69,9 +69,8 @@ def test_two_daemons_on_one_bucket_each_write_their_own_runs(
     daemons += [daemon_in(tmp_path / name, logdir_url) for name in ("a", "b")]
     a, b = daemons
     with SummaryWriter("left", address=a.address) as left, SummaryWriter("right", address=b.address) as right:
-        for step in range(100):
-            left.add_scalar("loss", float(step), step)
-            right.add_scalar("loss", float(step), step)
+        log_losses(left, range(100))
+        log_losses(right, range(100))
         left.flush()
         right.flush()
         # Each run's lease names the daemon writing it, while its sessions are open.
@@ -114,8 +113,7 @@ def test_an_expired_lease_is_taken_over_and_a_live_one_is_not(
     assert (code, trailing[OWNER_ADDRESS_KEY]) == (grpc.StatusCode.FAILED_PRECONDITION, "10.255.0.2:6065")
 
     with SummaryWriter("stale", address=daemon.address) as writer:
-        for step in range(50):
-            writer.add_scalar("loss", float(step), step)
+        log_losses(writer, range(50))
         writer.flush()
         lease = lease_of(logdir_url, "stale")
         assert lease is not None and lease.address == daemon.address and lease.holder != "gone-daemon"
@@ -152,10 +150,8 @@ def test_two_clients_of_one_run_on_two_daemons_end_on_one_daemon(
         first.flush()  # a owns the run from here
         # The second worker is sent to b, which refuses it naming a; it follows and writes there.
         with SummaryWriter("job", address=b.address, backoff_secs=(0.05, 0.2)) as second:
-            for step in range(100):
-                second.add_scalar("second", float(step), step)
-        for step in range(1, 100):
-            first.add_scalar("first", float(step), step)
+            log_losses(second, range(100), "second")
+        log_losses(first, range(1, 100), "first")
     finally:
         first.close()
     for daemon in daemons:
@@ -176,16 +172,14 @@ def test_a_session_moves_to_another_daemon_on_the_bucket_when_its_daemon_dies(
     a, b = daemons
     writer = SummaryWriter("moving", address=f"{a.address},{b.address}", backoff_secs=(0.05, 0.2))
     try:
-        for step in range(100):
-            writer.add_scalar("loss", float(step), step)
+        log_losses(writer, range(100))
         writer.flush()
         # What a acknowledged is uploaded before it dies (without a durable watermark, the client would not
         # send it again).
         wait_for(lambda: sum(steps_of(seaweed, logdir_url, tmp_path).values()) == 100, 60, "the first upload")
         a.proc.kill()
         a.proc.wait(30)
-        for step in range(100, 200):
-            writer.add_scalar("loss", float(step), step)
+        log_losses(writer, range(100, 200))
     finally:
         writer.close(timeout=60)
     b.terminate()
@@ -210,10 +204,7 @@ def test_status_shows_each_runs_lease_holder_staged_bytes_and_last_upload(
         before = status_of("watched")
         assert before["lease_holder"] == daemon.address
         assert before["staged_bytes"] >= before["bytes_written"] > 0 and before["last_upload_unix"] == 0
-        for step in range(1, 1000):  # past --seal-bytes: segments go up while the run is open
-            writer.add_scalar("loss", float(step), step)
-            if step % 100 == 0:
-                writer.flush()
+        log_losses(writer, range(1, 1000), flush_every=100)  # past --seal-bytes: uploads while the run is open
         writer.flush()
         wait_for(lambda: status_of("watched")["last_upload_unix"] > 0, 60, "a first upload")
         after = status_of("watched")
@@ -266,15 +257,13 @@ def test_close_and_a_durable_flush_return_once_the_events_are_uploaded(
         keeper.flush()
         assert segments(seaweed, logdir_url, "durable") == []
         with SummaryWriter("durable", address=daemon.address) as writer:
-            for step in range(50):
-                writer.add_scalar("loss", float(step), step)
+            log_losses(writer, range(50))
             writer.flush(durable=True)
             assert sorted(steps_from_bucket(seaweed, logdir_url, "durable", tmp_path / "flushed").elements()) == [
                 0,
                 *range(50),
             ]
-            for step in range(50, 100):
-                writer.add_scalar("loss", float(step), step)
+            log_losses(writer, range(50, 100))
         # Closed: uploaded before close() returned, while the run's file stays open for the keeper.
         steps = steps_from_bucket(seaweed, logdir_url, "durable", tmp_path / "closed")
         assert steps == collections.Counter([0, *range(100)])
