@@ -160,15 +160,15 @@ class GrpcTransport:
     def _open_failed(self, exc: grpc.RpcError) -> TransportError:
         """Sender thread: what a refused or failed OpenSession means, having moved to another daemon if that
         is the answer (the sender opens the session again at once; no stream is open meanwhile)."""
-        error = transport_error(exc)
+        error, left = transport_error(exc), self._targets.current
         owner = owner_address(exc)
         if owner is not None:
             if self._targets.redirect(owner):
                 self._drop_channel()
-            return TransportError("away", f"the run is written by the daemon at {owner}; moving there")
+            return TransportError("away", f"the daemon at {left} says the run is written by {owner}; moving there")
         if error.kind == "away" and self._targets.move_on():
             self._drop_channel()
-            return TransportError("away", f"{error.text}; moving to the daemon at {self._targets.current}")
+            return TransportError("away", f"{error.text} (at {left}); moving to {self._targets.current}")
         return error
 
     def _drop_channel(self) -> None:
