@@ -269,3 +269,10 @@ def test_close_and_a_durable_flush_return_once_the_events_are_uploaded(
         assert steps == collections.Counter([0, *range(100)])
     finally:
         keeper.close()
+
+    # The run's last session gone and its last bytes uploaded, the lease is given up (the daemon still runs).
+    def released() -> bool:
+        lease = lease_of(logdir_url, "durable")
+        return lease is not None and lease.expires < time.time()
+
+    wait_for(released, 30, "the lease to be released")

@@ -63,6 +63,7 @@ class RunOwnership:
         # racing an acquire of the same run would leave the daemon with a stale ETag.
         self._lock = asyncio.Lock()
         self._renewer: asyncio.Task[None] | None = None
+        self._releasing: set[asyncio.Task[None]] = set()
 
     @property
     def address(self) -> str:
@@ -93,18 +94,36 @@ class RunOwnership:
             self._held[run_dir] = (lease, 1)
             log.info("run %s: lease taken (until %.0f)", run_dir, lease.expires)
 
-    async def let_go(self, run_dir: str) -> None:
-        """Count one session fewer on `run_dir`; the last one releases the lease."""
+    async def let_go(self, run_dir: str, settled: Callable[[], Awaitable[None]] | None = None) -> None:
+        """Count one session fewer on `run_dir`; the last one releases the lease, once `settled()` returns (the
+        run's staged bytes are uploaded: the next owner's segments must come after them). Until then the lease
+        is kept and renewed, and a session opening on the run here takes it up again."""
         async with self._lock:
             held = self._held.get(run_dir)
             if held is None:
                 return
             lease, count = held
-            if count > 1:
+            if count > 1 or settled is not None:
                 self._held[run_dir] = (lease, count - 1)
+                if count == 1 and settled is not None:
+                    task = asyncio.create_task(self._release_when(run_dir, settled))
+                    self._releasing.add(task)
+                    task.add_done_callback(self._releasing.discard)
                 return
             del self._held[run_dir]
             await self._release(lease)
+
+    async def _release_when(self, run_dir: str, settled: Callable[[], Awaitable[None]]) -> None:
+        try:
+            await settled()
+        except Exception:
+            log.exception("run %s: waiting for its last upload failed; releasing its lease", run_dir)
+        async with self._lock:
+            held = self._held.get(run_dir)
+            if held is None or held[1] > 0:  # lost meanwhile, or a session took the run up again
+                return
+            del self._held[run_dir]
+            await self._release(held[0])
 
     def start(self) -> None:
         """Renew held leases in the background, at a third of their duration."""
@@ -112,10 +131,10 @@ class RunOwnership:
 
     async def close(self) -> None:
         """Stop renewing and release every lease still held (shutdown, after the last upload)."""
-        if self._renewer is not None:
-            self._renewer.cancel()
+        for task in [*self._releasing, *([self._renewer] if self._renewer else [])]:
+            task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
-                await self._renewer
+                await task
         async with self._lock:
             held, self._held = list(self._held.values()), {}
             for lease, _ in held:

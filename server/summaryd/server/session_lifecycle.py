@@ -202,10 +202,11 @@ class SessionLifecycle:
             except OSError as exc:
                 raise self._storage_error(exc, run_dir, "the run's lease could not be taken") from exc
 
-    async def _disown(self, run_dir: str) -> None:
-        """Let go of the run's lease for one session; at shutdown the leases are released after the last upload."""
+    async def _disown(self, run_dir: str, end: tuple[str, str, int] | None = None) -> None:
+        """Let go of the run's lease for one session that staged up to `end`: the last session's release waits
+        for that upload. At shutdown the leases are released after the last upload."""
         if self.ownership is not None and not self._stopping:
-            await self.ownership.let_go(run_dir)
+            await self.ownership.let_go(run_dir, (lambda: self._uploaded(end)) if end is not None else None)
 
     async def _start_owned(
         self, request: pb.OpenSessionRequest, parts: list[str], record: SessionRecord | None, peer: str
@@ -423,6 +424,7 @@ class SessionLifecycle:
             closing = ending == "closed"
             if closing:
                 await self._sync(session.run, "fsync failed; the session stays open")
+            end = self._staged_end(session.run)
             closed = await self.registry.release(session.run)
             # A closed flag is synced with the run's last close; until then the file's journal, just synced,
             # holds the session's sequence numbers.
@@ -435,7 +437,7 @@ class SessionLifecycle:
                 [record] if record is not None else [], [closed] if closed else [], sync=closing and last
             )
             self.sessions.remove(session, ending)
-            await self._disown(session.run.run_dir)
+            await self._disown(session.run.run_dir, end)
         return True
 
     async def _close_record(self, session_id: str) -> int:
