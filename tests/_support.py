@@ -24,12 +24,14 @@ from tensorboard.compat.proto.event_pb2 import Event
 
 from benchmarks._daemon import Daemon, stop_process
 from benchmarks._daemon import start_daemon as launch_daemon
+from summaryd.client import SummaryWriter
 from summaryd.server.cli import main
 
 __all__ = [
     "Daemon",
     "assert_whole_records",
     "event_files",
+    "log_losses",
     "read_events",
     "replay",
     "start_daemon",
@@ -109,6 +111,14 @@ def replay(
         assert main(command) == 0
         out = capsys.readouterr().out
     return [json.loads(line) for line in out.splitlines()]
+
+
+def log_losses(writer: SummaryWriter, steps: range, tag: str = "loss", flush_every: int = 0) -> None:
+    """Log `float(step)` under `tag` at every step of `steps` (flushing after every `flush_every` steps)."""
+    for step in steps:
+        writer.add_scalar(tag, float(step), step)
+        if flush_every and (step + 1) % flush_every == 0:
+            writer.flush()
 
 
 def unused_port() -> int:

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from summaryd.server.bucket import is_bucket_url, split_url
-from summaryd.server.cli import main
+from summaryd.server.cli import _build_parser, config_from, main
 from summaryd.server.config import Config
 from summaryd.server.segments import SealPolicy
 
@@ -62,3 +62,28 @@ def test_bad_bucket_settings_are_one_usage_line(argv: list[str], says: str, caps
     assert exited.value.code == 2
     err = capsys.readouterr().err
     assert len(err.strip().splitlines()) == 1 and says in err, err
+
+
+@pytest.mark.parametrize(
+    ("argv", "says"),
+    [
+        (["--logdir", "s3://bucket/p", "--advertise", "node-3"], "--advertise 'node-3' needs HOST:PORT"),
+        (["--logdir", "s3://bucket/p", "--advertise", "node-3:http"], "--advertise 'node-3:http' needs HOST:PORT"),
+        (["--logdir", "s3://bucket/p", "--run-lease", "0"], "--run-lease must be positive"),
+    ],
+)
+def test_bad_run_ownership_settings_are_one_usage_line(
+    argv: list[str], says: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as exited:
+        main(["serve", *argv])
+    assert exited.value.code == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and says in err, err
+
+
+def test_the_advertised_address_comes_from_the_environment_too() -> None:
+    parser, _ = _build_parser()
+    args = parser.parse_args(["serve", "--logdir", "s3://bucket/p"])
+    assert config_from(args, {"SUMMARYD_ADVERTISE": "node-3.example:6065"}).advertise == "node-3.example:6065"
+    assert config_from(args, {}).advertise == ""  # the daemon advertises its --listen address

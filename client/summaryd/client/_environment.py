@@ -16,20 +16,42 @@ _ADDRESS_FORMS = (
 
 
 def resolve_address(address: str | None, environ: Mapping[str, str] = os.environ) -> str:
-    """The argument, else `SUMMARYD_ADDRESS`, else `localhost:6065`; checked and completed by `parse_address`.
+    """The first daemon of `resolve_addresses`.
 
     Raises:
-        ValueError: the address is not one the client can dial; the message says what to give.
+        ValueError: an address is not one the client can dial; the message says what to give.
+    """
+    return resolve_addresses(address, environ)[0]
+
+
+def resolve_addresses(address: str | None, environ: Mapping[str, str] = os.environ) -> tuple[str, ...]:
+    """The argument, else `SUMMARYD_ADDRESS`, else `localhost:6065`: one daemon, or several separated by commas
+    (`a:6065,b:6065`, tried in turn); each checked and completed by `parse_address`.
+
+    Raises:
+        ValueError: an address is not one the client can dial; the message says what to give.
     """
     if address:
-        return parse_address(address)
+        return parse_addresses(address)
     from_env = environ.get("SUMMARYD_ADDRESS")
     if from_env:
         try:
-            return parse_address(from_env)
+            return parse_addresses(from_env)
         except ValueError as exc:
             raise ValueError(f"SUMMARYD_ADDRESS: {exc}") from None
-    return DEFAULT_ADDRESS
+    return (DEFAULT_ADDRESS,)
+
+
+def parse_addresses(addresses: str) -> tuple[str, ...]:
+    """Each daemon of a comma-separated list (`parse_address`), without repeats, in the order given.
+
+    Raises:
+        ValueError: an address is not one the client can dial, or the list is empty.
+    """
+    parsed = [parse_address(part) for part in addresses.split(",") if part.strip()]
+    if not parsed:
+        raise ValueError(f"address {addresses!r} names no daemon; {_ADDRESS_FORMS}")
+    return tuple(dict.fromkeys(parsed))
 
 
 def parse_address(address: str) -> str:

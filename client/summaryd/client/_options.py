@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from summaryd.client._channel import ChannelSettings
-from summaryd.client._environment import resolve_address
+from summaryd.client._environment import resolve_addresses
 from summaryd.client._spool import default_root
 
 Overflow = Literal["spill", "drop_oldest", "block"]
@@ -26,7 +26,7 @@ OVERFLOW_POLICIES: tuple[Overflow, ...] = ("spill", "drop_oldest", "block")
 class ClientOptions:
     """How a client reaches its daemon and what it may hold meanwhile (see `make` for each field's meaning).
 
-    `addresses` holds one daemon today; it is a tuple so that a list of daemons to fail over to fits it.
+    `addresses` are the daemons to try, in turn: the sender moves to the next when one cannot be reached.
     """
 
     addresses: tuple[str, ...]
@@ -48,7 +48,7 @@ class ClientOptions:
 
     @property
     def address(self) -> str:
-        """The daemon this client talks to (the first of `addresses`)."""
+        """The first daemon of `addresses` (the one tried first)."""
         return self.addresses[0]
 
     @classmethod
@@ -79,8 +79,9 @@ class ClientOptions:
         """Arguments win; else `SUMMARYD_ADDRESS`, `SUMMARYD_TOKEN`, `SUMMARYD_TLS*`, `SUMMARYD_SPOOL_DIR`.
 
         Args:
-            address: `host:port` of the daemon (`host` alone: port 6065); default `SUMMARYD_ADDRESS`, else
-                `localhost:6065`.
+            address: `host:port` of the daemon (`host` alone: port 6065), or several separated by commas
+                (`a:6065,b:6065`: tried in turn, the next when one cannot be reached); default
+                `SUMMARYD_ADDRESS` (the same forms), else `localhost:6065`.
             token, tls_ca, tls_cert, tls_key: bearer token and TLS files; default `SUMMARYD_TOKEN`,
                 `SUMMARYD_TLS_CA`/`_CERT`/`_KEY` (`SUMMARYD_TLS=1`: TLS with the system's roots).
             spool_dir: spool root; default `SUMMARYD_SPOOL_DIR`, else `~/.cache/summaryd/spool`.
@@ -107,7 +108,7 @@ class ClientOptions:
         if overflow not in OVERFLOW_POLICIES:
             raise ValueError(f"overflow={overflow!r}: choose one of {', '.join(OVERFLOW_POLICIES)}")
         return cls(
-            addresses=(resolve_address(address, environ),),
+            addresses=resolve_addresses(address, environ),
             channel=ChannelSettings.from_environment(
                 token=token, tls_ca=tls_ca, tls_cert=tls_cert, tls_key=tls_key, environ=environ
             ),

@@ -101,18 +101,26 @@ class GetStatusRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class RunStatus(_message.Message):
-    __slots__ = ("run_dir", "event_file", "events_written", "bytes_written", "sessions")
+    __slots__ = ("run_dir", "event_file", "events_written", "bytes_written", "sessions", "lease_holder", "staged_bytes", "last_upload_unix", "last_upload_age_seconds")
     RUN_DIR_FIELD_NUMBER: _ClassVar[int]
     EVENT_FILE_FIELD_NUMBER: _ClassVar[int]
     EVENTS_WRITTEN_FIELD_NUMBER: _ClassVar[int]
     BYTES_WRITTEN_FIELD_NUMBER: _ClassVar[int]
     SESSIONS_FIELD_NUMBER: _ClassVar[int]
+    LEASE_HOLDER_FIELD_NUMBER: _ClassVar[int]
+    STAGED_BYTES_FIELD_NUMBER: _ClassVar[int]
+    LAST_UPLOAD_UNIX_FIELD_NUMBER: _ClassVar[int]
+    LAST_UPLOAD_AGE_SECONDS_FIELD_NUMBER: _ClassVar[int]
     run_dir: str
     event_file: str
     events_written: int
     bytes_written: int
     sessions: int
-    def __init__(self, run_dir: _Optional[str] = ..., event_file: _Optional[str] = ..., events_written: _Optional[int] = ..., bytes_written: _Optional[int] = ..., sessions: _Optional[int] = ...) -> None: ...
+    lease_holder: str
+    staged_bytes: int
+    last_upload_unix: float
+    last_upload_age_seconds: float
+    def __init__(self, run_dir: _Optional[str] = ..., event_file: _Optional[str] = ..., events_written: _Optional[int] = ..., bytes_written: _Optional[int] = ..., sessions: _Optional[int] = ..., lease_holder: _Optional[str] = ..., staged_bytes: _Optional[int] = ..., last_upload_unix: _Optional[float] = ..., last_upload_age_seconds: _Optional[float] = ...) -> None: ...
 
 class SessionStatus(_message.Message):
     __slots__ = ("session_id", "run_dir", "worker", "client", "acked_sequence", "events_written", "duplicates_dropped", "idle_seconds", "streaming")

@@ -1,7 +1,7 @@
 """What the client and the daemon must agree on beyond the messages of `summaryd.proto`.
 
-The version each side reports, the trailing-metadata key of a refused batch, the default port, and the
-TFRecord framing of event files: the daemon writes run files in it and the client spools in it, and both
+The version each side reports, the trailing-metadata keys of a refused batch and of a redirect, the default
+port, and the TFRecord framing of event files: the daemon writes run files in it and the client spools in it, and both
 read it back (recovery, the courier, `summaryd replay`). Both packages import this module; neither defines
 any of it again.
 """
@@ -19,6 +19,7 @@ from summaryd.v1.version import VERSION
 __all__ = [
     "DEFAULT_ADDRESS",
     "DEFAULT_PORT",
+    "OWNER_ADDRESS_KEY",
     "REFUSED_SEQUENCE_KEY",
     "VERSION",
     "footer",
@@ -38,6 +39,10 @@ DEFAULT_ADDRESS = f"localhost:{DEFAULT_PORT}"
 
 REFUSED_SEQUENCE_KEY = "summaryd-refused-sequence"
 """Trailing metadata of a refused batch: the sequence number of the event refused (see the Write rpc)."""
+
+OWNER_ADDRESS_KEY = "summaryd-owner-address"
+"""Trailing metadata of an OpenSession refused because another daemon writes the run: that daemon's advertised
+address (HOST:PORT), where the client should open the session instead."""
 
 _MASK_DELTA = 0xA282EAD8
 _U32 = 0xFFFFFFFF

@@ -10,6 +10,7 @@ import json
 import logging
 import os
 import sys
+import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, NoReturn
 
@@ -21,6 +22,7 @@ if TYPE_CHECKING:
     from google.protobuf.message import Message
 
     from summaryd.client._channel import ChannelSettings
+    from summaryd.v1 import summaryd_pb2 as pb
 
 ENV_PREFIX = "SUMMARYD_"
 
@@ -251,6 +253,8 @@ def _status(address: str, settings: ChannelSettings, timeout: float, as_json: bo
             f"{run.run_dir:<40} {run.event_file or '-':<58} {run.events_written:>9} {run.bytes_written:>11} "
             f"{run.sessions:>8}"
         )
+    if any(run.lease_holder or run.staged_bytes or run.last_upload_unix for run in status.runs):
+        _bucket_table(status)
     print()
     print(
         f"{'SESSION':<36} {'RUN':<30} {'WORKER':<10} {'HOST':<16} {'PID':>7} {'EVENTS':>9} {'ACKED':>9} "
@@ -267,6 +271,18 @@ def _status(address: str, settings: ChannelSettings, timeout: float, as_json: bo
         f"stay in the logdir), {_count(len(status.sessions), 'live session')}, {_count(open_files, 'open file')}"
     )
     return 0
+
+
+def _bucket_table(status: pb.GetStatusResponse) -> None:
+    """The open runs of a bucket logdir: who holds each run's lease, what waits in staging, the last upload."""
+    print()
+    print(f"{'OPEN RUN (BUCKET)':<40} {'LEASE HOLDER':<28} {'STAGED BYTES':>12} {'LAST UPLOAD (UTC)':<20} {'AGO':>8}")
+    for run in status.runs:
+        when, ago = "-", "-"
+        if run.last_upload_unix:
+            when = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(run.last_upload_unix))
+            ago = f"{run.last_upload_age_seconds:.1f}s"
+        print(f"{run.run_dir:<40} {run.lease_holder or '-':<28} {run.staged_bytes:>12} {when:<20} {ago:>8}")
 
 
 def _count(n: int, what: str) -> str:

@@ -108,6 +108,18 @@ class Config:
         "with a bucket --logdir: a run's segment is uploaded at once when it reaches this size",
         "BYTES",
     )
+    advertise: str = _option(
+        "",
+        "with a bucket --logdir: the address other daemons send this daemon's clients to (default: the "
+        "--listen address, with the port bound)",
+        "HOST:PORT",
+    )
+    run_lease: float = _option(
+        30.0,
+        "with a bucket --logdir: seconds a daemon's claim on a run lasts unless renewed (every third of it); "
+        "another daemon takes an expired run over",
+        "SECS",
+    )
 
     token_file: str = _option(
         "", "file of bearer tokens and the run prefixes each may write; re-read on SIGHUP (see Security)", "FILE"
@@ -171,6 +183,10 @@ class Config:
             split_url(self.logdir)  # a ValueError that names the flag
         if self.seal_secs <= 0 or self.seal_max_secs <= 0 or self.seal_bytes <= 0:
             raise ValueError("--seal-secs, --seal-max-secs and --seal-bytes must be positive")
+        if self.run_lease <= 0:
+            raise ValueError("--run-lease must be positive")
+        if self.advertise and not _is_host_port(self.advertise):
+            raise ValueError(f"--advertise {self.advertise!r} needs HOST:PORT, e.g. node-3.example:{DEFAULT_PORT}")
         if self.log_level.lower() not in LOG_LEVELS:
             raise ValueError(f"--log-level {self.log_level!r}: use one of {', '.join(LOG_LEVELS)}")
         if self.log_format not in ("text", "json"):
@@ -268,6 +284,11 @@ class Config:
 def _host(address: str) -> str:
     """The host of `HOST:PORT` (`[::1]:6065` gives `::1`)."""
     return address.rsplit(":", 1)[0].strip("[]")
+
+
+def _is_host_port(address: str) -> bool:
+    host, sep, port = address.rpartition(":")
+    return bool(sep and host and port.isdigit() and 0 < int(port) <= 65535)
 
 
 def _is_loopback(host: str) -> bool:

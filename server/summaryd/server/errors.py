@@ -8,7 +8,7 @@ from __future__ import annotations
 import errno
 
 from summaryd.v1.runpath import RunPathError
-from summaryd.v1.wire import REFUSED_SEQUENCE_KEY
+from summaryd.v1.wire import OWNER_ADDRESS_KEY, REFUSED_SEQUENCE_KEY
 
 __all__ = [
     "REFUSED_SEQUENCE_KEY",
@@ -18,6 +18,7 @@ __all__ = [
     "LimitError",
     "ResumeRefusedError",
     "RunMismatchError",
+    "RunOwnedElsewhereError",
     "RunPathError",
     "SequenceGapError",
     "SessionClosedError",
@@ -94,6 +95,19 @@ class RunMismatchError(Exception):
         super().__init__(
             f"session {session_id} writes to {held!r}, not {asked!r}; use a new session id for another run"
         )
+
+
+class RunOwnedElsewhereError(Exception):
+    """Another daemon holds the run's lease (a bucket logdir); FAILED_PRECONDITION, with that daemon's advertised
+    address in the trailing metadata (`OWNER_ADDRESS_KEY`), which the client follows."""
+
+    def __init__(self, run_dir: str, address: str) -> None:
+        super().__init__(f"run {run_dir!r} is written by the daemon at {address}; open the session there")
+        self.address = address
+
+    @property
+    def trailing_metadata(self) -> tuple[tuple[str, str], ...]:
+        return ((OWNER_ADDRESS_KEY, self.address),)
 
 
 class ResumeRefusedError(Exception):

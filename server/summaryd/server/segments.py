@@ -103,6 +103,8 @@ class StagedFile:
     closed: bool = False
     segments: int = 0
     last_upload: float | None = None
+    wanted: int = 0
+    """Bytes a caller waits to see uploaded (`upload_through`): due now, whatever their age."""
     boundaries: list[int] = field(default_factory=list)
     """Sizes the writer reported since the last upload: where a segment may end (whole batches)."""
 
@@ -168,6 +170,8 @@ class SegmentShipper:
         self._shipping = asyncio.Lock()
         self._task: asyncio.Task[None] | None = None
         self._failures = 0
+        self._last_uploads: dict[str, float] = {}  # by run, wall clock: outlives the run's uploaded files
+        self._progress = asyncio.Event()  # set (and replaced) after every upload, for `upload_through`
 
     # The writer's side.
 
@@ -203,11 +207,30 @@ class SegmentShipper:
             raise OSError(errno.EIO, str(exc)) from exc
         self.counters.count(len(content))
 
+    async def upload_through(self, run_dir: str, name: str, size: int) -> None:
+        """Return once the first `size` bytes of staged file `name` are in the bucket (sealed now, not when due;
+        the run's earlier files go first). Waits while the bucket fails: callers bound it with their deadline."""
+        key = (run_dir, name)
+        staged = self._files.get(key)
+        if staged is None:  # wholly uploaded and put away already
+            return
+        # Never beyond what the writer reported: bytes of a batch still being written (or cut) are not waited on.
+        size = min(size, staged.size)
+        staged.wanted = max(staged.wanted, size)
+        self._wake.set()
+        while (current := self._files.get(key)) is not None and current.uploaded < size:
+            await self._progress.wait()
+
     # Status.
 
     def staged(self) -> list[StagedFile]:
         """The files in staging that are open or not yet wholly uploaded."""
         return list(self._files.values())
+
+    def backlog(self, run_dir: str) -> tuple[int, float | None]:
+        """The bytes of `run_dir` staged and not yet uploaded, and when its last segment was (wall clock)."""
+        pending = sum(staged.pending for staged in self._files.values() if staged.run_dir == run_dir)
+        return pending, self._last_uploads.get(run_dir)
 
     # Lifecycle.
 
@@ -292,6 +315,8 @@ class SegmentShipper:
         return True
 
     def _due(self, staged: StagedFile) -> bool:
+        if staged.uploaded < staged.wanted:
+            return True
         now = self._clock()
         pending_age = 0.0 if staged.pending_since is None else now - staged.pending_since
         return self.policy.due(staged.pending, pending_age, now - staged.started)
@@ -326,8 +351,10 @@ class SegmentShipper:
         staged.uploaded = end
         staged.boundaries = [size for size in staged.boundaries if size > end]
         staged.segments += 1
-        staged.last_upload = time.time()
+        staged.last_upload = self._last_uploads[staged.run_dir] = time.time()
         staged.pending_since = self._clock() if staged.pending > 0 else None
+        self._progress.set()
+        self._progress = asyncio.Event()
         return True
 
     def _stub(self, staged: StagedFile) -> None:

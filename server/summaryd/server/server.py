@@ -25,9 +25,11 @@ from summaryd.server.auth import AuthInterceptor, TokenTable, current_caller
 from summaryd.server.bucket import Bucket, BucketError
 from summaryd.server.config import Config
 from summaryd.server.io_threads import io_executor
+from summaryd.server.leases import RunLeases
 from summaryd.server.metrics import Metrics, MetricsInterceptor, ServiceCollector
 from summaryd.server.open_files import ensure_open_files
 from summaryd.server.refusals import RefusalInterceptor
+from summaryd.server.run_ownership import RunOwnership, holder_id
 from summaryd.server.runs import RunRegistry
 from summaryd.server.segments import SegmentShipper
 from summaryd.server.service import SummariesService
@@ -157,8 +159,12 @@ class Server:
             report = await loop.run_in_executor(executor, state.recover, registry.logdir_fd)
         except OSError as exc:
             raise StartupError(f"cannot start on --logdir {config.logdir}: {_reason(exc)}") from None
+        ownership = None
         if shipper is not None:
             await _ship_leftovers(shipper, config)
+            ownership = await self._run_ownership(shipper.bucket, executor)
+            # Released after the shipper's last upload (callbacks run in reverse): the next owner comes after it.
+            resources.push_async_callback(ownership.close)
             resources.push_async_callback(shipper.stop)
         if report.files:
             log.warning(
@@ -176,7 +182,7 @@ class Server:
                 report.damaged,
                 state.path,
             )
-        lifecycle = SessionLifecycle(registry, state.store, config.session_lease, config.limits)
+        lifecycle = SessionLifecycle(registry, state.store, config.session_lease, config.limits, ownership)
         service = SummariesService(lifecycle)
         self.metrics.registry.register(ServiceCollector(lifecycle))
         if self.auth is not None:
@@ -200,6 +206,19 @@ class Server:
         where = f"{config.logdir} (staged in {registry.logdir})" if config.is_bucket else registry.logdir
         log.info("summaryd serving %s on %s (port %d)", where, config.host, self.port)
         return _Serving(server, health, service, lifecycle, resources)
+
+    async def _run_ownership(self, bucket: Bucket, executor: ThreadPoolExecutor) -> RunOwnership:
+        """The run leases of a bucket logdir, held under this state directory's id, renewed from now on."""
+        config = self.config
+        try:
+            holder = await asyncio.get_running_loop().run_in_executor(executor, holder_id, config.state_path)
+        except OSError as exc:
+            raise StartupError(f"cannot write the daemon's id in {config.state_path}: {_reason(exc)}") from None
+        address = config.advertise or f"{config.host}:{self.port}"
+        ownership = RunOwnership(RunLeases(bucket, holder, address, config.run_lease))
+        ownership.start()
+        log.info("run leases held as %s, clients of other daemons sent to %s", holder, address)
+        return ownership
 
     async def main_loop(self) -> None:
         """Serve until `request_shutdown()`; meanwhile release sessions whose lease ran out, a few times per lease."""

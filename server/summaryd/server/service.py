@@ -27,6 +27,7 @@ from summaryd.server.errors import (
     LimitError,
     ResumeRefusedError,
     RunMismatchError,
+    RunOwnedElsewhereError,
     RunPathError,
     SequenceGapError,
     SessionClosedError,
@@ -36,6 +37,7 @@ from summaryd.server.errors import (
 )
 from summaryd.server.request_checks import open_problem, session_id_problem, write_problem
 from summaryd.server.runpath import run_dir_parts
+from summaryd.server.segments import SegmentShipper
 from summaryd.server.session_lifecycle import SessionLifecycle
 from summaryd.server.sessions import Session
 from summaryd.v1 import summaryd_pb2 as pb
@@ -63,6 +65,7 @@ STATUS: dict[type[Exception], grpc.StatusCode] = {
     # The session's state does not allow it.
     SessionClosedError: grpc.StatusCode.FAILED_PRECONDITION,
     RunMismatchError: grpc.StatusCode.FAILED_PRECONDITION,
+    RunOwnedElsewhereError: grpc.StatusCode.FAILED_PRECONDITION,
     ResumeRefusedError: grpc.StatusCode.FAILED_PRECONDITION,
     SequenceGapError: grpc.StatusCode.FAILED_PRECONDITION,
     SessionUnknownError: grpc.StatusCode.NOT_FOUND,
@@ -90,7 +93,7 @@ async def _answered(context: Context) -> AsyncIterator[None]:
     try:
         yield
     except _REFUSALS as exc:
-        metadata = exc.trailing_metadata if isinstance(exc, BatchRefusedError) else ()
+        metadata = exc.trailing_metadata if isinstance(exc, (BatchRefusedError, RunOwnedElsewhereError)) else ()
         await context.abort(status_of(exc), str(exc), trailing_metadata=metadata)
 
 
@@ -253,13 +256,14 @@ class SummariesService(pb_grpc.SummariesServicer):
         for run in registry.runs:
             if grant is not None and not grant.allows(run.run_dir):
                 continue
-            response.runs.add(
+            status = response.runs.add(
                 run_dir=run.run_dir,
                 event_file=run.file.name if run.file else "",
                 events_written=run.events_written,
                 bytes_written=run.bytes_written,
                 sessions=run.sessions,
             )
+            self._bucket_columns(status)
         for s in self.lifecycle.sessions:
             if grant is not None and not grant.allows(s.run.run_dir):
                 continue
@@ -275,6 +279,17 @@ class SummariesService(pb_grpc.SummariesServicer):
                 streaming=bool(s.streams),
             )
         return response
+
+    def _bucket_columns(self, status: pb.RunStatus) -> None:
+        """A bucket logdir's columns of a run: its lease holder, staged bytes and last upload."""
+        ownership, sink = self.lifecycle.ownership, self.lifecycle.registry.sink
+        if ownership is not None and status.run_dir in ownership.held():
+            status.lease_holder = ownership.address
+        if isinstance(sink, SegmentShipper):
+            status.staged_bytes, last_upload = sink.backlog(status.run_dir)
+            if last_upload is not None:
+                status.last_upload_unix = last_upload
+                status.last_upload_age_seconds = max(0.0, time.time() - last_upload)
 
     # ---- authorization ---------------------------------------------------------------------------------
 

@@ -37,7 +37,9 @@ from summaryd.server.io_threads import run_to_completion
 from summaryd.server.limits import DEFAULT, LimitError, Limits
 from summaryd.server.logs import Throttle
 from summaryd.server.request_checks import MAX_SEQUENCE
+from summaryd.server.run_ownership import RunOwnership
 from summaryd.server.runs import ClosedFile, RunRegistry, RunWriter
+from summaryd.server.segments import SegmentShipper
 from summaryd.server.session_store import SessionRecord, SessionStore
 from summaryd.server.sessions import Ending, Session, SessionTable
 from summaryd.v1 import summaryd_pb2 as pb
@@ -59,11 +61,23 @@ def _retrieve(task: asyncio.Task[Any]) -> None:
 class SessionLifecycle:
     """Opens, resumes, writes, flushes, releases and closes the sessions of one run registry and session store."""
 
-    def __init__(self, registry: RunRegistry, store: SessionStore, lease: float, limits: Limits = DEFAULT) -> None:
+    def __init__(
+        self,
+        registry: RunRegistry,
+        store: SessionStore,
+        lease: float,
+        limits: Limits = DEFAULT,
+        ownership: RunOwnership | None = None,
+    ) -> None:
         self.registry = registry
         self.store = store
         self.lease = lease
         self.limits = limits
+        # A bucket logdir's run leases: a session holds its run's lease from its start to its end.
+        self.ownership = ownership
+        if ownership is not None:
+            ownership.on_lost = self.release_run
+        self._stopping = False
         self.sessions = SessionTable()
         # Batches, flushes, closes and releases being carried out; shutdown waits for these.
         self._busy = 0
@@ -132,7 +146,8 @@ class SessionLifecycle:
             ResumeRefusedError: resuming could write events twice.
             LimitError: the session would exceed `--max-sessions`, `--max-sessions-per-peer` or `--max-open-runs`.
             RunPathError: a part of the run path exists already as a symlink or a file.
-            StorageError: the run directory could not be opened.
+            RunOwnedElsewhereError: (a bucket logdir) another daemon writes the run.
+            StorageError: the run directory (or the run's lease) could not be opened.
         """
         session_id, run_dir = request.session_id, "/".join(parts)
         session = self.sessions.get(session_id)
@@ -168,10 +183,35 @@ class SessionLifecycle:
         self, request: pb.OpenSessionRequest, parts: list[str], record: SessionRecord | None, peer: str
     ) -> Session:
         """A session this daemon does not hold live: new, or resumed where the session store says it stands."""
-        session_id = request.session_id
         over = self._over_session_limits(peer)
         if over is not None:  # before any directory is made
             raise LimitError(over)
+        await self._own("/".join(parts))
+        try:
+            session = await self._start_owned(request, parts, record, peer)
+        except BaseException:
+            await self._disown("/".join(parts))
+            raise
+        return session
+
+    async def _own(self, run_dir: str) -> None:
+        """Hold the run's lease for one more session (a bucket logdir)."""
+        if self.ownership is not None:
+            try:
+                await self.ownership.take(run_dir)
+            except OSError as exc:
+                raise self._storage_error(exc, run_dir, "the run's lease could not be taken") from exc
+
+    async def _disown(self, run_dir: str, end: tuple[str, str, int] | None = None) -> None:
+        """Let go of the run's lease for one session that staged up to `end`: the last session's release waits
+        for that upload. At shutdown the leases are released after the last upload."""
+        if self.ownership is not None and not self._stopping:
+            await self.ownership.let_go(run_dir, (lambda: self._uploaded(end)) if end is not None else None)
+
+    async def _start_owned(
+        self, request: pb.OpenSessionRequest, parts: list[str], record: SessionRecord | None, peer: str
+    ) -> Session:
+        session_id = request.session_id
         try:
             writer = await self.registry.acquire(parts, self.limits)
         except OSError as exc:
@@ -180,6 +220,7 @@ class SessionLifecycle:
         raced = self.sessions.get(session_id)
         if raced is not None:
             await self.registry.release(writer)
+            await self._disown(writer.run_dir)  # this call's count; the raced session holds its own
             return raced
         # Counted again right before the session is added (no await in between): concurrent opens cannot overshoot.
         over = self._over_session_limits(peer)
@@ -239,13 +280,31 @@ class SessionLifecycle:
             raise self._storage_error(exc, session.run.run_dir, "the batch was not written") from exc
 
     async def flush(self, session: Session, durable: bool) -> int:
-        """The session's highest contiguous sequence number, all of it on disk when `durable`.
+        """The session's highest contiguous sequence number, all of it on disk when `durable` (for a bucket
+        logdir: uploaded).
 
         Raises:
             StorageError: fsync failed.
         """
         session.touch()
-        return await self._complete(self._flush(session, durable))
+        uploaded = self._staged_end(session.run)
+        acked = await self._complete(self._flush(session, durable))
+        if durable:
+            await self._uploaded(uploaded)
+        return acked
+
+    @staticmethod
+    def _staged_end(run: RunWriter) -> tuple[str, str, int] | None:
+        """Where the run's staged file ends now: what a durable flush or a close waits to see uploaded."""
+        return (run.run_dir, run.file.name, run.file.size) if run.file is not None else None
+
+    async def _uploaded(self, end: tuple[str, str, int] | None) -> None:
+        """A bucket logdir: wait until the staged bytes up to `end` are uploaded (sealed now). Not carried out
+        to its end when the call is cancelled: the bytes are staged and journaled already, and a bucket that
+        fails would hold the call (and shutdown) forever; the client's deadline ends the wait."""
+        sink = self.registry.sink
+        if end is not None and isinstance(sink, SegmentShipper):
+            await sink.upload_through(*end)
 
     async def _flush(self, session: Session, durable: bool) -> int:
         async with session.lock:
@@ -289,8 +348,16 @@ class SessionLifecycle:
             if session.expired(now):
                 await self._complete(self._release(session, now))
 
+    async def release_run(self, run_dir: str) -> None:
+        """Release every live session of `run_dir` (another daemon took the run over); they stay resumable, and
+        their clients, opening them again, are sent to the new owner."""
+        for session in self.sessions:
+            if session.run.run_dir == run_dir:
+                await self._complete(self._release(session, None))
+
     async def close_all(self) -> None:
         """Release every session and close every file (shutdown); clients resume their sessions later."""
+        self._stopping = True
         for session in self.sessions:
             await self._complete(self._release(session, None))
         closed = await self.registry.close_all()
@@ -308,7 +375,9 @@ class SessionLifecycle:
         session = self.sessions.get(session_id)
         if session is None:
             return await self._complete(self._close_record(session_id)), 0
+        uploaded = self._staged_end(session.run)
         if await self._complete(self._leave(session, "closed")):
+            await self._uploaded(uploaded)
             log.info(
                 "session %s closed: run %s, %d events written, %d duplicates dropped",
                 session.session_id,
@@ -355,6 +424,7 @@ class SessionLifecycle:
             closing = ending == "closed"
             if closing:
                 await self._sync(session.run, "fsync failed; the session stays open")
+            end = self._staged_end(session.run)
             closed = await self.registry.release(session.run)
             # A closed flag is synced with the run's last close; until then the file's journal, just synced,
             # holds the session's sequence numbers.
@@ -367,6 +437,7 @@ class SessionLifecycle:
                 [record] if record is not None else [], [closed] if closed else [], sync=closing and last
             )
             self.sessions.remove(session, ending)
+            await self._disown(session.run.run_dir, end)
         return True
 
     async def _close_record(self, session_id: str) -> int:

@@ -1,4 +1,11 @@
-"""The gRPC `Transport`: one channel to the daemon, a `Write` stream per connection, unary calls otherwise."""
+"""The gRPC `Transport`: one channel to the daemon of the moment, a `Write` stream per connection, unary calls
+otherwise.
+
+Of several daemons (`ClientOptions.addresses`) it talks to one at a time: a session that cannot be opened
+because the daemon is away moves it to the next, and a daemon that refuses the session because another daemon
+writes the run (FAILED_PRECONDITION with `OWNER_ADDRESS_KEY`) moves it there. Either way the sender opens the
+same session again at once (the `away` it is told), resuming from what the daemon holds.
+"""
 
 from __future__ import annotations
 
@@ -12,11 +19,12 @@ from summaryd.client import _process
 from summaryd.client._batch_fit import DaemonLimits
 from summaryd.client._channel import open_channel
 from summaryd.client._options import ClientOptions
+from summaryd.client._sender._targets import DaemonTargets
 from summaryd.client._sender._transport import Ack, ErrorKind, Hello, Opened, TransportError
 from summaryd.client._stream import WriteStream
 from summaryd.v1 import summaryd_pb2 as pb
 from summaryd.v1 import summaryd_pb2_grpc as pb_grpc
-from summaryd.v1.wire import REFUSED_SEQUENCE_KEY, VERSION
+from summaryd.v1.wire import OWNER_ADDRESS_KEY, REFUSED_SEQUENCE_KEY, VERSION
 
 # Trailing metadata of a refused batch: the sequence number of the event the daemon refused (see the proto).
 
@@ -41,19 +49,36 @@ def transport_error(exc: grpc.RpcError) -> TransportError:
 
 def refused_sequence(error: grpc.RpcError) -> int | None:
     """The sequence number of the event a daemon refused, from the trailing metadata of its INVALID_ARGUMENT."""
+    value = _trailing(error, REFUSED_SEQUENCE_KEY)
+    try:
+        return int(value) if value is not None else None
+    except ValueError:
+        return None
+
+
+def owner_address(error: grpc.RpcError) -> str | None:
+    """Where the run's owner is, from the trailing metadata of an OpenSession refused for that reason."""
+    if error.code() != grpc.StatusCode.FAILED_PRECONDITION:
+        return None
+    return _trailing(error, OWNER_ADDRESS_KEY) or None
+
+
+def _trailing(error: grpc.RpcError, wanted: str) -> str | None:
     trailing = getattr(error, "trailing_metadata", None)
     for key, value in (trailing() if callable(trailing) else None) or ():
-        if key == REFUSED_SEQUENCE_KEY:
-            try:
-                return int(value)
-            except (TypeError, ValueError):
-                return None
+        if key == wanted:
+            return str(value)
     return None
 
 
 class _Opening:
-    def __init__(self, future: grpc.Future[pb.OpenSessionResponse]) -> None:
+    def __init__(
+        self,
+        future: grpc.Future[pb.OpenSessionResponse],
+        on_error: Callable[[grpc.RpcError], TransportError],
+    ) -> None:
         self._future = future
+        self._on_error = on_error
 
     def done(self) -> bool:
         return self._future.done()
@@ -62,7 +87,7 @@ class _Opening:
         try:
             answer = self._future.result()
         except grpc.RpcError as exc:
-            raise transport_error(exc) from None
+            raise self._on_error(exc) from None
         except grpc.FutureCancelledError:
             return None
         return Opened(answer.run_dir, answer.last_sequence, answer.lease_seconds, DaemonLimits.of(answer))
@@ -112,10 +137,11 @@ class _Stream:
 
 
 class GrpcTransport:
-    """Talks to the first daemon of the options over one channel, opened on first use."""
+    """Talks to one daemon of the options at a time over one channel, opened on first use."""
 
     def __init__(self, options: ClientOptions) -> None:
         self._options = options
+        self._targets = DaemonTargets(options.addresses)
         self._channel: grpc.Channel | None = None
         # The calls under way, which a forked child must never free (they belong to the parent's channel).
         self._opening: grpc.Future[pb.OpenSessionResponse] | None = None
@@ -123,13 +149,32 @@ class GrpcTransport:
 
     @property
     def address(self) -> str:
-        return self._options.address
+        return self._targets.current
 
     def _stub(self) -> pb_grpc.SummariesStub:
         if self._channel is None:
             _process.note_grpc_used()
-            self._channel = open_channel(self._options.address, self._options.channel)
+            self._channel = open_channel(self._targets.current, self._options.channel)
         return pb_grpc.SummariesStub(self._channel)
+
+    def _open_failed(self, exc: grpc.RpcError) -> TransportError:
+        """Sender thread: what a refused or failed OpenSession means, having moved to another daemon if that
+        is the answer (the sender opens the session again at once; no stream is open meanwhile)."""
+        error, left = transport_error(exc), self._targets.current
+        owner = owner_address(exc)
+        if owner is not None:
+            if self._targets.redirect(owner):
+                self._drop_channel()
+            return TransportError("away", f"the daemon at {left} says the run is written by {owner}; moving there")
+        if error.kind == "away" and self._targets.move_on():
+            self._drop_channel()
+            return TransportError("away", f"{error.text} (at {left}); moving to {self._targets.current}")
+        return error
+
+    def _drop_channel(self) -> None:
+        if self._channel is not None:
+            self._channel.close()
+            self._channel = None
 
     def open_session(self, hello: Hello, on_done: Callable[[], None]) -> _Opening:
         identity = hello.identity
@@ -147,7 +192,7 @@ class GrpcTransport:
         future = self._stub().OpenSession.future(request, timeout=self._options.rpc_timeout)
         self._opening = future
         future.add_done_callback(lambda _: on_done())
-        return _Opening(future)
+        return _Opening(future, self._open_failed)
 
     def open_stream(
         self,
@@ -185,9 +230,7 @@ class GrpcTransport:
 
     def close(self) -> None:
         self._opening = self._stream = None
-        if self._channel is not None:
-            self._channel.close()
-            self._channel = None
+        self._drop_channel()
 
     def leave_to_parent(self) -> None:
         _process.keep_forever(self._channel, self._stream, self._opening)

@@ -5,8 +5,8 @@ stream whose acknowledgements arrive on another thread, sends heartbeats on it, 
 session. Everything that can go wrong arrives as a `TransportError` of a few kinds that say what the sender
 should do about it, so that the sender knows nothing of gRPC status codes.
 
-Room left for what is to come: an address list to fail over across is the transport's own affair (it is
-built from `ClientOptions.addresses`, and an `away` error is where it would turn to the next daemon); a second
+Failing over across `ClientOptions.addresses` (and following a redirect to a run's owner) is the transport's
+own affair: the sender only sees `away` and opens the session again. Room left for what is to come: a second
 kind of payload (a columnar batch of scalars) is another `Stream` method beside `write`; a second, durable
 acknowledgement is another field of `Ack`.
 """

@@ -1,0 +1,174 @@
+"""Which runs of a bucket logdir this daemon writes: their leases, taken as sessions open and kept while held.
+
+A session opening on a run this daemon does not write yet takes the run's lease first (`leases.RunLeases`);
+another daemon's live lease refuses it with `RunOwnedElsewhereError`, naming where the client belongs. Every
+session holding the run counts; when the last one leaves (its file closed), the lease is released so that
+another daemon need not wait for it to expire. While held, leases are renewed in the background at a third of
+their duration. A lease found taken over at renewal (another daemon judged this one gone) is dropped, logged,
+and reported to `on_lost`, which ends the run's live sessions here: their clients open them again and are sent
+to the new owner.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import errno
+import logging
+import os
+import uuid
+from collections.abc import Awaitable, Callable
+
+from summaryd.server.bucket import BucketError
+from summaryd.server.errors import RunOwnedElsewhereError
+from summaryd.server.leases import Lease, LeaseHeldError, LeaseLostError, RunLeases
+
+log = logging.getLogger(__name__)
+
+HOLDER_FILE = "daemon-id"
+
+
+def holder_id(state_path: str) -> str:
+    """The daemon's lease-holder id, kept in its state directory: a daemon restarted on the same state (and
+    staged files) gets back the leases it held; one started on a fresh disk is another holder.
+
+    Blocking: reads or writes a small file.
+    """
+    path = os.path.join(state_path, HOLDER_FILE)
+    try:
+        with open(path) as f:
+            found = f.read().strip()
+        if found:
+            return found
+    except FileNotFoundError:
+        pass
+    holder = uuid.uuid4().hex
+    with open(path + ".tmp", "w") as f:
+        f.write(holder + "\n")
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(path + ".tmp", path)
+    return holder
+
+
+class RunOwnership:
+    """The leases of the runs this daemon writes, counted by the sessions that hold each run."""
+
+    def __init__(self, leases: RunLeases) -> None:
+        self.leases = leases
+        # Told (outside the lease lock) of each run whose lease was taken over; set by the session lifecycle.
+        self.on_lost: Callable[[str], Awaitable[None]] | None = None
+        self._held: dict[str, tuple[Lease, int]] = {}
+        # Lease writes of one daemon are few (one per run opened or closed) and must not interleave: a renewal
+        # racing an acquire of the same run would leave the daemon with a stale ETag.
+        self._lock = asyncio.Lock()
+        self._renewer: asyncio.Task[None] | None = None
+        self._releasing: set[asyncio.Task[None]] = set()
+
+    @property
+    def address(self) -> str:
+        return self.leases.address
+
+    def held(self) -> dict[str, Lease]:
+        """The lease of each run this daemon holds."""
+        return {run: lease for run, (lease, _) in self._held.items()}
+
+    async def take(self, run_dir: str) -> None:
+        """Count one more session on `run_dir`, taking its lease when this daemon does not hold it yet.
+
+        Raises:
+            RunOwnedElsewhereError: another daemon holds a live lease on the run.
+            OSError: the bucket could not be read or written (EIO: the client tries again).
+        """
+        async with self._lock:
+            held = self._held.get(run_dir)
+            if held is not None:
+                self._held[run_dir] = (held[0], held[1] + 1)
+                return
+            try:
+                lease = await self.leases.acquire(run_dir)
+            except LeaseHeldError as exc:
+                raise RunOwnedElsewhereError(run_dir, exc.address or exc.holder) from None
+            except (BucketError, LeaseLostError) as exc:
+                raise OSError(errno.EIO, f"the run's lease could not be taken: {exc}") from exc
+            self._held[run_dir] = (lease, 1)
+            log.info("run %s: lease taken (until %.0f)", run_dir, lease.expires)
+
+    async def let_go(self, run_dir: str, settled: Callable[[], Awaitable[None]] | None = None) -> None:
+        """Count one session fewer on `run_dir`; the last one releases the lease, once `settled()` returns (the
+        run's staged bytes are uploaded: the next owner's segments must come after them). Until then the lease
+        is kept and renewed, and a session opening on the run here takes it up again."""
+        async with self._lock:
+            held = self._held.get(run_dir)
+            if held is None:
+                return
+            lease, count = held
+            if count > 1 or settled is not None:
+                self._held[run_dir] = (lease, count - 1)
+                if count == 1 and settled is not None:
+                    task = asyncio.create_task(self._release_when(run_dir, settled))
+                    self._releasing.add(task)
+                    task.add_done_callback(self._releasing.discard)
+                return
+            del self._held[run_dir]
+            await self._release(lease)
+
+    async def _release_when(self, run_dir: str, settled: Callable[[], Awaitable[None]]) -> None:
+        try:
+            await settled()
+        except Exception:
+            log.exception("run %s: waiting for its last upload failed; releasing its lease", run_dir)
+        async with self._lock:
+            held = self._held.get(run_dir)
+            if held is None or held[1] > 0:  # lost meanwhile, or a session took the run up again
+                return
+            del self._held[run_dir]
+            await self._release(held[0])
+
+    def start(self) -> None:
+        """Renew held leases in the background, at a third of their duration."""
+        self._renewer = asyncio.create_task(self._renew_forever())
+
+    async def close(self) -> None:
+        """Stop renewing and release every lease still held (shutdown, after the last upload)."""
+        for task in [*self._releasing, *([self._renewer] if self._renewer else [])]:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        async with self._lock:
+            held, self._held = list(self._held.values()), {}
+            for lease, _ in held:
+                await self._release(lease)
+
+    async def _release(self, lease: Lease) -> None:
+        try:
+            await self.leases.release(lease)
+        except BucketError as exc:  # it expires on its own
+            log.warning("run %s: the lease could not be released: %s", lease.run_dir, exc)
+        else:
+            log.info("run %s: lease released", lease.run_dir)
+
+    async def _renew_forever(self) -> None:
+        while True:
+            await asyncio.sleep(self.leases.duration / 3)
+            async with self._lock:
+                lost = [run for run, (lease, count) in list(self._held.items()) if not await self._renew(lease, count)]
+            for run_dir in lost:
+                if self.on_lost is not None:
+                    try:
+                        await self.on_lost(run_dir)
+                    except Exception:
+                        log.exception("run %s: ending its sessions after the lease was lost failed", run_dir)
+
+    async def _renew(self, lease: Lease, count: int) -> bool:
+        """Renew one lease; False when it was taken over (then it is no longer held)."""
+        run_dir = lease.run_dir
+        try:
+            self._held[run_dir] = (await self.leases.renew(lease), count)
+        except LeaseLostError:
+            del self._held[run_dir]
+            log.error("run %s: its lease was taken over by another daemon; its sessions here are released", run_dir)
+            return False
+        except BucketError as exc:  # tried again at the next round, while the lease lasts
+            log.warning("run %s: the lease could not be renewed: %s", run_dir, exc)
+        return True
