@@ -1,4 +1,4 @@
-"""Benchmark 9, what logging costs the training process: CPU of every thread, and the wall time a GIL-bound
+"""Benchmark 8, what logging costs the training process: CPU of every thread, and the wall time a GIL-bound
 step loop loses.
 
 `back_to_back`: `add_scalar` called `events` times in a row, then `close()`; the process's CPU time (user +

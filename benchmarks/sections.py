@@ -303,7 +303,7 @@ def memory(run: Run) -> str:
     )
 
 
-# ---- 9. what logging costs the training process ---------------------------------------------------------------
+# ---- 8. what logging costs the training process ---------------------------------------------------------------
 
 
 def process_cpu(run: Run) -> str:
@@ -385,7 +385,7 @@ def process_cpu(run: Run) -> str:
     )
     return "\n".join(
         [
-            "### 9. What logging costs the training process",
+            "### 8. What logging costs the training process",
             "",
             about,
             "",
