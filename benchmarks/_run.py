@@ -45,6 +45,8 @@ class Plan:
     memory_client_events: int
     memory_repeats: int
     batch_events: int = 1000
+    cpu_events: int = 200_000
+    cpu_repeats: int = 3
     visibility_interval_ms: float = 20.0
 
 
@@ -74,6 +76,8 @@ PLANS = {
         memory_repeats=2,
     ),
     "quick": Plan(
+        cpu_events=60_000,
+        cpu_repeats=2,
         caller_calls=20_000,
         caller_repeats=3,
         paced_calls=3_000,
@@ -99,6 +103,8 @@ PLANS = {
     ),
     # Tiny sizes for a smoke test: every benchmark runs, no figure means anything.
     "smoke": Plan(
+        cpu_events=400,
+        cpu_repeats=1,
         caller_calls=300,
         caller_repeats=1,
         paced_calls=50,

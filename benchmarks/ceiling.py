@@ -1,4 +1,5 @@
-"""Benchmark 3, the daemon's ceiling: pre-serialized batches over the raw gRPC stream, against raw framing.
+"""Benchmark 3, the daemon's ceiling: pre-serialized batches, and the same scalars as columns, over the raw gRPC
+stream, against raw framing.
 
 Both contenders take the same batches of serialized scalar `Event`s. The feeder opens a session with the
 generated stub, streams `WriteRequest`s on one `Write` stream until the last one is acknowledged, and closes
@@ -32,6 +33,8 @@ class CeilingParams:
     batches: int
     batch_events: int
     run: str = ""
+    columns: bool = False
+    """The feeder sends the same scalars as columns (`WriteRequest.scalars`), for the daemon to build."""
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> CeilingParams:
@@ -56,9 +59,21 @@ def scalar_batch(size: int) -> list[bytes]:
     ]
 
 
+def scalar_columns(size: int, wall_time: float) -> pb.ScalarColumns:
+    """The scalars of `scalar_batch` as columns."""
+    return pb.ScalarColumns(
+        tags=["loss"],
+        tag_index=[0] * size,
+        step=range(size),
+        wall_time=[wall_time] * size,
+        value=[step * 0.001 for step in range(size)],
+    )
+
+
 def prepare_feed(raw: Mapping[str, Any]) -> Callable[[], dict[str, Any]]:
     params = CeilingParams.from_json(raw)
     batch = scalar_batch(params.batch_events)
+    columns = scalar_columns(params.batch_events, Event.FromString(batch[0]).wall_time) if params.columns else None
     channel = grpc.insecure_channel(params.target, options=[("grpc.max_send_message_length", 64 * 1024 * 1024)])
     stub = pb_grpc.SummariesStub(channel)
     session_id = str(uuid.uuid4())
@@ -69,7 +84,10 @@ def prepare_feed(raw: Mapping[str, Any]) -> Callable[[], dict[str, Any]]:
     def requests() -> Iterator[pb.WriteRequest]:
         for index in range(params.batches):
             first = index * params.batch_events + 1
-            yield pb.WriteRequest(session_id=session_id, first_sequence=first, events=batch)
+            if columns is None:
+                yield pb.WriteRequest(session_id=session_id, first_sequence=first, events=batch)
+            else:
+                yield pb.WriteRequest(session_id=session_id, first_sequence=first, scalars=columns)
 
     def run() -> dict[str, Any]:
         started = time.perf_counter()

@@ -7,12 +7,13 @@ import shutil
 from dataclasses import asdict
 from typing import Any
 
-from benchmarks._contenders import LIVE, PEERS, SUMMARYD, TORCH, WriterSpec
+from benchmarks._contenders import FLOOR, LIVE, NO_WRITER, PEERS, SUMMARYD, TORCH, WriterSpec
 from benchmarks._daemon import refused_address, running_daemon
 from benchmarks._report import Spread, micros, rate, ratio, table
 from benchmarks._run import Run, Target, alternate, median, remove_output, slug
 from benchmarks._trials import run_trial
 from benchmarks.close_latency import CloseParams
+from benchmarks.cpu_cost import CpuParams
 from benchmarks.memory import ClientMemoryParams, DaemonMemoryParams
 from benchmarks.payloads import HISTOGRAM, HISTOGRAM_BINS, HISTOGRAM_VALUES, IMAGE, IMAGE_SHAPE, PayloadParams
 from benchmarks.visibility import VisibilityParams
@@ -298,5 +299,98 @@ def memory(run: Run) -> str:
             table(["daemon", "MB"], daemon_rows, [False, True]),
             "",
             table(["client", "MB before", "MB added at peak"], client_rows),
+        ]
+    )
+
+
+# ---- 8. what logging costs the training process ---------------------------------------------------------------
+
+
+def process_cpu(run: Run) -> str:
+    plan = run.plan
+    labels = [FLOOR, LIVE, *PEERS]
+    modes = ("back_to_back", "gil_loop")
+    with running_daemon(run.workdir) as daemon:
+
+        def one(label: str, round_: int) -> dict[str, Any]:
+            name = f"cpu-{slug(label)}-{round_}"
+            if label == LIVE:
+                spec = WriterSpec(SUMMARYD, name, daemon.address)
+            elif label == FLOOR:
+                spec = WriterSpec(NO_WRITER, name)
+            else:
+                spec = _peer_spec(run, label, name)
+            out: dict[str, Any] = {}
+            for mode in modes:
+                params = asdict(CpuParams(asdict(spec), plan.cpu_events, mode))
+                try:
+                    out[mode] = run_trial("cpu_cost", params, run.workdir, _TIMEOUT)
+                finally:
+                    remove_output(spec, daemon)
+            return out
+
+        results = alternate("cpu", labels, plan.cpu_repeats, one)
+    run.results["cpu"] = results
+
+    def per_event(label: str, mode: str, key: str) -> Spread:
+        return Spread.of([r[mode][key] / r[mode]["events"] * 1e9 for r in results[label]])
+
+    def threads(label: str) -> str:
+        names = sorted({name for r in results[label] for name in r["back_to_back"]["threads"]})
+        shares = [
+            (
+                name,
+                Spread.of(
+                    [
+                        r["back_to_back"]["threads"].get(name, 0.0) / r["back_to_back"]["events"] * 1e9
+                        for r in results[label]
+                    ]
+                ).median,
+            )
+            for name in names
+        ]
+        return ", ".join(f"{name} {micros(ns)}" for name, ns in shares if ns >= 1)
+
+    torch_cpu = per_event("torch", "back_to_back", "cpu_s").median
+    cpu_rows = [
+        [
+            label,
+            per_event(label, "back_to_back", "cpu_s").cell(micros),
+            threads(label),
+            ratio(per_event(label, "back_to_back", "cpu_s").median, torch_cpu),
+        ]
+        for label in labels
+    ]
+    floor_loop = per_event(FLOOR, "gil_loop", "loop_s").median
+    gil_rows = [
+        [
+            label,
+            per_event(label, "gil_loop", "loop_s").cell(micros),
+            micros(per_event(label, "gil_loop", "loop_s").median - floor_loop),
+        ]
+        for label in labels
+    ]
+    ours_cpu = per_event(LIVE, "back_to_back", "cpu_s").median
+    run.targets.append(Target("client CPU per scalar, all threads (µs)", ours_cpu / 1000, 1.5, False, unit=" µs"))
+    run.targets.append(Target("client CPU per scalar vs torch", ours_cpu / torch_cpu, 0.1, False))
+    slowdown = per_event(LIVE, "gil_loop", "loop_s").median - floor_loop
+    run.targets.append(Target("GIL-bound loop slowdown per scalar (µs)", slowdown / 1000, 1.5, False, unit=" µs"))
+    about = (
+        f"(a) {plan.cpu_events:,} `add_scalar` back to back in a process that imported torch, then `close()`: the "
+        "process's CPU (user + system, every thread, `/proc/self/stat`) per event over the loop and the close, and "
+        "each thread's CPU over the loop (`/proc/self/task/*/stat`, by thread name). (b) A step loop whose step is "
+        f"pure Python (holds the GIL) logging 20 scalars a step, {plan.cpu_events:,} in all: its wall time per "
+        "scalar, and the slowdown against the same loop calling an empty function. "
+        f"{plan.cpu_repeats} trials per contender; median (min-max); figures in µs."
+    )
+    return "\n".join(
+        [
+            "### 8. What logging costs the training process",
+            "",
+            about,
+            "",
+            table(["contender", "CPU µs per event, all threads", "per thread (µs per event)", "vs torch"], cpu_rows),
+            "",
+            table(["contender", "GIL-bound loop, µs per scalar", "slowdown µs per scalar"], gil_rows),
         ]
     )

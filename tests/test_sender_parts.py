@@ -13,9 +13,11 @@ from typing import Any
 import pytest
 
 from summaryd.client._batch_fit import DaemonLimits
+from summaryd.client._encoder import EventEncoder
 from summaryd.client._options import ClientOptions
 from summaryd.client._sender import Sender
 from summaryd.client._sender._batch_log import BatchLog
+from summaryd.client._sender._columns import ScalarRun
 from summaryd.client._sender._ledger import DELIVERED, Ledger
 from summaryd.client._sender._sender import EventQueue
 from summaryd.client._sender._spiller import Spiller
@@ -42,6 +44,8 @@ class FakeDaemon:
         self.sessions_opened = 0
         self.closed = False
         self.streams: list[FakeStream] = []
+        self.columns = False  # takes scalar columns (what it says when a session opens)
+        self.column_batches = 0
 
     def events(self) -> list[bytes]:
         return [self.written[s] for s in sorted(self.written)]
@@ -88,6 +92,11 @@ class FakeStream:
         if not daemon.hold_acks:
             self._on_ack(Ack(daemon.last))
 
+    def write_scalars(self, first_sequence: int, scalars: ScalarRun) -> None:
+        """The real daemon builds exactly `scalars.encoded()` (test_scalar_columns shows it)."""
+        self._daemon.column_batches += 1
+        self.write(first_sequence, scalars.encoded())
+
     def heartbeat(self) -> None:
         pass
 
@@ -119,7 +128,7 @@ class FakeTransport:
         if daemon.away:
             return FakeOpening(None, TransportError("away", "UNAVAILABLE: connection refused"))
         daemon.sessions_opened += 1
-        return FakeOpening(Opened("run", daemon.last, 0, DaemonLimits()), None)
+        return FakeOpening(Opened("run", daemon.last, 0, DaemonLimits(takes_scalar_columns=daemon.columns)), None)
 
     def open_stream(
         self, session_id: str, on_ack: Callable[[Ack], None], on_end: Callable[[TransportError | None], None]
@@ -442,3 +451,73 @@ def test_a_writer_hands_its_one_options_object_to_every_sender(tmp_path: Path) -
         assert sub.options is writer.sender.options and writer.sender.options.channel.token == "t0k3n"
     finally:
         writer.close(timeout=0)
+
+
+# ---- scalars as columns ---------------------------------------------------------------------------------------
+
+
+def scalar(i: int) -> tuple[str, float, int, float, int]:
+    return (f"tag{i % 3}", i * 0.5, i, 1_700_000_000.0 + i, 30)
+
+
+def logged(sender: Sender, count: int) -> list[bytes]:
+    """Every fifth event serialized, the others scalars; what the daemon must end up holding, in order."""
+    encoder, expected = EventEncoder(), []
+    for i in range(1, count + 1):
+        if i % 5 == 0:
+            assert sender.submit(event(i), 12)
+            expected.append(event(i))
+        else:
+            assert sender.enqueue(scalar(i))
+            expected.append(encoder.scalar(scalar(i)))
+    return expected
+
+
+def test_scalars_go_as_columns_and_keep_their_place_among_other_events(
+    make_sender: Callable[..., Sender], fake: FakeDaemon
+) -> None:
+    fake.columns = True
+    sender = make_sender(max_batch_events=7)
+    sender.submit(event(0), 12)
+    while sender.report().delivered < 1:  # the session is open: the sender knows the daemon takes columns
+        sender.flush(timeout=0.05)
+    expected = logged(sender, 100)
+    report = sender.close()
+    assert report.ok and report.delivered == 101
+    assert fake.events() == [event(0), *expected]
+    assert fake.column_batches >= 20
+
+
+def test_a_refused_scalar_of_a_column_batch_is_dropped_alone(
+    make_sender: Callable[..., Sender], fake: FakeDaemon
+) -> None:
+    fake.columns = True
+    sender = make_sender(max_batch_events=50)
+    sender.submit(event(0), 12)
+    while sender.report().delivered < 1:
+        sender.flush(timeout=0.05)
+    fake.refuse = 4  # the third scalar, in the first column batch
+    expected = logged(sender, 30)
+    report = sender.close()
+    assert report.delivered == 30 and report.dropped == {"rejected": 1} and report.undelivered == 0
+    assert fake.events() == [event(0), *(e for i, e in enumerate(expected, 1) if i != 3)]
+    assert fake.column_batches
+
+
+def test_column_batches_spilled_reach_the_daemon_from_the_spool(
+    make_sender: Callable[..., Sender], fake: FakeDaemon
+) -> None:
+    fake.columns = True
+    sender = make_sender(spool_after=0.0, max_batch_events=4)
+    sender.submit(event(0), 12)
+    while sender.report().delivered < 1:
+        sender.flush(timeout=0.05)
+    fake.hold_acks = fake.lose_writes = True  # nothing arrives: what was numbered as columns goes to the spool
+    expected = logged(sender, 40)
+    while sender.report().spooled < 40:
+        sender.flush(timeout=0.05)
+    fake.hold_acks = fake.lose_writes = False
+    fake.streams[-1].cut()
+    report = sender.close()
+    assert report.ok and report.delivered == 41 and report.spooled == 0
+    assert fake.events() == [event(0), *expected]

@@ -27,10 +27,19 @@ class DaemonLimits:
     max_message_bytes: int = 0
     max_event_bytes: int = 0
     max_batch_events: int = 0
+    # Whether it builds scalar events from columns (`WriteRequest.scalars`); older daemons do not.
+    takes_scalar_columns: bool = False
 
     @classmethod
     def of(cls, answer: pb.OpenSessionResponse) -> DaemonLimits:
-        return cls(answer.max_message_bytes, answer.max_event_bytes, answer.max_batch_events)
+        return cls(
+            answer.max_message_bytes, answer.max_event_bytes, answer.max_batch_events, answer.takes_scalar_columns
+        )
+
+    def carries_whole(self, count: int, nbytes: int) -> bool:
+        """Whether one message carries a batch of `count` scalar columns of about `nbytes` as it is."""
+        most, room = self.max_batch_events, self.max_message_bytes
+        return (not most or count <= most) and (not room or 2 * nbytes < room)
 
     def sort_out(self, events: list[bytes], nbytes: int, session_id: str) -> tuple[list[bytes], list[bytes]]:
         """`events` (of `nbytes` together) that a message can carry, in order, and those none can: to be dropped

@@ -37,30 +37,48 @@ class OpenSessionRequest(_message.Message):
     def __init__(self, session_id: _Optional[str] = ..., run: _Optional[str] = ..., worker: _Optional[str] = ..., world_size: _Optional[int] = ..., client: _Optional[_Union[ClientIdentity, _Mapping]] = ..., next_sequence: _Optional[int] = ..., session_started: _Optional[float] = ...) -> None: ...
 
 class OpenSessionResponse(_message.Message):
-    __slots__ = ("run_dir", "last_sequence", "lease_seconds", "max_message_bytes", "max_event_bytes", "max_batch_events")
+    __slots__ = ("run_dir", "last_sequence", "lease_seconds", "max_message_bytes", "max_event_bytes", "max_batch_events", "takes_scalar_columns")
     RUN_DIR_FIELD_NUMBER: _ClassVar[int]
     LAST_SEQUENCE_FIELD_NUMBER: _ClassVar[int]
     LEASE_SECONDS_FIELD_NUMBER: _ClassVar[int]
     MAX_MESSAGE_BYTES_FIELD_NUMBER: _ClassVar[int]
     MAX_EVENT_BYTES_FIELD_NUMBER: _ClassVar[int]
     MAX_BATCH_EVENTS_FIELD_NUMBER: _ClassVar[int]
+    TAKES_SCALAR_COLUMNS_FIELD_NUMBER: _ClassVar[int]
     run_dir: str
     last_sequence: int
     lease_seconds: float
     max_message_bytes: int
     max_event_bytes: int
     max_batch_events: int
-    def __init__(self, run_dir: _Optional[str] = ..., last_sequence: _Optional[int] = ..., lease_seconds: _Optional[float] = ..., max_message_bytes: _Optional[int] = ..., max_event_bytes: _Optional[int] = ..., max_batch_events: _Optional[int] = ...) -> None: ...
+    takes_scalar_columns: bool
+    def __init__(self, run_dir: _Optional[str] = ..., last_sequence: _Optional[int] = ..., lease_seconds: _Optional[float] = ..., max_message_bytes: _Optional[int] = ..., max_event_bytes: _Optional[int] = ..., max_batch_events: _Optional[int] = ..., takes_scalar_columns: _Optional[bool] = ...) -> None: ...
 
 class WriteRequest(_message.Message):
-    __slots__ = ("session_id", "first_sequence", "events")
+    __slots__ = ("session_id", "first_sequence", "events", "scalars")
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     FIRST_SEQUENCE_FIELD_NUMBER: _ClassVar[int]
     EVENTS_FIELD_NUMBER: _ClassVar[int]
+    SCALARS_FIELD_NUMBER: _ClassVar[int]
     session_id: str
     first_sequence: int
     events: _containers.RepeatedScalarFieldContainer[bytes]
-    def __init__(self, session_id: _Optional[str] = ..., first_sequence: _Optional[int] = ..., events: _Optional[_Iterable[bytes]] = ...) -> None: ...
+    scalars: ScalarColumns
+    def __init__(self, session_id: _Optional[str] = ..., first_sequence: _Optional[int] = ..., events: _Optional[_Iterable[bytes]] = ..., scalars: _Optional[_Union[ScalarColumns, _Mapping]] = ...) -> None: ...
+
+class ScalarColumns(_message.Message):
+    __slots__ = ("tags", "tag_index", "step", "wall_time", "value")
+    TAGS_FIELD_NUMBER: _ClassVar[int]
+    TAG_INDEX_FIELD_NUMBER: _ClassVar[int]
+    STEP_FIELD_NUMBER: _ClassVar[int]
+    WALL_TIME_FIELD_NUMBER: _ClassVar[int]
+    VALUE_FIELD_NUMBER: _ClassVar[int]
+    tags: _containers.RepeatedScalarFieldContainer[str]
+    tag_index: _containers.RepeatedScalarFieldContainer[int]
+    step: _containers.RepeatedScalarFieldContainer[int]
+    wall_time: _containers.RepeatedScalarFieldContainer[float]
+    value: _containers.RepeatedScalarFieldContainer[float]
+    def __init__(self, tags: _Optional[_Iterable[str]] = ..., tag_index: _Optional[_Iterable[int]] = ..., step: _Optional[_Iterable[int]] = ..., wall_time: _Optional[_Iterable[float]] = ..., value: _Optional[_Iterable[float]] = ...) -> None: ...
 
 class WriteAck(_message.Message):
     __slots__ = ("acked_sequence",)

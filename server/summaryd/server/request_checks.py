@@ -8,6 +8,7 @@ None when the request is fine. Run paths, worker labels and file paths have thei
 
 from __future__ import annotations
 
+from summaryd.server.scalar_records import column_problem
 from summaryd.v1 import summaryd_pb2 as pb
 
 MAX_SEQUENCE = 2**63 - 1
@@ -60,9 +61,21 @@ def open_problem(request: pb.OpenSessionRequest) -> str | None:
     )
 
 
+def batch_count(request: pb.WriteRequest) -> int:
+    """How many events a batch carries (serialized, or scalar columns)."""
+    return len(request.events) or len(request.scalars.step)
+
+
 def write_problem(request: pb.WriteRequest) -> str | None:
-    """What is wrong with a batch's numbering: its events must be numbered within 1..`MAX_SEQUENCE`."""
-    first, count = request.first_sequence, len(request.events)
+    """What is wrong with a batch's numbering (its events must be numbered within 1..`MAX_SEQUENCE`) or its
+    shape (serialized events or scalar columns, never both; columns of one length)."""
+    if request.HasField("scalars"):
+        if request.events:
+            return "a batch carries events or scalars, not both; send them as two batches in sequence order"
+        problem = column_problem(request.scalars)
+        if problem is not None:
+            return problem
+    first, count = request.first_sequence, batch_count(request)
     if count and first < 1:
         return "first_sequence starts at 1"
     if first > MAX_SEQUENCE or (count and first + count - 1 > MAX_SEQUENCE):

@@ -18,6 +18,7 @@ from summaryd.server.journal import FileJournal
 from summaryd.server.limits import DEFAULT, LimitError, Limits
 from summaryd.server.metrics import Metrics
 from summaryd.server.runpath import check_run_dir, open_run_dir
+from summaryd.server.scalar_records import ScalarRecords
 from summaryd.server.session_store import SessionRecord
 
 log = logging.getLogger(__name__)
@@ -72,7 +73,7 @@ class RunWriter:
             metrics.bytes_written.labels(self.run_dir).inc(self.bytes_written - size_before)
 
     def _write_blocking(self, session_id: str, last: int, events: Sequence[bytes]) -> None:
-        blob = check_and_frame(events, self.limits)
+        blob = events.framed(self.limits) if isinstance(events, ScalarRecords) else check_and_frame(events, self.limits)
         if self.file is None:
             self._open_file()
         assert self.file is not None and self.journal is not None

@@ -13,7 +13,7 @@ import contextlib
 import logging
 import time
 import urllib.parse
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
 import grpc
@@ -35,8 +35,9 @@ from summaryd.server.errors import (
     SessionUnknownError,
     StorageError,
 )
-from summaryd.server.request_checks import open_problem, session_id_problem, write_problem
+from summaryd.server.request_checks import batch_count, open_problem, session_id_problem, write_problem
 from summaryd.server.runpath import run_dir_parts
+from summaryd.server.scalar_records import ScalarRecords
 from summaryd.server.segments import SegmentShipper
 from summaryd.server.session_lifecycle import SessionLifecycle
 from summaryd.server.sessions import Session
@@ -97,6 +98,14 @@ async def _answered(context: Context) -> AsyncIterator[None]:
         await context.abort(status_of(exc), str(exc), trailing_metadata=metadata)
 
 
+def _batch_events(request: pb.WriteRequest) -> Sequence[bytes]:
+    """A batch's events: its scalar columns, built into records when written, or its serialized events."""
+    if request.HasField("scalars"):
+        return ScalarRecords(request.scalars)
+    # One list: every look at a repeated bytes field copies each element out of the message again.
+    return list(request.events)
+
+
 def _peer_host(peer: str) -> str:
     """A gRPC peer without its port: `ipv4:10.0.0.5:51234` is `ipv4:10.0.0.5`, `ipv6:[::1]:5123` is `ipv6:[::1]`."""
     if peer.startswith(("ipv4:", "ipv6:")):
@@ -148,6 +157,7 @@ class SummariesService(pb_grpc.SummariesServicer):
             max_message_bytes=limits.max_message_bytes,
             max_event_bytes=limits.max_event_bytes,
             max_batch_events=limits.max_batch_events,
+            takes_scalar_columns=True,
         )
 
     # ---- Write -----------------------------------------------------------------------------------------
@@ -188,8 +198,7 @@ class SummariesService(pb_grpc.SummariesServicer):
                         # Every batch: a token removed or narrowed by a re-read token file stops here.
                         await self._authorize_run(session.run.run_dir, context)
                     await self._check_batch(request, context)
-                    # One list: every look at a repeated bytes field copies each element out of the message again.
-                    acked = await self.lifecycle.write(session, request.first_sequence, list(request.events))
+                    acked = await self.lifecycle.write(session, request.first_sequence, _batch_events(request))
                     yield pb.WriteAck(acked_sequence=acked)
                     if self._draining:
                         return
@@ -209,10 +218,11 @@ class SummariesService(pb_grpc.SummariesServicer):
                 f"batch from sequence {request.first_sequence} is a {size}-byte message, over the limit of "
                 f"{self.limits.max_message_bytes} bytes (--max-message-bytes); send smaller batches",
             )
-        if len(request.events) > self.limits.max_batch_events:
+        count = batch_count(request)
+        if count > self.limits.max_batch_events:
             await context.abort(
                 grpc.StatusCode.INVALID_ARGUMENT,
-                f"batch from sequence {request.first_sequence} has {len(request.events)} events, over the limit of "
+                f"batch from sequence {request.first_sequence} has {count} events, over the limit of "
                 f"{self.limits.max_batch_events} events per batch (--max-batch-events); send smaller batches",
             )
 

@@ -6,6 +6,7 @@ import time
 from collections import deque
 from collections.abc import Iterator
 
+from summaryd.client._sender._columns import ScalarRun
 from summaryd.client._sender._items import Batch
 from summaryd.client._sender._ledger import DELIVERED, Ledger
 
@@ -39,13 +40,14 @@ class BatchLog:
     def head(self) -> Batch | None:
         return self._batches[0] if self._batches else None
 
-    def append(self, events: list[bytes], nbytes: int) -> Batch:
-        """Number `events` as the next batch."""
-        batch = Batch(self.next_sequence, len(events), nbytes, events)
-        self.next_sequence += len(events)
+    def append(self, events: list[bytes], nbytes: int, scalars: ScalarRun | None = None) -> Batch:
+        """Number `events` (or `scalars`, as columns) as the next batch."""
+        count = len(events) if scalars is None else len(scalars)
+        batch = Batch(self.next_sequence, count, nbytes, events, scalars=scalars)
+        self.next_sequence += count
         self._batches.append(batch)
         self.held_bytes += nbytes
-        self.held_events += len(events)
+        self.held_events += count
         return batch
 
     def nothing_pending(self, now: float) -> None:

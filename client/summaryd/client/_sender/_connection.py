@@ -172,6 +172,19 @@ class Connection:
                 if batch is None:
                     return
                 events, span, first, nbytes = batch.events, batch.span, batch.first, batch.nbytes
+                scalars = batch.scalars
+                limits = self.limits
+                if scalars is not None and not (
+                    limits.takes_scalar_columns and limits.carries_whole(batch.count, nbytes)
+                ):
+                    events, scalars = batch.encoded(), None  # an older daemon, or limits that cut the batch
+            if scalars is not None:
+                self._last_sent = time.monotonic()
+                batch.sent(self._last_sent)
+                stream.write_scalars(first, scalars)
+                with self._cond:
+                    self._batches.sent(batch)
+                continue
             if events is None:
                 assert span is not None
                 events = self._spiller.read(span)

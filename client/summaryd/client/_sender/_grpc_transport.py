@@ -19,6 +19,7 @@ from summaryd.client import _process
 from summaryd.client._batch_fit import DaemonLimits
 from summaryd.client._channel import open_channel
 from summaryd.client._options import ClientOptions
+from summaryd.client._sender._columns import ScalarRun
 from summaryd.client._sender._targets import DaemonTargets
 from summaryd.client._sender._transport import Ack, ErrorKind, Hello, Opened, TransportError
 from summaryd.client._stream import WriteStream
@@ -125,6 +126,10 @@ class _Stream:
 
     def write(self, first_sequence: int, events: Sequence[bytes]) -> None:
         self._stream.send(pb.WriteRequest(session_id=self._session_id, first_sequence=first_sequence, events=events))
+
+    def write_scalars(self, first_sequence: int, scalars: ScalarRun) -> None:
+        request = pb.WriteRequest(session_id=self._session_id, first_sequence=first_sequence, scalars=scalars.message())
+        self._stream.send(request)
 
     def heartbeat(self) -> None:
         self._stream.send(pb.WriteRequest(session_id=self._session_id))

@@ -5,6 +5,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from summaryd.client._sender._columns import ScalarRun
+
 # An event to send: its serialized bytes, a scalar, or a function that builds them on the sender thread (so
 # that no encoding, PNG or protobuf, runs on the caller's thread).
 EventSource = bytes | Callable[[], bytes]
@@ -13,10 +15,16 @@ EventSource = bytes | Callable[[], bytes]
 # that the sender thread turns into an event (see `_encoder`).
 Queued = tuple[EventSource, int] | tuple[bytes, int, float, int] | tuple[str, float, int, float, int]
 
+SCALAR_ITEM = 5
+"""The length of a queued scalar's tuple (what tells it from the other queued kinds)."""
+
 
 @dataclass(eq=False)
 class Batch:
     """Numbered events `first .. first + count - 1`, in memory (`events`) or in the spool (`span`).
+
+    A batch of scalars for a daemon that takes columns holds them as `scalars` (and `events` empty) until
+    something needs their bytes (`encoded`: the spool, a refusal, an older daemon).
 
     Its fields change only through its methods, which the batch log and the spiller call holding the lock.
     """
@@ -29,6 +37,7 @@ class Batch:
     done: int = 0  # leading events the daemon acknowledged already (an ack inside this batch)
     sent_at: float = 0.0
     settled: bool = False
+    scalars: ScalarRun | None = None
 
     @property
     def last(self) -> int:
@@ -64,8 +73,15 @@ class Batch:
         self.first, self.count, self.done = self.first + self.done, len(events), 0
         self.events, self.span, self.nbytes = events, None, sum(map(len, events))
 
+    def encoded(self) -> list[bytes] | None:
+        """Its events' bytes (None when spilled), scalars built into events for good."""
+        if self.scalars is not None:
+            self.events, self.scalars = self.scalars.encoded(), None
+        return self.events
+
     def without(self, index: int) -> None:
         """Drop event `index` (the one the daemon refused) and those acknowledged already; in memory only."""
+        self.encoded()
         assert self.events is not None
         kept = self.events[self.done : index] + self.events[index + 1 :]
         self.events, self.count, self.nbytes, self.done = kept, len(kept), sum(map(len, kept)), 0

@@ -10,6 +10,7 @@ from summaryd.client import _process
 from summaryd.client._encoder import EventEncoder
 from summaryd.client._options import ClientOptions
 from summaryd.client._sender._batch_log import BatchLog
+from summaryd.client._sender._columns import ScalarRun
 from summaryd.client._sender._connection import Connection
 from summaryd.client._sender._items import Batch, Queued
 from summaryd.client._sender._ledger import Ledger
@@ -155,11 +156,17 @@ class SenderLoop:
         """Number the next queued events as one batch (the send cuts it to the daemon's limits, `_batch_fit`);
         an event no message may carry is dropped first."""
         options = self._options
+        columns = self._connection.limits.takes_scalar_columns
+        if columns:
+            batch = self._number_scalars()
+            if batch is not None:
+                return batch
         events: list[bytes] = []
         nbytes = 0
         while len(events) < options.max_batch_events and nbytes < options.max_batch_bytes:
             with self._cond:
-                items = self._queue.take_run(options.max_batch_events - len(events), options.max_batch_bytes - nbytes)
+                room = options.max_batch_bytes - nbytes
+                items = self._queue.take_run(options.max_batch_events - len(events), room, scalars_apart=columns)
             if not items:
                 break
             for item in items:
@@ -176,6 +183,21 @@ class SenderLoop:
             return None
         with self._cond:
             batch = self._batches.append(events, nbytes)
+            self._cond.notify_all()
+        return batch
+
+    def _number_scalars(self) -> Batch | None:
+        """Number the run of scalars at the head of the queue as one batch of columns: no event is built here,
+        the daemon builds them (a batch holds one kind, so events keep their order across kinds)."""
+        options = self._options
+        with self._cond:
+            items = self._queue.take_scalars(options.max_batch_events, options.max_batch_bytes)
+        if not items:
+            return None
+        scalars = ScalarRun.of(items)
+        nbytes = sum(item[-1] for item in items)
+        with self._cond:
+            batch = self._batches.append([], nbytes, scalars)
             self._cond.notify_all()
         return batch
 

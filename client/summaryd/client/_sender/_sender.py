@@ -16,7 +16,7 @@ from summaryd.client._options import ClientOptions, carried_or_made
 from summaryd.client._sender._batch_log import BatchLog
 from summaryd.client._sender._connection import Connection
 from summaryd.client._sender._grpc_transport import GrpcTransport
-from summaryd.client._sender._items import EventSource, Queued, size_known
+from summaryd.client._sender._items import SCALAR_ITEM, EventSource, Queued, size_known
 from summaryd.client._sender._ledger import Ledger
 from summaryd.client._sender._loop import SenderLoop
 from summaryd.client._sender._report import DeliveryReport
@@ -51,11 +51,12 @@ class EventQueue:
         self.accepted += 1
         self.nbytes += item[-1]
 
-    def take_run(self, max_events: int, max_bytes: int) -> list[Queued]:
+    def take_run(self, max_events: int, max_bytes: int, scalars_apart: bool = False) -> list[Queued]:
         """Pop the next events of a batch: a run of those whose size is known, so that the lock the caller also
-        takes is taken once per run, not per event; a function alone, since only encoding it tells its size."""
+        takes is taken once per run, not per event; a function alone, since only encoding it tells its size.
+        `scalars_apart`: stop before a scalar (they go as columns, `take_scalars`)."""
         queue = self.items
-        if not queue:
+        if not queue or (scalars_apart and len(queue[0]) == SCALAR_ITEM):
             return []
         first = queue.popleft()
         items = [first]
@@ -63,12 +64,26 @@ class EventQueue:
         if size_known(first):
             while queue and len(items) < max_events and room > 0:
                 head = queue[0]
-                if not size_known(head):
+                if not size_known(head) or (scalars_apart and len(head) == SCALAR_ITEM):
                     break
                 items.append(queue.popleft())
                 room -= head[-1]
         self.nbytes -= max_bytes - room
         self.queued_at = time.monotonic()
+        return items
+
+    def take_scalars(self, max_events: int, max_bytes: int) -> list[Queued]:
+        """Pop the run of scalars at the head of the queue (at most `max_events`, about `max_bytes`)."""
+        queue = self.items
+        items: list[Queued] = []
+        room = max_bytes
+        while queue and len(items) < max_events and room > 0 and len(queue[0]) == SCALAR_ITEM:
+            item = queue.popleft()
+            items.append(item)
+            room -= item[-1]
+        if items:
+            self.nbytes -= max_bytes - room
+            self.queued_at = time.monotonic()
         return items
 
     def drop_oldest(self) -> None:

@@ -95,7 +95,8 @@ class Spiller:
         with self._lock:
             if batch.events is None or batch.settled:
                 return True  # spilled already, or acknowledged meanwhile
-            events = batch.events
+            events = batch.encoded()
+            assert events is not None
         try:
             if self._spool is None:
                 self._spool = self._open(batch.first)

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Literal, Protocol
 
 from summaryd.client._batch_fit import DaemonLimits
+from summaryd.client._sender._columns import ScalarRun
 from summaryd.client._spool import SpoolIdentity
 
 # away: the daemon is unreachable or too slow (retry; passes once it answers). cancelled: the call was
@@ -100,6 +101,10 @@ class Stream(Protocol):
         ...
 
     def write(self, first_sequence: int, events: Sequence[bytes]) -> None: ...
+
+    def write_scalars(self, first_sequence: int, scalars: ScalarRun) -> None:
+        """A batch of scalars as columns (only to a daemon that said it takes them)."""
+        ...
 
     def heartbeat(self) -> None: ...
 

@@ -1,0 +1,81 @@
+"""The client's scalars travel as columns to a daemon that takes them, and as serialized events to one that does
+not, in the order they were logged among other events, to byte-identical files."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from _support import Daemon, assert_whole_records, event_files
+from summaryd.client import SummaryWriter
+from summaryd.client._batch_fit import DaemonLimits
+from summaryd.client._sender import _grpc_transport
+from summaryd.client._sender._columns import ScalarRun
+from summaryd.v1 import summaryd_pb2 as pb
+from summaryd.v1.wire import whole_records
+
+STEPS = 300
+
+
+def log_mixed(writer: SummaryWriter) -> None:
+    """Scalars between histograms and texts, with fixed wall times so that two runs can be compared byte for byte."""
+    values = np.linspace(-1.0, 1.0, 50)
+    for step in range(STEPS):
+        wall = 1_700_000_000.0 + step
+        writer.add_scalar("loss", 1.0 / (step + 1), step, walltime=wall)
+        writer.add_histogram("weights", values * step, step, walltime=wall)
+        writer.add_scalar("acc", step / STEPS, step, walltime=wall)
+        writer.add_scalar("lr", 0.1, step, walltime=wall)
+        if step % 7 == 0:
+            writer.add_text("note", f"step {step}", step, walltime=wall)
+
+
+def records(daemon: Daemon, run: str) -> list[bytes]:
+    [path] = event_files(daemon.logdir / run)
+    assert_whole_records(path)
+    return list(whole_records(path.read_bytes()))[1:]
+
+
+@pytest.fixture
+def column_batches(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """How many scalars each columnar batch sent carried (the real stream sends them: this only counts)."""
+    sent: list[int] = []
+    original = _grpc_transport._Stream.write_scalars
+
+    def counted(stream: _grpc_transport._Stream, first: int, scalars: ScalarRun) -> None:
+        sent.append(len(scalars))
+        original(stream, first, scalars)
+
+    monkeypatch.setattr(_grpc_transport._Stream, "write_scalars", counted)
+    return sent
+
+
+def older_daemon(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The client reads the answer of a daemon without the `takes_scalar_columns` field (an older one): the
+    field left out of the real answer, since no older daemon is at hand."""
+    of = DaemonLimits.of
+
+    def without_columns(answer: pb.OpenSessionResponse) -> DaemonLimits:
+        answer.ClearField("takes_scalar_columns")
+        return of(answer)
+
+    monkeypatch.setattr(DaemonLimits, "of", staticmethod(without_columns))
+
+
+def test_columns_keep_the_order_and_bytes_of_serialized_events(
+    daemon: Daemon, column_batches: list[int], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Logged to a daemon that takes columns, then as to an older daemon: the same records in the same order;
+    only the first sent columns."""
+    writer = SummaryWriter("columns", address=daemon.address, worker="")
+    log_mixed(writer)
+    assert writer.close().ok
+    assert sum(column_batches) == 3 * STEPS
+    older_daemon(monkeypatch)
+    writer = SummaryWriter("events", address=daemon.address, worker="")
+    log_mixed(writer)
+    assert writer.close().ok
+    assert sum(column_batches) == 3 * STEPS
+    columns, events = records(daemon, "columns"), records(daemon, "events")
+    assert len(columns) == 4 * STEPS + len(range(0, STEPS, 7))
+    assert columns == events
