@@ -3,16 +3,12 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
-from typing import TYPE_CHECKING, Any
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
 
 import grpc
 from grpc import aio
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
-
-if TYPE_CHECKING:
-    from summaryd.server.session_lifecycle import SessionLifecycle
 
 log = logging.getLogger(__name__)
 
@@ -64,24 +60,6 @@ class Metrics:
             thread.join(5)
 
         return stop
-
-
-class ServiceCollector:
-    """Figures read from the sessions at scrape time: live sessions, open files and dropped duplicates."""
-
-    def __init__(self, lifecycle: SessionLifecycle) -> None:
-        self._lifecycle = lifecycle
-
-    def collect(self) -> Iterator[Metric]:
-        sessions = self._lifecycle.sessions
-        live = list(sessions)
-        yield GaugeMetricFamily("summaryd_sessions", "Live sessions.", value=len(live))
-        open_files = sum(1 for run in self._lifecycle.registry.runs if run.file is not None)
-        yield GaugeMetricFamily("summaryd_open_files", "Event files open for writing.", value=open_files)
-        duplicates = sessions.ended_duplicates + sum(s.duplicates_dropped for s in live)
-        yield CounterMetricFamily(
-            "summaryd_duplicates_dropped", "Events dropped because the daemon already held them.", value=duplicates
-        )
 
 
 class MetricsInterceptor(aio.ServerInterceptor):  # type: ignore[type-arg]

@@ -26,14 +26,14 @@ from summaryd.server.bucket import Bucket, BucketError
 from summaryd.server.config import Config
 from summaryd.server.io_threads import io_executor
 from summaryd.server.leases import RunLeases
-from summaryd.server.metrics import Metrics, MetricsInterceptor, ServiceCollector
+from summaryd.server.metrics import Metrics, MetricsInterceptor
 from summaryd.server.open_files import ensure_open_files
 from summaryd.server.refusals import RefusalInterceptor
 from summaryd.server.run_ownership import RunOwnership, holder_id
 from summaryd.server.runs import RunRegistry
 from summaryd.server.segments import SegmentShipper
 from summaryd.server.service import SummariesService
-from summaryd.server.session_lifecycle import SessionLifecycle
+from summaryd.server.session_lifecycle import SessionCollector, SessionLifecycle
 from summaryd.server.state import StateDir
 from summaryd.v1 import summaryd_pb2 as pb
 from summaryd.v1 import summaryd_pb2_grpc as pb_grpc
@@ -184,7 +184,7 @@ class Server:
             )
         lifecycle = SessionLifecycle(registry, state.store, config.session_lease, config.limits, ownership)
         service = SummariesService(lifecycle)
-        self.metrics.registry.register(ServiceCollector(lifecycle))
+        self.metrics.registry.register(SessionCollector(lifecycle))
         if self.auth is not None:
             log.info("clients need a bearer token (%d in %s)", len(self.auth.tokens), config.token_file)
         if not (config.is_loopback or config.token_file or config.tls_cert):

@@ -19,8 +19,10 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Coroutine, Sequence
+from collections.abc import Coroutine, Iterator, Sequence
 from typing import Any, TypeVar
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from summaryd.server import run_files
 from summaryd.server.errors import (
@@ -516,4 +518,22 @@ def _finish(file: ClosedFile, *, recorded: bool) -> None:
     except OSError:
         log.exception(
             "run %s: the journal of %s could not be deleted; the next start-up recovers it", file.run_dir, file.name
+        )
+
+
+class SessionCollector:
+    """Figures read from the sessions at scrape time: live sessions, open files and dropped duplicates."""
+
+    def __init__(self, lifecycle: SessionLifecycle) -> None:
+        self._lifecycle = lifecycle
+
+    def collect(self) -> Iterator[Metric]:
+        sessions = self._lifecycle.sessions
+        live = list(sessions)
+        yield GaugeMetricFamily("summaryd_sessions", "Live sessions.", value=len(live))
+        open_files = sum(1 for run in self._lifecycle.registry.runs if run.file is not None)
+        yield GaugeMetricFamily("summaryd_open_files", "Event files open for writing.", value=open_files)
+        duplicates = sessions.ended_duplicates + sum(s.duplicates_dropped for s in live)
+        yield CounterMetricFamily(
+            "summaryd_duplicates_dropped", "Events dropped because the daemon already held them.", value=duplicates
         )

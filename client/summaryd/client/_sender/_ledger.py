@@ -3,12 +3,9 @@
 from __future__ import annotations
 
 from collections import Counter
-from typing import TYPE_CHECKING
 
+from summaryd.client._sender._queue import QueuedEvents
 from summaryd.client._sender._report import DeliveryReport
-
-if TYPE_CHECKING:  # the queue lives beside its hot path, in `_sender`, which imports this module
-    from summaryd.client._sender._sender import EventQueue
 
 DELIVERED = "delivered"
 
@@ -18,7 +15,7 @@ class Ledger:
     yet settled are safe in the spool. The queue counts what it accepted (on the caller's hot path, one count in
     one place). Every change holds the sender's lock."""
 
-    def __init__(self, queue: EventQueue) -> None:
+    def __init__(self, queue: QueuedEvents) -> None:
         self._queue = queue
         self.settled = 0
         self.delivered = 0

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import TYPE_CHECKING
 
 from summaryd.client import _process
 from summaryd.client._encoder import EventEncoder
@@ -14,12 +13,10 @@ from summaryd.client._sender._columns import ScalarRun
 from summaryd.client._sender._connection import Connection
 from summaryd.client._sender._items import Batch, Queued
 from summaryd.client._sender._ledger import Ledger
+from summaryd.client._sender._queue import QueuedEvents
 from summaryd.client._sender._spiller import Spiller
 from summaryd.client._sender._status import Status, log
 from summaryd.client._spool import SpoolIdentity
-
-if TYPE_CHECKING:  # the queue lives beside its hot path, in `_sender`, which imports this module
-    from summaryd.client._sender._sender import EventQueue
 
 
 class SenderLoop:
@@ -36,7 +33,7 @@ class SenderLoop:
         wake: threading.Event,
         abandon: threading.Event,
         encoding: threading.Lock,
-        queue: EventQueue,
+        queue: QueuedEvents,
         batches: BatchLog,
         ledger: Ledger,
         status: Status,

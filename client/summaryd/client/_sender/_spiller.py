@@ -5,18 +5,15 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING
 
 from summaryd.client._courier import outbox_root
 from summaryd.client._options import ClientOptions
 from summaryd.client._sender._batch_log import BatchLog
 from summaryd.client._sender._items import Batch
 from summaryd.client._sender._ledger import Ledger
+from summaryd.client._sender._queue import QueuedEvents
 from summaryd.client._sender._status import Status, log
 from summaryd.client._spool import Spool, SpoolIdentity
-
-if TYPE_CHECKING:  # the queue lives beside its hot path, in `_sender`, which imports this module
-    from summaryd.client._sender._sender import EventQueue
 
 
 class Spiller:
@@ -32,7 +29,7 @@ class Spiller:
         outbox_pid: int | None,
         lock: threading.RLock,
         abandon: threading.Event,
-        queue: EventQueue,
+        queue: QueuedEvents,
         batches: BatchLog,
         ledger: Ledger,
         status: Status,

@@ -1,0 +1,42 @@
+"""What the sender's parts see of the caller's queue.
+
+The queue itself (`_sender.EventQueue`) lives beside its hot path, `Sender.enqueue`, which appends to it inline;
+the parts that drain and count it see it through this protocol, so that none of them imports the facade.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+from summaryd.client._sender._items import Queued
+
+
+class QueuedEvents(Protocol):
+    """The events the caller queued and the sender has not yet taken into batches. Every call holds the
+    sender's lock."""
+
+    @property
+    def accepted(self) -> int:
+        """Events ever queued: what the sender owes the caller an account of."""
+
+    @property
+    def nbytes(self) -> int:
+        """Estimated bytes of the queued events."""
+
+    @property
+    def queued_at(self) -> float:
+        """When the oldest event of the next batch arrived (what linger counts from)."""
+
+    def __len__(self) -> int: ...
+
+    def take_run(self, max_events: int, max_bytes: int, scalars_apart: bool = False) -> list[Queued]:
+        """Pop the next events of a batch (see `EventQueue.take_run`)."""
+
+    def take_scalars(self, max_events: int, max_bytes: int) -> list[Queued]:
+        """Pop the next run of plain scalars, for a batch of columns."""
+
+    def clear(self) -> int:
+        """Forget every queued event; how many there were."""
+
+    def over_budget(self, held_bytes: int, max_queue_bytes: int, nbytes: int = 0) -> bool:
+        """Whether the queue and `held_bytes` in memory, with `nbytes` more, are over the memory bound."""
