@@ -18,7 +18,18 @@ from _support import Daemon
 
 # Every key of `summaryd status --json`, always present (README: "summaryd status --json").
 STATUS_KEYS = {"address", "logdir", "version", "runs", "sessions"}
-RUN_KEYS = {"run_dir", "event_file", "events_written", "bytes_written", "sessions"}
+RUN_KEYS = {
+    "run_dir",
+    "event_file",
+    "events_written",
+    "bytes_written",
+    "sessions",
+    # A bucket logdir's: zero, empty or null on a local one.
+    "lease_holder",
+    "staged_bytes",
+    "last_upload_unix",
+    "last_upload_age_seconds",
+}
 SESSION_KEYS = {
     "session_id",
     "run_dir",

@@ -88,7 +88,7 @@ class MetricsInterceptor(aio.ServerInterceptor):  # type: ignore[type-arg]
                         metrics.batches.inc()
                         if run is None and request.session_id:
                             run = self._run_of(request.session_id)
-                        metrics.events_received.labels(run or "?").inc(len(request.events))
+                        metrics.events_received.labels(run or "?").inc(len(request.events) + len(request.scalars.step))
                         # The message's size, computed in C: summing the events' sizes would copy each one out.
                         metrics.bytes_received.labels(run or "?").inc(request.ByteSize())
                         yield request
