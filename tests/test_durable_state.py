@@ -21,8 +21,9 @@ from tensorboard.compat.proto.summary_pb2 import Summary
 from test_failover import daemon_in
 from test_objstore import logdir_url, seaweed, steps_from_bucket
 
-from _support import Daemon, wait_for
+from _support import Daemon, log_losses, wait_for
 from benchmarks._seaweed import SeaweedServer
+from summaryd.client import SummaryWriter
 from summaryd.server.bucket import Bucket
 from summaryd.server.bucket_sessions import BucketSessions, DurableSession
 from summaryd.v1 import summaryd_pb2 as pb
@@ -124,3 +125,31 @@ def test_a_lost_daemons_session_resumes_on_another_at_its_durable_sequence(
     assert closed.acked_sequence == 100
     assert state_of(logdir_url, session) == DurableSession(session, "lost", 100, True)
     assert steps_from_bucket(seaweed, logdir_url, "lost", tmp_path / "read") == collections.Counter(range(100))
+
+
+def test_a_client_fails_over_from_a_lost_daemon_and_nothing_is_lost_or_doubled(
+    tmp_path: Path, seaweed: SeaweedServer, logdir_url: str, daemons: list[Daemon]
+) -> None:
+    # Sealing by age is off in effect on a: what it acknowledged after the durable flush is only staged there.
+    daemons += [
+        daemon_in(tmp_path / "a", logdir_url, "--run-lease", "2", "--seal-secs", "3600"),
+        daemon_in(tmp_path / "b", logdir_url, "--run-lease", "2", "--seal-secs", "0.2"),
+    ]
+    a, b = daemons
+    writer = SummaryWriter("moving", address=f"{a.address},{b.address}", backoff_secs=(0.05, 0.2))
+    try:
+        log_losses(writer, range(50))
+        writer.flush(durable=True)  # 0..49 in the bucket
+        log_losses(writer, range(50, 100))
+        writer.flush()  # 50..99 acknowledged: staged on a, not uploaded
+        assert steps_from_bucket(seaweed, logdir_url, "moving", tmp_path / "before") == collections.Counter(range(50))
+        # a is lost with its disk (staging and state): the client resends what was not durable to b.
+        a.proc.kill()
+        a.proc.wait(30)
+        shutil.rmtree(tmp_path / "a" / "state")
+        log_losses(writer, range(100, 150))
+    finally:
+        report = writer.close(timeout=60)
+    assert report.delivered == 150 and not report.dropped
+    assert b.terminate() == 0
+    assert steps_from_bucket(seaweed, logdir_url, "moving", tmp_path / "read") == collections.Counter(range(150))
