@@ -214,9 +214,9 @@ class SessionLifecycle:
         session_id, run_dir = request.session_id, "/".join(parts)
         session = self.sessions.get(session_id)
         if session is None:
-            record = self.store.get(session_id)
-            from_bucket = await self._bucket_record(session_id) if record is None else None
-            record = record or from_bucket
+            # A bucket logdir: the bucket's state says what is uploaded, also of a session the local store knows.
+            from_bucket = await self._bucket_record(session_id)
+            record = self.store.get(session_id) or from_bucket
             self._check_resumable(request, run_dir, record)
             durable = from_bucket.last if from_bucket is not None else 0
             session = await self._complete(self._start(request, parts, record, peer, durable))
