@@ -219,6 +219,29 @@ def test_the_batch_log_numbers_without_gaps_and_settles_acks_inside_a_batch() ->
     assert ledger.delivered == 5 and len(log) == 0 and log.held_bytes == 0 and log.held_events == 0
 
 
+def test_from_a_daemon_on_a_bucket_batches_are_kept_until_durable_and_resent_to_a_daemon_with_less() -> None:
+    ledger = Ledger(EventQueue())
+    log = BatchLog(ledger)
+    log.resumed(0, durable_acks=True)
+    batches = [log.append([event(2 * i + 1), event(2 * i + 2)], 20) for i in range(3)]  # 1-2, 3-4, 5-6
+    assert log.acknowledge(6, durable=2)  # all staged, the first batch uploaded
+    assert ledger.delivered == 6 and len(log) == 0 and log.kept_bytes == 40 and log.resume_from == 3
+    assert log.acknowledge(6, durable=4) is False and log.kept_bytes == 20  # old news, but durable moved
+    log.resumed(4, durable_acks=True)  # another daemon holds 1..4 (from the bucket): 5-6 go again
+    assert list(log) == [batches[2]] and log.acked == 4 and log.held_events == 2
+    assert log.next_to_send(window=2) is batches[2]
+    assert log.acknowledge(6, durable=6)
+    assert ledger.delivered == 6, "resent events are counted once"
+    assert len(log) == 0 and log.kept_bytes == 0 and log.held_bytes == 0 and log.held_events == 0
+
+
+def test_a_daemon_on_a_local_disk_settles_batches_at_the_ack() -> None:
+    log = BatchLog(Ledger(EventQueue()))
+    log.resumed(0, durable_acks=False)
+    log.append([event(1)], 10)
+    assert log.acknowledge(1) and log.kept_bytes == 0 and log.resume_from == 2
+
+
 def test_the_in_flight_window_and_a_new_stream_resend_everything_unacknowledged() -> None:
     log = BatchLog(Ledger(EventQueue()))
     batches = [log.append([event(i)], 10) for i in range(1, 5)]

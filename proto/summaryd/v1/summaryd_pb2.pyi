@@ -37,7 +37,7 @@ class OpenSessionRequest(_message.Message):
     def __init__(self, session_id: _Optional[str] = ..., run: _Optional[str] = ..., worker: _Optional[str] = ..., world_size: _Optional[int] = ..., client: _Optional[_Union[ClientIdentity, _Mapping]] = ..., next_sequence: _Optional[int] = ..., session_started: _Optional[float] = ...) -> None: ...
 
 class OpenSessionResponse(_message.Message):
-    __slots__ = ("run_dir", "last_sequence", "lease_seconds", "max_message_bytes", "max_event_bytes", "max_batch_events", "takes_scalar_columns")
+    __slots__ = ("run_dir", "last_sequence", "lease_seconds", "max_message_bytes", "max_event_bytes", "max_batch_events", "takes_scalar_columns", "durable_acks", "durable_sequence")
     RUN_DIR_FIELD_NUMBER: _ClassVar[int]
     LAST_SEQUENCE_FIELD_NUMBER: _ClassVar[int]
     LEASE_SECONDS_FIELD_NUMBER: _ClassVar[int]
@@ -45,6 +45,8 @@ class OpenSessionResponse(_message.Message):
     MAX_EVENT_BYTES_FIELD_NUMBER: _ClassVar[int]
     MAX_BATCH_EVENTS_FIELD_NUMBER: _ClassVar[int]
     TAKES_SCALAR_COLUMNS_FIELD_NUMBER: _ClassVar[int]
+    DURABLE_ACKS_FIELD_NUMBER: _ClassVar[int]
+    DURABLE_SEQUENCE_FIELD_NUMBER: _ClassVar[int]
     run_dir: str
     last_sequence: int
     lease_seconds: float
@@ -52,7 +54,9 @@ class OpenSessionResponse(_message.Message):
     max_event_bytes: int
     max_batch_events: int
     takes_scalar_columns: bool
-    def __init__(self, run_dir: _Optional[str] = ..., last_sequence: _Optional[int] = ..., lease_seconds: _Optional[float] = ..., max_message_bytes: _Optional[int] = ..., max_event_bytes: _Optional[int] = ..., max_batch_events: _Optional[int] = ..., takes_scalar_columns: _Optional[bool] = ...) -> None: ...
+    durable_acks: bool
+    durable_sequence: int
+    def __init__(self, run_dir: _Optional[str] = ..., last_sequence: _Optional[int] = ..., lease_seconds: _Optional[float] = ..., max_message_bytes: _Optional[int] = ..., max_event_bytes: _Optional[int] = ..., max_batch_events: _Optional[int] = ..., takes_scalar_columns: _Optional[bool] = ..., durable_acks: _Optional[bool] = ..., durable_sequence: _Optional[int] = ...) -> None: ...
 
 class WriteRequest(_message.Message):
     __slots__ = ("session_id", "first_sequence", "events", "scalars")
@@ -81,10 +85,12 @@ class ScalarColumns(_message.Message):
     def __init__(self, tags: _Optional[_Iterable[str]] = ..., tag_index: _Optional[_Iterable[int]] = ..., step: _Optional[_Iterable[int]] = ..., wall_time: _Optional[_Iterable[float]] = ..., value: _Optional[_Iterable[float]] = ...) -> None: ...
 
 class WriteAck(_message.Message):
-    __slots__ = ("acked_sequence",)
+    __slots__ = ("acked_sequence", "durable_sequence")
     ACKED_SEQUENCE_FIELD_NUMBER: _ClassVar[int]
+    DURABLE_SEQUENCE_FIELD_NUMBER: _ClassVar[int]
     acked_sequence: int
-    def __init__(self, acked_sequence: _Optional[int] = ...) -> None: ...
+    durable_sequence: int
+    def __init__(self, acked_sequence: _Optional[int] = ..., durable_sequence: _Optional[int] = ...) -> None: ...
 
 class FlushRequest(_message.Message):
     __slots__ = ("session_id", "durable")

@@ -172,6 +172,8 @@ class SegmentShipper:
         self._failures = 0
         self._last_uploads: dict[str, float] = {}  # by run, wall clock: outlives the run's uploaded files
         self._progress = asyncio.Event()  # set (and replaced) after every upload, for `upload_through`
+        # Told after every upload (run, staged file name, uploaded end): the session lifecycle's durable marks.
+        self.on_uploaded: Callable[[str, str, int], None] | None = None
 
     # The writer's side.
 
@@ -355,6 +357,8 @@ class SegmentShipper:
         staged.pending_since = self._clock() if staged.pending > 0 else None
         self._progress.set()
         self._progress = asyncio.Event()
+        if self.on_uploaded is not None:
+            self.on_uploaded(staged.run_dir, staged.name, end)
         return True
 
     def _stub(self, staged: StagedFile) -> None:

@@ -158,6 +158,8 @@ class SummariesService(pb_grpc.SummariesServicer):
             max_event_bytes=limits.max_event_bytes,
             max_batch_events=limits.max_batch_events,
             takes_scalar_columns=True,
+            durable_acks=self.lifecycle.durable_acks,
+            durable_sequence=self.lifecycle.durable(session.session_id),
         )
 
     # ---- Write -----------------------------------------------------------------------------------------
@@ -199,7 +201,7 @@ class SummariesService(pb_grpc.SummariesServicer):
                         await self._authorize_run(session.run.run_dir, context)
                     await self._check_batch(request, context)
                     acked = await self.lifecycle.write(session, request.first_sequence, _batch_events(request))
-                    yield pb.WriteAck(acked_sequence=acked)
+                    yield pb.WriteAck(acked_sequence=acked, durable_sequence=self.lifecycle.durable(session.session_id))
                     if self._draining:
                         return
         finally:

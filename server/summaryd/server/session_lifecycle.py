@@ -17,6 +17,8 @@ written but not counted, which would write it twice when the client sends it aga
 from __future__ import annotations
 
 import asyncio
+import errno
+import functools
 import logging
 import time
 from collections.abc import Coroutine, Iterator, Sequence
@@ -25,6 +27,9 @@ from typing import Any, TypeVar
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from summaryd.server import run_files
+from summaryd.server.bucket import BucketError
+from summaryd.server.bucket_sessions import BucketSessions, DurableSession
+from summaryd.server.durable_marks import DurableMarks
 from summaryd.server.errors import (
     DiskFullError,
     ResumeRefusedError,
@@ -79,6 +84,13 @@ class SessionLifecycle:
         self.ownership = ownership
         if ownership is not None:
             ownership.on_lost = self.release_run
+        # A bucket logdir: each session's state in the bucket and its durable watermark (what is uploaded).
+        self.bucket_sessions = BucketSessions(ownership.leases.bucket) if ownership is not None else None
+        self.marks = DurableMarks()
+        self._published: dict[str, int] = {}  # per session: the watermark the bucket's state holds
+        self._publishing: dict[str, asyncio.Task[None]] = {}
+        if self.bucket_sessions is not None and isinstance(registry.sink, SegmentShipper):
+            registry.sink.on_uploaded = self._on_uploaded
         self._stopping = False
         self.sessions = SessionTable()
         # Batches, flushes, closes and releases being carried out; shutdown waits for these.
@@ -108,6 +120,54 @@ class SessionLifecycle:
     async def wait_quiet(self) -> None:
         """Return once no batch, flush, close or release is being carried out."""
         await self._quiet.wait()
+
+    # ---- the durable watermark (a bucket logdir) -----------------------------------------------------
+
+    @property
+    def durable_acks(self) -> bool:
+        """Whether an ack means staged only, and clients keep batches until the durable watermark covers them."""
+        return self.bucket_sessions is not None
+
+    def durable(self, session_id: str) -> int:
+        """The session's highest sequence number uploaded and recorded in the bucket (0 on a local logdir)."""
+        return self._published.get(session_id, 0)
+
+    def _on_uploaded(self, run_dir: str, name: str, end: int) -> None:
+        for session_id, _ in self.marks.uploaded(run_dir, name, end):
+            if session_id not in self._publishing:
+                task = asyncio.create_task(self._publish(session_id, run_dir))
+                self._publishing[session_id] = task
+                task.add_done_callback(functools.partial(self._published_by, session_id))
+
+    def _published_by(self, session_id: str, _: asyncio.Task[None]) -> None:
+        self._publishing.pop(session_id, None)
+
+    async def _publish(self, session_id: str, run_dir: str, closed: bool = False) -> None:
+        """Write the session's watermark to its state in the bucket, until it holds the latest; only then is
+        it acknowledged as durable (a daemon resuming the session elsewhere starts from that state)."""
+        assert self.bucket_sessions is not None
+        while (durable := self.marks.durable(session_id)) > self._published.get(session_id, 0) or closed:
+            try:
+                await self.bucket_sessions.put(DurableSession(session_id, run_dir, durable, closed))
+            except BucketError as exc:  # written again after the next upload
+                log.warning("session %s: its state could not be written to the bucket: %s", session_id, exc)
+                return
+            self._published[session_id] = max(durable, self._published.get(session_id, 0))
+            closed = False
+
+    async def _bucket_record(self, session_id: str) -> SessionRecord | None:
+        """A session this daemon does not know, as the bucket knows it (a bucket logdir)."""
+        if self.bucket_sessions is None:
+            return None
+        try:
+            state = await self.bucket_sessions.get(session_id)
+        except BucketError as exc:
+            raise self._storage_error(
+                OSError(errno.EIO, str(exc)), "?", "the session's state could not be read"
+            ) from exc
+        if state is None:
+            return None
+        return SessionRecord(session_id, state.run_dir, state.durable, closed=state.closed)
 
     # ---- lookups ---------------------------------------------------------------------------------------
 
@@ -154,9 +214,12 @@ class SessionLifecycle:
         session_id, run_dir = request.session_id, "/".join(parts)
         session = self.sessions.get(session_id)
         if session is None:
-            record = self.store.get(session_id)
+            # A bucket logdir: the bucket's state says what is uploaded, also of a session the local store knows.
+            from_bucket = await self._bucket_record(session_id)
+            record = self.store.get(session_id) or from_bucket
             self._check_resumable(request, run_dir, record)
-            session = await self._complete(self._start(request, parts, record, peer))
+            durable = from_bucket.last if from_bucket is not None else 0
+            session = await self._complete(self._start(request, parts, record, peer, durable))
         if session.run.run_dir != run_dir:  # held already, or opened meanwhile by a racing call of the same id
             raise RunMismatchError(session_id, session.run.run_dir, run_dir)
         session.touch()
@@ -182,15 +245,22 @@ class SessionLifecycle:
             )
 
     async def _start(
-        self, request: pb.OpenSessionRequest, parts: list[str], record: SessionRecord | None, peer: str
+        self,
+        request: pb.OpenSessionRequest,
+        parts: list[str],
+        record: SessionRecord | None,
+        peer: str,
+        durable: int = 0,
     ) -> Session:
-        """A session this daemon does not hold live: new, or resumed where the session store says it stands."""
+        """A session this daemon does not hold live: new, or resumed where the session store (or, on a daemon
+        that does not know it, the bucket: `durable`) says it stands."""
         over = self._over_session_limits(peer)
         if over is not None:  # before any directory is made
             raise LimitError(over)
         await self._own("/".join(parts))
         try:
             session = await self._start_owned(request, parts, record, peer)
+            self._track(session, durable)
         except BaseException:
             await self._disown("/".join(parts))
             raise
@@ -251,6 +321,20 @@ class SessionLifecycle:
         )
         return session
 
+    def _track(self, session: Session, durable: int) -> None:
+        """Follow the session's durable watermark from `durable` (what the bucket holds of it); whatever it
+        holds beyond is staged here and durable once the run's staged file is uploaded up to its end now."""
+        if self.bucket_sessions is None:
+            return
+        self.marks.start(session.session_id, session.run.run_dir, durable)
+        self._published[session.session_id] = max(durable, self._published.get(session.session_id, 0))
+        self._staged(session)
+
+    def _staged(self, session: Session) -> None:
+        end = self._staged_end(session.run)
+        if end is not None:
+            self.marks.staged(session.session_id, end[1], end[2], session.acked)
+
     def _over_session_limits(self, peer: str) -> str | None:
         """Why one more session from `peer` is too many, or None."""
         limits = self.limits
@@ -277,9 +361,12 @@ class SessionLifecycle:
             StorageError: the batch was not written.
         """
         try:
-            return await self._complete(session.apply(first, events))
+            acked = await self._complete(session.apply(first, events))
         except OSError as exc:
             raise self._storage_error(exc, session.run.run_dir, "the batch was not written") from exc
+        if self.bucket_sessions is not None and events:
+            self._staged(session)
+        return acked
 
     async def flush(self, session: Session, durable: bool) -> int:
         """The session's highest contiguous sequence number, all of it on disk when `durable` (for a bucket
@@ -380,6 +467,10 @@ class SessionLifecycle:
         uploaded = self._staged_end(session.run)
         if await self._complete(self._leave(session, "closed")):
             await self._uploaded(uploaded)
+            if self.bucket_sessions is not None:  # everything uploaded: the bucket's state says closed
+                self.marks.start(session.session_id, session.run.run_dir, session.acked)
+                await self._publish(session.session_id, session.run.run_dir, closed=True)
+                self.marks.forget(session.session_id)
             log.info(
                 "session %s closed: run %s, %d events written, %d duplicates dropped",
                 session.session_id,

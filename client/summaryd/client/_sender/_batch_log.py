@@ -1,4 +1,5 @@
-"""The batch log: events numbered into batches, kept until the daemon acknowledges them."""
+"""The batch log: events numbered into batches, kept until the daemon acknowledges them (and, from a daemon
+on object storage, until it says they are uploaded)."""
 
 from __future__ import annotations
 
@@ -25,6 +26,12 @@ class BatchLog:
         self.next_sequence = 1
         self.acked = 0
         self.in_flight = 0
+        # A daemon on object storage: acknowledged batches are kept (`_kept`) until `durable` covers them, and
+        # sent again from there when another daemon resumes the session with less.
+        self.keep_until_durable = False
+        self.durable = 0
+        self._kept: deque[Batch] = deque()
+        self.kept_bytes = 0
         self.progress_at = time.monotonic()  # the last acknowledgement, or when there was nothing to wait for
         # A refusal the ack thread heard, for the sender thread to handle: the daemon's words and the event it
         # named, if it did.
@@ -55,15 +62,51 @@ class BatchLog:
         if not self._batches:
             self.progress_at = now
 
-    def acknowledge(self, acked: int) -> bool:
-        """The daemon holds every event up to `acked`: settle them as delivered. False when that is old news."""
+    @property
+    def resume_from(self) -> int:
+        """The sequence number a session resumes from: after the durable ones when batches are kept for that."""
+        return (self.durable if self.keep_until_durable else self.acked) + 1
+
+    def resumed(self, last: int, durable_acks: bool) -> None:
+        """A daemon opened the session holding up to `last`: kept batches it lacks are sent again (their events
+        counted once, when first acknowledged)."""
+        self.keep_until_durable = self.keep_until_durable or durable_acks
+        if last >= self.acked:
+            return
+        while self._kept and self._kept[-1].last > last:
+            batch = self._kept.pop()
+            self.kept_bytes -= batch.nbytes
+            batch.settled, batch.done = False, 0
+            self._batches.appendleft(batch)
+            self.held_bytes += batch.nbytes
+            self.held_events += batch.count
+        self.acked = last
+
+    def _keep(self, batch: Batch) -> None:
+        if batch.events is None or batch.last <= self.durable:  # spilled batches are not kept back from the spool
+            return
+        batch.counted = True
+        self._kept.append(batch)
+        self.kept_bytes += batch.nbytes
+
+    def _durable_through(self, durable: int) -> None:
+        self.durable = max(self.durable, durable)
+        while self._kept and self._kept[0].last <= self.durable:
+            self.kept_bytes -= self._kept.popleft().nbytes
+
+    def acknowledge(self, acked: int, durable: int = 0) -> bool:
+        """The daemon holds every event up to `acked` (and has uploaded up to `durable`): settle them as
+        delivered. False when that is old news."""
+        self._durable_through(durable)
         if acked <= self.acked:
             return False
         self.acked = acked
         self.progress_at = time.monotonic()
         while self._batches and self._batches[0].last <= acked:
-            self._settle_head(DELIVERED)
+            settled = self._settle_head(DELIVERED)
             self.in_flight = max(0, self.in_flight - 1)
+            if self.keep_until_durable:
+                self._keep(settled)
         head = self.head
         if head is not None and head.first <= acked:
             self._delivered(head, head.acknowledge_through(acked))
@@ -72,7 +115,8 @@ class BatchLog:
     def _delivered(self, batch: Batch, count: int) -> None:
         if batch.events is not None:
             self.held_events -= count
-        self._ledger.settle(count, DELIVERED, spooled=batch.events is None)
+        if not batch.counted:
+            self._ledger.settle(count, DELIVERED, spooled=batch.events is None)
 
     def _settle_head(self, reason: str) -> Batch:
         batch = self._batches.popleft()
@@ -80,7 +124,8 @@ class BatchLog:
         if batch.events is not None:
             self.held_bytes -= batch.nbytes
             self.held_events -= batch.pending
-        self._ledger.settle(batch.pending, reason, spooled=batch.events is None)
+        if not batch.counted:
+            self._ledger.settle(batch.pending, reason, spooled=batch.events is None)
         return batch
 
     def note_refusal(self, reason: str, sequence: int | None) -> None:

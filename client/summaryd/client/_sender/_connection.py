@@ -83,7 +83,7 @@ class Connection:
         if time.monotonic() < self._next_attempt:
             return None
         self._used = True
-        hello = Hello(self._identity, self._batches.acked + 1)
+        hello = Hello(self._identity, self._batches.resume_from)
         self._opening = self._transport.open_session(hello, self._wake.set)
         return None
 
@@ -91,7 +91,9 @@ class Connection:
         self.run_dir = answer.run_dir
         self._lease = answer.lease_seconds or float("inf")
         self.limits = answer.limits
-        self.on_ack(Ack(answer.last_sequence))
+        with self._cond:
+            self._batches.resumed(answer.last_sequence, answer.durable_acks)
+        self.on_ack(Ack(answer.last_sequence, answer.durable_sequence))
         self._stream = self._transport.open_stream(self._identity.session_id, self.on_ack, self.on_end)
         with self._cond:
             self._batches.new_stream()
@@ -134,7 +136,7 @@ class Connection:
     def on_ack(self, ack: Ack) -> None:
         """The stream's thread (and an opened session): settle every batch the daemon acknowledged."""
         with self._cond:
-            if self._batches.acknowledge(ack.sequence):
+            if self._batches.acknowledge(ack.sequence, ack.durable):
                 self._backoff = self._options.backoff_secs[0]
             self._cond.notify_all()
         self._wake.set()

@@ -91,7 +91,14 @@ class _Opening:
             raise self._on_error(exc) from None
         except grpc.FutureCancelledError:
             return None
-        return Opened(answer.run_dir, answer.last_sequence, answer.lease_seconds, DaemonLimits.of(answer))
+        return Opened(
+            answer.run_dir,
+            answer.last_sequence,
+            answer.lease_seconds,
+            DaemonLimits.of(answer),
+            durable_acks=answer.durable_acks,
+            durable_sequence=answer.durable_sequence,
+        )
 
     def cancel(self) -> None:
         self._future.cancel()
@@ -110,8 +117,8 @@ class _Stream:
         self._on_end = on_end
         self._stream = WriteStream(stub, self._acked, self._ended)
 
-    def _acked(self, sequence: int) -> None:
-        self._on_ack(Ack(sequence))
+    def _acked(self, sequence: int, durable: int) -> None:
+        self._on_ack(Ack(sequence, durable))
 
     def _ended(self, _: WriteStream, error: grpc.RpcError | None) -> None:
         self._on_end(None if error is None else transport_error(error))

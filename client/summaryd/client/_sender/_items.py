@@ -38,6 +38,7 @@ class Batch:
     sent_at: float = 0.0
     settled: bool = False
     scalars: ScalarRun | None = None
+    counted: bool = False  # the ledger counted it delivered already: acknowledged, then kept until durable
 
     @property
     def last(self) -> int:

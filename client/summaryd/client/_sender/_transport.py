@@ -67,6 +67,9 @@ class Opened:
     last_sequence: int
     lease_seconds: float
     limits: DaemonLimits
+    durable_acks: bool = False
+    """The daemon's logdir is on object storage: an ack means staged there, `Ack.durable` means uploaded."""
+    durable_sequence: int = 0
 
 
 @dataclass(frozen=True)
@@ -74,6 +77,8 @@ class Ack:
     """The daemon wrote every event of the session up to `sequence` to the run's file."""
 
     sequence: int
+    durable: int = 0
+    """Every event up to here is uploaded (a daemon with `Opened.durable_acks`)."""
 
 
 class Opening(Protocol):

@@ -1,0 +1,94 @@
+"""Session state in the bucket: what any daemon needs to resume a session another daemon served.
+
+One small JSON object per session, `.summaryd/sessions/<id>` below the logdir's prefix: its run, the highest
+sequence number whose events are uploaded (`durable`), and whether it was closed. It is written after the
+segment holding those events is uploaded, only with conditional puts (create if absent, else replace by the
+ETag just read), and never moves backwards: a write that loses a race reads the winner's and merges. A daemon
+that does not know a session (its disk lost, or the session served elsewhere) resumes it at `durable`, so
+nothing in the bucket is written twice and nothing beyond it is taken for delivered.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+from summaryd.server.bucket import Bucket, PreconditionFailedError
+
+SESSION_PREFIX = ".summaryd/sessions/"
+_ROUNDS = 5
+
+
+@dataclass(frozen=True)
+class DurableSession:
+    """A session as the bucket knows it."""
+
+    session_id: str
+    run_dir: str
+    durable: int
+    closed: bool
+
+    def document(self) -> bytes:
+        return json.dumps({"run": self.run_dir, "durable": self.durable, "closed": self.closed}).encode()
+
+    def merged(self, other: DurableSession) -> DurableSession:
+        """Both states at once: the higher watermark, closed if either says so."""
+        return DurableSession(
+            self.session_id, self.run_dir, max(self.durable, other.durable), self.closed or other.closed
+        )
+
+
+def session_key(session_id: str) -> str:
+    """The state object of `session_id`, relative to the logdir's prefix."""
+    return SESSION_PREFIX + session_id
+
+
+class BucketSessions:
+    """Reads and writes session state objects of one bucket logdir."""
+
+    def __init__(self, bucket: Bucket) -> None:
+        self.bucket = bucket
+
+    async def get(self, session_id: str) -> DurableSession | None:
+        """The session's state, or None when the bucket has none (or an unreadable one).
+
+        Raises:
+            BucketError: the bucket could not be read.
+        """
+        found = await self._read(session_id)
+        return found[0] if found is not None and found[0].run_dir else None
+
+    async def put(self, state: DurableSession) -> DurableSession:
+        """Write `state`, merged with what the bucket holds; return what was written.
+
+        Raises:
+            BucketError: the bucket could not be read or written, or the object changed under every attempt.
+        """
+        key = session_key(state.session_id)
+        for _ in range(_ROUNDS):
+            found = await self._read(state.session_id)
+            try:
+                if found is None:
+                    await self.bucket.create(key, state.document())
+                    return state
+                current, etag = found
+                merged = state.merged(current)
+                if merged != current:
+                    await self.bucket.replace(key, merged.document(), etag)
+                return merged
+            except PreconditionFailedError:
+                continue  # another writer won: read theirs and merge again
+        raise PreconditionFailedError(f"{self.bucket.url}/{key}: changed under every attempt to write it")
+
+    async def _read(self, session_id: str) -> tuple[DurableSession, str] | None:
+        found = await self.bucket.get(session_key(session_id))
+        if found is None:
+            return None
+        data, etag = found
+        try:
+            doc = json.loads(data)
+            state = DurableSession(session_id, str(doc["run"]), int(doc["durable"]), bool(doc["closed"]))
+        except (ValueError, KeyError, TypeError):
+            # Unreadable: nothing is known of the session; replaced by ETag like any other version.
+            state = DurableSession(session_id, "", 0, False)
+        return state, etag
