@@ -234,7 +234,7 @@ class _Layout:
         used[:, 12:21] = self._has_wall[:, None]
         rows[:, 21] = 0x10  # Event.step: field 2, varint
         varint = ((steps[:, None] >> _VARINT_SHIFTS) & np.uint64(0x7F)).astype(np.uint8)
-        varint[(self._varint - 1)[:, None] > _VARINT] |= 0x80  # every byte but the last continues
+        varint |= ((self._varint - 1)[:, None] > _VARINT).view(np.uint8) << 7  # every byte but the last continues
         rows[:, 22:32] = varint
         used[:, 21:32] = self._step_size[:, None] > _STEP_SLOT
         rows[:, 32 : 32 + widest] = self._table[self._tag_index]
