@@ -3,8 +3,8 @@
 A client's scalar event is `Event{wall_time, step, summary{value{tag, simple_value}}}`, serialized by protobuf in
 field order with proto3's rules: `wall_time` and `step` are left out when zero, `tag` when empty, and
 `simple_value` (a member of a oneof) is always written. Everything after `step` depends on the tag alone, so it
-is kept per tag (`_template`); a record costs a few concatenations, one CRC-32C of its bytes, and a cached
-length header.
+is kept per tag (`_template`); a batch's records are built together with numpy (`_Layout`), and a record's
+own cost is one CRC-32C of its bytes.
 """
 
 from __future__ import annotations
@@ -24,12 +24,12 @@ from summaryd.v1 import summaryd_pb2 as pb
 from summaryd.v1.wire import header
 
 _DOUBLE = struct.Struct("<d")
-_WALL_TIME = struct.Struct("<Bd")  # Event.wall_time's key (field 1, 64-bit: 9) and value in one pack
 _MASK_DELTA = 0xA282EAD8  # TFRecord's CRC mask (see `wire.masked_crc32c`)
 _FLOAT = struct.Struct("<f")
 _WALL_TIME_TAG = b"\x09"  # Event.wall_time: field 1, 64-bit
 _STEP_TAG = b"\x10"  # Event.step: field 2, varint
 _U64 = (1 << 64) - 1
+_U32 = 0xFFFFFFFF
 
 
 def _varint(value: int) -> bytes:
@@ -119,43 +119,34 @@ class ScalarRecords(Sequence[bytes]):
     def framed(self, limits: Limits = DEFAULT) -> bytes:
         """Check every scalar and return the records framed as one blob, ready for one write.
 
-        Per record, Python builds its bytes (three packs from cached parts) and its CRC-32C; the checks, the
-        CRC masking and the framing are numpy operations over the whole batch.
+        The checks and the record bytes are numpy operations over the whole batch (see `_Layout`); per record,
+        only its CRC-32C is a call.
 
         Raises:
             EventError: naming the first bad scalar (its index in this sequence) and what is wrong with it.
         """
         columns, start = self._columns, self._start
-        count = len(self)
-        if count == 0:
+        if len(self) == 0:
             return b""
         tags = list(columns.tags)
-        tag_index = np.asarray(columns.tag_index[start:], dtype=np.int64)
-        wall_times = columns.wall_time[start:]
-        problems = self._problems(tags, tag_index, np.asarray(wall_times, dtype=np.float64), limits)
+        # The columns are read whole (numpy copies a packed field at C speed) and cut here, not in protobuf.
+        tag_index = np.asarray(columns.tag_index, dtype=np.int64)[start:]
+        wall = np.asarray(columns.wall_time, dtype=np.float64)[start:]
+        problems = self._problems(tags, tag_index, wall, limits)
         if problems:
             raise min(problems, key=lambda problem: problem.index)
-        templates = [_template(tag) for tag in tags]
-        tails = [_tail(len(template)) for template in templates]
-        wall_pack, step_field = _WALL_TIME.pack, _step_field
-        records = [
-            (wall_pack(9, wall_time) if wall_time else _wall_time_field(wall_time))
-            + step_field(step)
-            + tails[which].pack(templates[which], value)
-            for which, step, wall_time, value in zip(
-                tag_index.tolist(), columns.step[start:], wall_times, columns.value[start:], strict=True
-            )
-        ]
-        lengths = np.fromiter(map(len, records), dtype=np.int64, count=count)
-        over = np.flatnonzero(lengths > limits.max_event_bytes)
+        steps = np.asarray(columns.step, dtype=np.int64)[start:].view(np.uint64)
+        values = np.asarray(columns.value, dtype=np.float32)[start:]
+        layout = _Layout(tags, tag_index, steps, wall)
+        over = np.flatnonzero(layout.lengths > limits.max_event_bytes)
         if over.size:
             index = int(over[0])
             raise EventError(
                 index,
-                f"is {int(lengths[index])} bytes, over the limit of {limits.max_event_bytes} bytes (--max-event-bytes)",
+                f"is {int(layout.lengths[index])} bytes, over the limit of {limits.max_event_bytes} bytes "
+                "(--max-event-bytes)",
             )
-        crcs = np.fromiter(map(google_crc32c.value, records), dtype=np.uint64, count=count)
-        return _frame(records, crcs)
+        return layout.framed(steps, wall, values)
 
     @staticmethod
     def _problems(
@@ -191,25 +182,74 @@ class ScalarRecords(Sequence[bytes]):
         return problems
 
 
-@functools.lru_cache(maxsize=1024)
-def _tail(template_size: int) -> struct.Struct:
-    """Packs a template and the value's 4 bytes in one call."""
-    return struct.Struct(f"<{template_size}sf")
+_VARINT = np.arange(10)  # an int64's varint has up to 10 bytes
+_VARINT_SHIFTS = (_VARINT * 7).astype(np.uint64)
+_VARINT_STEPS = np.array([1 << (7 * k) for k in range(1, 10)], dtype=np.uint64)  # each adds a varint byte
+_STEP_SLOT = np.arange(11)  # the step's key and varint
+_FOUR = np.arange(4)
 
 
-def _frame(records: list[bytes], crcs: NDArray[np.uint64]) -> bytes:
-    """TFRecord framing of `records`, as `wire.frame_all` frames them: a length header cached per length, and
-    the CRCs masked for the whole batch at once."""
-    masked = (((crcs >> np.uint64(15)) | (crcs << np.uint64(17))) + np.uint64(_MASK_DELTA)) & np.uint64(0xFFFFFFFF)
-    footers = masked.astype("<u4").tobytes()
-    headers: dict[int, bytes] = {}
-    parts: list[bytes] = []
-    offset = 0
-    for record in records:
-        size = len(record)
-        head = headers.get(size)
-        if head is None:
-            head = headers[size] = header(size)
-        parts += (head, record, footers[offset : offset + 4])
-        offset += 4
-    return b"".join(parts)
+class _Layout:
+    """A batch's framed records, built for the whole batch at once as rows of fixed-width slots.
+
+    A framed scalar record is `header | wall_time field | step field | tag template | value | footer`. Each
+    record is a row of a byte matrix with one slot per part, as wide as the widest that part gets in the batch;
+    every part is written for all rows by a column assignment, a mask says which bytes of each slot a record
+    uses, and the masked matrix read in row order is the records' bytes back to back. Only the CRC-32C of each
+    record is a call per record: google-crc32c has no batch API.
+    """
+
+    def __init__(
+        self, tags: list[str], tag_index: NDArray[np.int64], steps: NDArray[np.uint64], wall: NDArray[np.float64]
+    ) -> None:
+        templates = [_template(tag) for tag in tags]
+        sizes = np.fromiter(map(len, templates), dtype=np.int64, count=len(templates))
+        widest = int(sizes.max())
+        table = np.zeros((len(templates), widest), dtype=np.uint8)
+        for row, template in enumerate(templates):
+            table[row, : len(template)] = np.frombuffer(template, dtype=np.uint8)
+        self._table, self._tag_index = table, tag_index
+        self._template_size = sizes[tag_index]
+        self._has_wall = wall.view(np.uint64) != 0  # only +0.0 is left out, -0.0 is written
+        varint = 1 + (steps[:, None] >= _VARINT_STEPS).sum(axis=1)
+        self._varint = np.where(steps == 0, 0, varint)
+        self._step_size = np.where(steps == 0, 0, 1 + varint)
+        self.lengths: NDArray[np.int64] = self._has_wall * 9 + self._step_size + self._template_size + 4
+
+    def framed(self, steps: NDArray[np.uint64], wall: NDArray[np.float64], values: NDArray[np.float32]) -> bytes:
+        """The records framed as one blob."""
+        count = len(self.lengths)
+        widest = self._table.shape[1]
+        rows = np.zeros((count, 12 + 9 + 11 + widest + 4 + 4), dtype=np.uint8)
+        used = np.ones(rows.shape, dtype=np.bool_)
+        # A batch's records come in few lengths: one cached header each, looked up by length.
+        sizes = np.flatnonzero(np.bincount(self.lengths))
+        headers = np.zeros((int(sizes[-1]) + 1, 12), dtype=np.uint8)
+        headers[sizes] = np.frombuffer(b"".join(header(size) for size in sizes.tolist()), dtype=np.uint8).reshape(
+            -1, 12
+        )
+        rows[:, :12] = headers[self.lengths]
+        rows[:, 12] = 0x09  # Event.wall_time: field 1, 64-bit
+        rows[:, 13:21] = wall.astype("<f8").view(np.uint8).reshape(-1, 8)
+        used[:, 12:21] = self._has_wall[:, None]
+        rows[:, 21] = 0x10  # Event.step: field 2, varint
+        varint = ((steps[:, None] >> _VARINT_SHIFTS) & np.uint64(0x7F)).astype(np.uint8)
+        varint |= ((self._varint - 1)[:, None] > _VARINT).view(np.uint8) << 7  # every byte but the last continues
+        rows[:, 22:32] = varint
+        used[:, 21:32] = self._step_size[:, None] > _STEP_SLOT
+        rows[:, 32 : 32 + widest] = self._table[self._tag_index]
+        used[:, 32 : 32 + widest] = np.arange(widest) < self._template_size[:, None]
+        rows[:, 32 + widest : 36 + widest] = values.astype("<f4").view(np.uint8).reshape(-1, 4)
+        out = rows[used]
+        blob = out.tobytes()
+        ends = np.cumsum(self.lengths + 16)
+        data_end = ends - 4
+        data_start = data_end - self.lengths
+        crcs = np.fromiter(
+            map(google_crc32c.value, map(blob.__getitem__, map(slice, data_start.tolist(), data_end.tolist()))),
+            dtype=np.uint64,
+            count=count,
+        )
+        masked = (((crcs >> np.uint64(15)) | (crcs << np.uint64(17))) + np.uint64(_MASK_DELTA)) & np.uint64(_U32)
+        out[data_end[:, None] + _FOUR] = masked.astype("<u4").view(np.uint8).reshape(-1, 4)
+        return out.tobytes()
