@@ -28,11 +28,12 @@ from tensorboard.compat.proto.event_pb2 import Event
 
 from summaryd.client._channel import ChannelSettings, open_channel
 from summaryd.client._environment import resolve_address
+from summaryd.client._sender._grpc_transport import refused_sequence
 from summaryd.client._ship_state import Checkpoint, FileCursor
 from summaryd.v1 import summaryd_pb2 as pb
 from summaryd.v1 import summaryd_pb2_grpc as pb_grpc
 from summaryd.v1.runpath import run_dir_parts
-from summaryd.v1.wire import REFUSED_SEQUENCE_KEY, VERSION, read_records
+from summaryd.v1.wire import FRAMING_BYTES, VERSION, read_records
 
 log = logging.getLogger("summaryd.ship")
 
@@ -42,7 +43,6 @@ _CHUNK_BYTES = 8 * 1024 * 1024
 # Batches when the daemon states no limit.
 _BATCH_EVENTS = 1024
 _BATCH_BYTES = 1024 * 1024
-_FRAMING_BYTES = 16
 # Errors after which the daemon is worth asking again (it is away, restarting, or shutting down).
 _TRANSIENT = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.CANCELLED)
 
@@ -101,15 +101,6 @@ def _is_file_version(record: bytes) -> bool:
     return what == "file_version"
 
 
-def _refused_sequence(error: grpc.RpcError) -> int | None:
-    """The sequence number the daemon names in the trailing metadata of an INVALID_ARGUMENT, if any."""
-    trailing = getattr(error, "trailing_metadata", None)
-    for key, value in (trailing() if callable(trailing) else None) or ():
-        if key == REFUSED_SEQUENCE_KEY:
-            return int(value)
-    return None
-
-
 def whole_records(path: Path, offset: int) -> Iterator[tuple[bytes, int]]:
     """The whole records of `path` from `offset` on, each with the offset of its end, in chunks."""
     with open(path, "rb") as f:
@@ -120,13 +111,13 @@ def whole_records(path: Path, offset: int) -> Iterator[tuple[bytes, int]]:
             if not records and len(data) >= 8:
                 # A record larger than a chunk: read it whole, when the file holds it whole.
                 (length,) = struct.unpack_from("<Q", data)
-                if _CHUNK_BYTES < length + _FRAMING_BYTES <= os.fstat(f.fileno()).st_size - offset:
+                if _CHUNK_BYTES < length + FRAMING_BYTES <= os.fstat(f.fileno()).st_size - offset:
                     f.seek(offset)
-                    records, _ = read_records(f.read(length + _FRAMING_BYTES))
+                    records, _ = read_records(f.read(length + FRAMING_BYTES))
             if not records:
                 return
             for record in records:
-                offset += len(record) + _FRAMING_BYTES
+                offset += len(record) + FRAMING_BYTES
                 yield record, offset
 
 
@@ -217,7 +208,7 @@ class Shipper:
         pending: list[tuple[bytes, int]] = []
         pending_bytes = 0
         for record, end in whole_records(path, cursor.offset):
-            if cursor.offset == 0 and end == len(record) + _FRAMING_BYTES and _is_file_version(record):
+            if cursor.offset == 0 and end == len(record) + FRAMING_BYTES and _is_file_version(record):
                 cursor.advance(end)  # the daemon writes its own file_version record
                 continue
             pending.append((record, end))
@@ -347,7 +338,7 @@ class Shipper:
             for ack in call:
                 acked = max(acked, ack.acked_sequence)
         except grpc.RpcError as exc:
-            refused = _refused_sequence(exc)
+            refused = refused_sequence(exc)
             if exc.code() != grpc.StatusCode.INVALID_ARGUMENT or refused is None:
                 raise
             return acked, refused

@@ -50,6 +50,8 @@ _LENGTH = struct.Struct("<Q")
 _CRC = struct.Struct("<I")
 _HEADER_BYTES = _LENGTH.size + _CRC.size
 _FOOTER_BYTES = _CRC.size
+FRAMING_BYTES = _HEADER_BYTES + _FOOTER_BYTES
+"""Bytes a TFRecord adds around its data: length, length CRC, data CRC."""
 
 
 def masked_crc32c(data: bytes) -> int:
