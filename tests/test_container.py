@@ -244,6 +244,7 @@ class ComposeProject:
         networks = _sh("podman", "network", "ls", "-q", "--filter", label, check=False).stdout.split()
         if networks:
             _sh("podman", "network", "rm", "-f", *networks, check=False)
+        _sh("podman", "pod", "rm", "-f", "--ignore", f"pod_{self.name}", check=False)  # podman-compose's pod
 
 
 def _distinct_unused_ports(count: int) -> list[int]:
