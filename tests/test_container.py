@@ -14,7 +14,6 @@ import os
 import shutil
 import subprocess
 import sys
-import urllib.error
 import urllib.parse
 import urllib.request
 import uuid
@@ -286,7 +285,7 @@ def _scalars(tensorboard: str, run: str, tag: str) -> list[tuple[int, float]]:
     try:
         with urllib.request.urlopen(f"http://{tensorboard}/data/plugin/scalars/scalars?{query}", timeout=5) as answer:
             points: list[Any] = json.load(answer)
-    except (urllib.error.URLError, ConnectionError):
+    except OSError:  # not serving yet: refused, reset, timed out, or 404 for a run it does not know yet
         return []
     return [(point[1], point[2]) for point in points]
 
