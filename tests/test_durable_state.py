@@ -177,14 +177,16 @@ def test_a_daemon_lost_between_an_upload_and_the_state_write_doubles_nothing(
     session = str(uuid.uuid4())
     to_a = stub_of(a.address, channels)
     to_a.OpenSession(pb.OpenSessionRequest(session_id=session, run="torn", next_sequence=1), timeout=30)
-    durable = 0
-    for upload in range(1, uploads + 1):
-        last = 50 * upload
-        assert write(to_a, batch(session, durable + 1, last)).acked_sequence == last
-        if upload < uploads:
-            to_a.Flush(pb.FlushRequest(session_id=session, durable=True), timeout=30)
-            wait_for(lambda: write(to_a, pb.WriteRequest(session_id=session)).durable_sequence == last, 30, "durable")
-            durable = last
+    durable = 50 * (uploads - 1)  # what the state counts: the segments before the last
+    if durable:
+        assert write(to_a, batch(session, 1, durable)).acked_sequence == durable
+        to_a.Flush(pb.FlushRequest(session_id=session, durable=True), timeout=30)
+
+        def published() -> bool:
+            return bool(write(to_a, pb.WriteRequest(session_id=session)).durable_sequence == durable)
+
+        wait_for(published, 30, "the durable watermark")
+    assert write(to_a, batch(session, durable + 1, durable + 50)).acked_sequence == durable + 50
     with pytest.raises(grpc.RpcError):  # a uploads the segment and is gone before it writes the state
         to_a.Flush(pb.FlushRequest(session_id=session, durable=True), timeout=30)
     assert a.proc.wait(30) == 70
