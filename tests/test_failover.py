@@ -215,6 +215,17 @@ def test_status_shows_each_runs_lease_holder_staged_bytes_and_last_upload(
         assert "LEASE HOLDER" in table and daemon.address in table.split("OPEN RUN (BUCKET)")[1]
 
 
+def test_status_names_the_bucket_logdir_not_its_staging_directory(
+    tmp_path: Path, logdir_url: str, daemons: list[Daemon], capsys: pytest.CaptureFixture[str]
+) -> None:
+    daemons.append(daemon_in(tmp_path, logdir_url))
+    (daemon,) = daemons
+    assert main(["status", "--address", daemon.address, "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["logdir"] == logdir_url
+    assert main(["status", "--address", daemon.address]) == 0
+    assert capsys.readouterr().out.splitlines()[0].startswith(f"logdir {logdir_url}  (summaryd ")
+
+
 def test_a_daemon_whose_lease_was_taken_over_releases_the_runs_sessions_and_redirects(
     tmp_path: Path, seaweed: SeaweedServer, logdir_url: str, daemons: list[Daemon]
 ) -> None:
