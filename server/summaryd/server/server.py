@@ -214,6 +214,7 @@ class Server:
             holder = await asyncio.get_running_loop().run_in_executor(executor, holder_id, config.state_path)
         except OSError as exc:
             raise StartupError(f"cannot write the daemon's id in {config.state_path}: {_reason(exc)}") from None
+        assert self.port is not None, "the port is bound first"
         address = config.advertised(self.port)
         ownership = RunOwnership(RunLeases(bucket, holder, address, config.run_lease))
         ownership.start()
