@@ -360,7 +360,8 @@ class SegmentShipper:
         key = segment_key(staged.run_dir, staged.name, start)
         try:
             data = await loop.run_in_executor(self._executor, _read_range, path, start, end)
-            await self.bucket.put(key, data, {segment_sessions.ATTRIBUTE: segment_sessions.encode(held)})
+            metadata = {segment_sessions.ATTRIBUTE: segment_sessions.encode(held)} if held else None
+            await self.bucket.put(key, data, metadata)
         except (BucketError, OSError) as exc:
             self.counters.failures += 1
             if raise_errors:
