@@ -187,7 +187,8 @@ class SessionLifecycle:
             return record, 0
         try:
             if state is None:
-                # Known here only (a state from before segments named their sessions): search every segment.
+                # New: nothing of it is in the run's segments so far. Known here only (it opened before sessions
+                # got a state at their start): its events may be in any segment, so every one is searched.
                 since = "" if record is not None else await self.segment_index.end_key(run_dir)
                 await self.bucket_sessions.put(DurableSession(session_id, run_dir, 0, False, since))
                 return record, 0
