@@ -5,6 +5,7 @@ No object store is needed: these run in the default tier (the objstore tier runs
 
 from __future__ import annotations
 
+import socket
 from pathlib import Path
 
 import pytest
@@ -87,3 +88,25 @@ def test_the_advertised_address_comes_from_the_environment_too() -> None:
     args = parser.parse_args(["serve", "--logdir", "s3://bucket/p"])
     assert config_from(args, {"SUMMARYD_ADVERTISE": "node-3.example:6065"}).advertise == "node-3.example:6065"
     assert config_from(args, {}).advertise == ""  # the daemon advertises its --listen address
+
+
+@pytest.mark.parametrize("listen", ["0.0.0.0:6065", "[::]:6065"])
+def test_a_daemon_listening_everywhere_advertises_its_host_name_not_the_wildcard(listen: str) -> None:
+    config = Config(logdir="s3://bucket/p", insecure=True, listen=listen)
+    advertised = config.advertised(41234)  # the port bound (--listen may say 0)
+    host = socket.getfqdn() or socket.gethostname()
+    assert advertised in (f"{host}:41234", f"[{host}]:41234")
+    assert not advertised.startswith(("0.0.0.0", "[::]", "::"))
+
+
+def test_the_advertised_address_is_the_listen_host_or_the_flag() -> None:
+    assert Config(logdir="s3://bucket/p", insecure=True, listen="10.0.0.7:0").advertised(6066) == "10.0.0.7:6066"
+    assert Config(logdir="s3://bucket/p", insecure=True, listen="[::1]:0").advertised(6066) == "[::1]:6066"
+    given = Config(logdir="s3://bucket/p", insecure=True, listen="0.0.0.0:6065", advertise="node-3.example:6065")
+    assert given.advertised(6065) == "node-3.example:6065"
+
+
+def test_the_help_says_what_is_advertised_when_listening_everywhere(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        main(["serve", "--help"])
+    assert "0.0.0.0 or [::]" in " ".join(capsys.readouterr().out.split())

@@ -14,7 +14,7 @@ import pytest
 from tensorboard.compat.proto.event_pb2 import Event
 from tensorboard.compat.proto.summary_pb2 import Summary
 
-from _support import start_daemon, unused_port, wait_for
+from _support import event_files, read_events, start_daemon, unused_port, wait_for
 from summaryd.client import Sender, SummaryWriter
 from summaryd.client._environment import parse_address
 from summaryd.client.hooks import PlainStepCounterHook, PlainSummarySaverHook
@@ -198,6 +198,21 @@ def test_replay_takes_summaryd_address_and_removes_what_it_delivered(tmp_path: P
     assert f"delivered 3 events of run 'left' to {daemon.address} (SUMMARYD_ADDRESS)" in line
     assert line.endswith("spool removed")
     assert not spool.exists() and list(spool_root.iterdir()) == []
+
+
+def test_replay_moves_on_from_a_daemon_that_is_away_to_the_next_of_summaryd_address(tmp_path: Path) -> None:
+    spool_root = tmp_path / "spool"
+    spool = _leave_a_spool(spool_root, unused_port())
+    daemon = start_daemon(tmp_path)
+    try:
+        away = f"127.0.0.1:{unused_port()}"
+        result = _replay_cli(str(spool_root), env={"SUMMARYD_ADDRESS": f"{away},{daemon.address}"})
+    finally:
+        daemon.terminate()
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert f"delivered 3 events of run 'left' to {daemon.address} (SUMMARYD_ADDRESS)" in result.stdout
+    assert not spool.exists()
+    assert [e.step for e in read_events(event_files(daemon.logdir / "left")[0]) if e.HasField("summary")] == [0, 1, 2]
 
 
 def test_replay_says_it_used_the_recorded_address_and_keep_keeps(tmp_path: Path) -> None:

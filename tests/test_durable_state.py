@@ -153,3 +153,64 @@ def test_a_client_fails_over_from_a_lost_daemon_and_nothing_is_lost_or_doubled(
     assert report.delivered == 150 and not report.dropped
     assert b.terminate() == 0
     assert steps_from_bucket(seaweed, logdir_url, "moving", tmp_path / "read") == collections.Counter(range(150))
+
+
+@pytest.mark.parametrize("uploads", [1, 2])
+def test_a_daemon_lost_between_an_upload_and_the_state_write_doubles_nothing(
+    tmp_path: Path,
+    seaweed: SeaweedServer,
+    logdir_url: str,
+    daemons: list[Daemon],
+    channels: list[grpc.Channel],
+    monkeypatch: pytest.MonkeyPatch,
+    uploads: int,
+) -> None:
+    # The instant between a segment's upload and the write of the session's state cannot be hit by timing: a
+    # test-only switch, read once at the daemon's start, makes a exit right after its `uploads`-th segment
+    # (its first: before the state ever held a watermark; its second: one watermark behind).
+    flags = ("--run-lease", "2", "--seal-secs", "3600")
+    monkeypatch.setenv("SUMMARYD_TEST_EXIT_AFTER_UPLOADS", str(uploads))
+    daemons.append(daemon_in(tmp_path / "a", logdir_url, *flags))
+    monkeypatch.delenv("SUMMARYD_TEST_EXIT_AFTER_UPLOADS")
+    daemons.append(daemon_in(tmp_path / "b", logdir_url, *flags))
+    a, b = daemons
+    session = str(uuid.uuid4())
+    to_a = stub_of(a.address, channels)
+    to_a.OpenSession(pb.OpenSessionRequest(session_id=session, run="torn", next_sequence=1), timeout=30)
+    durable = 50 * (uploads - 1)  # what the state counts: the segments before the last
+    if durable:
+        assert write(to_a, batch(session, 1, durable)).acked_sequence == durable
+        to_a.Flush(pb.FlushRequest(session_id=session, durable=True), timeout=30)
+
+        def published() -> bool:
+            return bool(write(to_a, pb.WriteRequest(session_id=session)).durable_sequence == durable)
+
+        wait_for(published, 30, "the durable watermark")
+    assert write(to_a, batch(session, durable + 1, durable + 50)).acked_sequence == durable + 50
+    with pytest.raises(grpc.RpcError):  # a uploads the segment and is gone before it writes the state
+        to_a.Flush(pb.FlushRequest(session_id=session, durable=True), timeout=30)
+    assert a.proc.wait(30) == 70
+    shutil.rmtree(tmp_path / "a" / "state")
+    uploaded = 50 * uploads
+    state = state_of(logdir_url, session)
+    assert state is not None and state.durable == durable < uploaded  # the state does not count the last segment
+
+    # b resumes the session from the bucket; the client resends everything after the state's watermark.
+    to_b = stub_of(b.address, channels)
+    resumed: list[pb.OpenSessionResponse] = []
+
+    def reopened() -> bool:
+        request = pb.OpenSessionRequest(session_id=session, run="torn", next_sequence=durable + 1)
+        try:
+            resumed.append(to_b.OpenSession(request, timeout=30))
+        except grpc.RpcError as exc:
+            assert exc.code() == grpc.StatusCode.FAILED_PRECONDITION, exc  # a's lease, until it expires
+            return False
+        return True
+
+    wait_for(reopened, 30, "b to take the run over")
+    assert (resumed[0].last_sequence, resumed[0].durable_sequence) == (uploaded, uploaded)
+    assert write(to_b, batch(session, durable + 1, uploaded + 30)).acked_sequence == uploaded + 30
+    to_b.CloseSession(pb.CloseSessionRequest(session_id=session), timeout=30)
+    steps = steps_from_bucket(seaweed, logdir_url, "torn", tmp_path / "read")
+    assert steps == collections.Counter(range(uploaded + 30))

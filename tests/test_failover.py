@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import json
+import shutil
 import time
 import uuid
 from pathlib import Path
@@ -18,7 +19,7 @@ import grpc
 import pytest
 from test_objstore import logdir_url, seaweed, segments, start_bucket_daemon, steps_from_bucket
 
-from _support import Daemon, log_losses, wait_for
+from _support import Daemon, log_losses, unused_port, wait_for
 from benchmarks._seaweed import SeaweedServer
 from summaryd.client import SummaryWriter
 from summaryd.server.bucket import Bucket
@@ -121,6 +122,34 @@ def test_an_expired_lease_is_taken_over_and_a_live_one_is_not(
     assert steps_from_bucket(seaweed, logdir_url, "stale", tmp_path / "read") == collections.Counter(range(50))
 
 
+def test_a_daemon_back_on_its_address_without_its_state_takes_its_runs_over_at_once(
+    tmp_path: Path, seaweed: SeaweedServer, logdir_url: str, daemons: list[Daemon]
+) -> None:
+    port = unused_port()
+    daemons.append(daemon_in(tmp_path / "a", logdir_url, "--listen", f"127.0.0.1:{port}", "--run-lease", "3600"))
+    first = daemons[0]
+    with grpc.insecure_channel(first.address) as channel:
+        opened = pb_grpc.SummariesStub(channel).OpenSession(
+            pb.OpenSessionRequest(session_id=str(uuid.uuid4()), run="mine", next_sequence=1), timeout=30
+        )
+    assert opened.durable_acks
+    before = lease_of(logdir_url, "mine")
+    assert before is not None and before.address == first.address
+    # Lost with its disk (a new id), back on the same address: the live lease is its own previous incarnation's.
+    first.proc.kill()
+    first.proc.wait(30)
+    shutil.rmtree(tmp_path / "a" / "state")
+    daemons.append(daemon_in(tmp_path / "a", logdir_url, "--listen", f"127.0.0.1:{port}", "--run-lease", "3600"))
+    again = daemons[1]
+    assert again.address == first.address
+    with SummaryWriter("mine", address=again.address) as writer:
+        log_losses(writer, range(20))
+    after = lease_of(logdir_url, "mine")
+    assert after is not None and after.holder != before.holder  # taken by the new id (and released at the close)
+    assert again.terminate() == 0
+    assert steps_from_bucket(seaweed, logdir_url, "mine", tmp_path / "read") == collections.Counter(range(20))
+
+
 def test_a_held_lease_is_renewed_before_it_expires(
     tmp_path: Path, seaweed: SeaweedServer, logdir_url: str, daemons: list[Daemon]
 ) -> None:
@@ -213,6 +242,17 @@ def test_status_shows_each_runs_lease_holder_staged_bytes_and_last_upload(
         assert main(["status", "--address", daemon.address]) == 0
         table = capsys.readouterr().out
         assert "LEASE HOLDER" in table and daemon.address in table.split("OPEN RUN (BUCKET)")[1]
+
+
+def test_status_names_the_bucket_logdir_not_its_staging_directory(
+    tmp_path: Path, logdir_url: str, daemons: list[Daemon], capsys: pytest.CaptureFixture[str]
+) -> None:
+    daemons.append(daemon_in(tmp_path, logdir_url))
+    (daemon,) = daemons
+    assert main(["status", "--address", daemon.address, "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["logdir"] == logdir_url
+    assert main(["status", "--address", daemon.address]) == 0
+    assert capsys.readouterr().out.splitlines()[0].startswith(f"logdir {logdir_url}  (summaryd ")
 
 
 def test_a_daemon_whose_lease_was_taken_over_releases_the_runs_sessions_and_redirects(

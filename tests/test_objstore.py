@@ -19,6 +19,7 @@ import urllib.parse
 import urllib.request
 import uuid
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -30,7 +31,8 @@ from benchmarks._seaweed import SeaweedServer, create_bucket, start_seaweed
 from summaryd.client import SummaryWriter
 from summaryd.server.bucket import Bucket, PreconditionFailedError
 from summaryd.server.leases import LeaseHeldError, LeaseLostError, RunLeases
-from summaryd.server.segments import SealPolicy, parse_segment, segment_key
+from summaryd.server.segment_sessions import ATTRIBUTE, MAX_SESSIONS, decode, session_tag
+from summaryd.server.segments import SealPolicy, SegmentIndex, SegmentShipper, parse_segment, segment_key
 
 pytestmark = pytest.mark.objstore
 
@@ -126,6 +128,34 @@ def test_segment_keys_sort_in_byte_order() -> None:
     assert [parse_segment(k) for k in keys[:2]] == [("a/b", names[0], 0), ("a/b", names[0], 9)]
     assert parse_segment("a/b/projector_config.pbtxt") is None
     assert parse_segment(f"a/{names[0]}") is None
+
+
+async def test_each_segment_names_its_sessions_and_ends_rather_than_name_too_many(
+    tmp_path: Path, logdir_url: str
+) -> None:
+    bucket = Bucket(logdir_url)
+    name = "events.out.tfevents.1700000000.host.1.1"
+    staged = tmp_path / "staging" / "run" / name
+    staged.parent.mkdir(parents=True)
+    sessions = [f"session-{i}" for i in range(MAX_SESSIONS + 6)]
+    batches = [*((session, i + 1) for i, session in enumerate(sessions)), (sessions[0], 100)]  # the first again
+    with ThreadPoolExecutor(1) as executor:
+        shipper = SegmentShipper(bucket, str(tmp_path / "staging"), SealPolicy(), executor)
+        for count, batch in enumerate(batches, 1):
+            staged.write_bytes(b"r" * 10 * count)  # what the writer journaled: a batch of 10 bytes more
+            shipper.appended("run", name, 10 * count, batch)
+        await shipper.ship(force=True)
+    keys = [info.key for info in await bucket.list("run/")]
+    assert keys == [segment_key("run", name, 0), segment_key("run", name, 10 * MAX_SESSIONS)]
+    named = [decode((await bucket.metadata(key) or {})[ATTRIBUTE]) for key in keys]
+    assert named[0] == {session_tag(session): i + 1 for i, session in enumerate(sessions[:MAX_SESSIONS])}
+    rest = {session_tag(session): i + 1 for i, session in enumerate(sessions) if i >= MAX_SESSIONS}
+    assert named[1] == {**rest, session_tag(sessions[0]): 100}
+    # What a daemon resuming a session reads: the newest segment naming it, back to the state's bound.
+    index = SegmentIndex(bucket)
+    assert [await index.held("run", session, "") for session in (sessions[0], sessions[1], "unknown")] == [100, 2, 0]
+    assert await index.held("run", sessions[1], keys[1]) == 0  # segments before the bound are not read
+    assert await index.end_key("run") == segment_key("run", name, 10 * len(batches))
 
 
 def count_segments(policy: SealPolicy, seconds: int, every: float) -> int:

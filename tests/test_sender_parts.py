@@ -46,6 +46,8 @@ class FakeDaemon:
         self.streams: list[FakeStream] = []
         self.columns = False  # takes scalar columns (what it says when a session opens)
         self.column_batches = 0
+        self.durable_acks = False  # a daemon on a bucket: its acks say how far the events are uploaded
+        self.durable = 0
 
     def events(self) -> list[bytes]:
         return [self.written[s] for s in sorted(self.written)]
@@ -90,7 +92,7 @@ class FakeStream:
                 daemon.written[sequence] = event
                 daemon.last = sequence
         if not daemon.hold_acks:
-            self._on_ack(Ack(daemon.last))
+            self._on_ack(Ack(daemon.last, daemon.durable))
 
     def write_scalars(self, first_sequence: int, scalars: ScalarRun) -> None:
         """The real daemon builds exactly `scalars.encoded()` (test_scalar_columns shows it)."""
@@ -98,7 +100,8 @@ class FakeStream:
         self.write(first_sequence, scalars.encoded())
 
     def heartbeat(self) -> None:
-        pass
+        if self._daemon.durable_acks:  # the heartbeat's ack tells of uploads since the last batch
+            self._on_ack(Ack(self._daemon.last, self._daemon.durable))
 
     def _end(self, error: TransportError | None) -> None:
         self.ended, self.failed = True, error is not None
@@ -128,7 +131,8 @@ class FakeTransport:
         if daemon.away:
             return FakeOpening(None, TransportError("away", "UNAVAILABLE: connection refused"))
         daemon.sessions_opened += 1
-        return FakeOpening(Opened("run", daemon.last, 0, DaemonLimits(takes_scalar_columns=daemon.columns)), None)
+        limits = DaemonLimits(takes_scalar_columns=daemon.columns)
+        return FakeOpening(Opened("run", daemon.last, 0, limits, durable_acks=daemon.durable_acks), None)
 
     def open_stream(
         self, session_id: str, on_ack: Callable[[Ack], None], on_end: Callable[[TransportError | None], None]
@@ -414,6 +418,21 @@ def test_block_waits_then_drops_the_new_event(make_sender: Callable[..., Sender]
     assert not sender.submit(event(11), 10), "no room came within block_secs"
     report = sender.close(timeout=0.2)
     assert report.dropped == {"queue_full": 1, "timeout": 10}
+
+
+def test_batches_kept_until_durable_fill_the_memory_bound_until_uploaded(
+    make_sender: Callable[..., Sender], fake: FakeDaemon
+) -> None:
+    fake.durable_acks = True  # a daemon on a bucket that has uploaded nothing yet
+    # Room for ten events of 11 bytes (each submitted as 10) and not one more.
+    sender = make_sender(overflow="block", block_secs=1.0, spool=False, max_queue_bytes=115, heartbeat_secs=0.05)
+    assert all(sender.submit(event(i), 10) for i in range(1, 11))
+    assert sender.flush(timeout=5).delivered == 10  # acknowledged, and kept until durable: the memory is full
+    assert not sender.submit(event(11), 10), "kept batches hold their memory until the daemon uploads them"
+    fake.durable = fake.last  # uploaded: the next (heartbeat's) ack says so and the kept batches go
+    assert sender.submit(event(12), 10)
+    report = sender.close()
+    assert report.delivered == 11 and report.dropped == {"queue_full": 1}
 
 
 def test_spill_policy_keeps_the_caller_going_and_loses_nothing(

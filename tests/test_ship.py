@@ -97,6 +97,17 @@ def test_ship_once_passes_records_through_and_waits_for_a_torn_one(
     assert daemon_records(daemon.logdir / "exp") == [scalar(s) for s in range(60)]
 
 
+def test_ship_moves_on_from_a_daemon_that_is_away_to_the_next_address(
+    daemon: Daemon, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    local = tmp_path / "local"
+    append(local / "events.out.tfevents.1700000000.host.1.v2", VERSION_RECORD, *(scalar(s) for s in range(20)))
+    addresses = f"127.0.0.1:{unused_port()},{daemon.address}"  # the first daemon is away
+    assert main(["ship", str(local), "--run", "exp", "--once", "--address", addresses]) == 0
+    assert "delivered 20 records" in capsys.readouterr().err.splitlines()[-1]
+    assert daemon_records(daemon.logdir / "exp") == [scalar(s) for s in range(20)]
+
+
 def test_a_killed_shipper_and_a_restarted_daemon_double_nothing(
     daemons: list[Daemon], tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

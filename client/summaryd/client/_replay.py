@@ -12,8 +12,10 @@ session, after its events and before the close; when the session was closed alre
 same run. A files spool without events is replayed alone the same way.
 
 Once the daemon has confirmed everything (the session is closed, its file synced), the spool is removed, unless
-`keep` asks to leave it (a later replay of a kept spool sends nothing). The daemon is the one given, else
-`SUMMARYD_ADDRESS`, else the one the spool's process was logging to; the result says which.
+`keep` asks to leave it (a later replay of a kept spool sends nothing). The daemons are the ones given, else
+`SUMMARYD_ADDRESS`, else the one the spool's process was logging to; the result says which. Of several, one
+that is away gives way to the next, and one that names the run's owner sends the replay there
+(`_failover.DaemonChannel`): each attempt resumes the session, so none doubles an event.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ import shutil
 import socket
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -33,8 +35,9 @@ from typing import Any
 import grpc
 
 from summaryd.client._batch_fit import DaemonLimits
-from summaryd.client._channel import ChannelSettings, open_channel
-from summaryd.client._environment import parse_address
+from summaryd.client._channel import ChannelSettings
+from summaryd.client._environment import parse_addresses
+from summaryd.client._failover import DaemonChannel
 from summaryd.client._spool import (
     FILES_FORMAT,
     FILES_SUFFIX,
@@ -152,10 +155,10 @@ def replay(
     """
     settings = ChannelSettings.from_environment(environ=environ)
     if address:
-        target: tuple[str, str] | None = (parse_address(address), "--address")
+        target: tuple[str, str] | None = (",".join(parse_addresses(address)), "--address")
     elif environ.get("SUMMARYD_ADDRESS"):
         try:
-            target = (parse_address(environ["SUMMARYD_ADDRESS"]), "SUMMARYD_ADDRESS")
+            target = (",".join(parse_addresses(environ["SUMMARYD_ADDRESS"])), "SUMMARYD_ADDRESS")
         except ValueError as exc:
             raise ValueError(f"SUMMARYD_ADDRESS: {exc}") from None
     else:
@@ -171,8 +174,8 @@ def replay_spool(
     keep: bool = False,
     settings: ChannelSettings,
 ) -> ReplayResult:
-    """Deliver one spool to `target` (an address and where it came from; default: the daemon its process was
-    logging to) with `settings` (token and TLS, made once by the caller); then remove it unless `keep`."""
+    """Deliver one spool to `target` (comma-separated addresses and where they came from; default: the daemon its
+    process was logging to) with `settings` (token and TLS, made once by the caller); then remove it unless `keep`."""
     if _goes_with_events(directory):
         directory = _events_of(directory)
     result = ReplayResult(str(directory))
@@ -238,25 +241,27 @@ def _replay_events(directory: Path, timeout: float, result: ReplayResult, settin
     if int(manifest.get("delivered_through", 0)) >= result.last_sequence and files is None:
         result.already, result.held, result.synced = True, len(events), True
         return
-    with open_channel(result.address, settings) as ch:
-        stub = pb_grpc.SummariesStub(ch)
+
+    def deliver(stub: pb_grpc.SummariesStub) -> None:
         resumed = _resume(stub, manifest, first, result, timeout)
         if resumed is None:  # the session was closed: the daemon holds all it ever will
             if files is not None:
                 result.files = _upload(stub, manifest, None, files_spool, files, timeout)
-        else:
-            held_through, limits = resumed
-            start = max(first, held_through + 1)
-            if start <= result.last_sequence:
-                acked = send_events(stub, result.session_id, start, events[start - first :], timeout, limits)
-                if acked < result.last_sequence:
-                    raise ValueError(f"the daemon acknowledged through {acked}, not {result.last_sequence}")
-                result.sent = result.last_sequence - start + 1
-            if files is not None:
-                result.files = _upload(stub, manifest, result.session_id, files_spool, files, timeout)
-            stub.CloseSession(pb.CloseSessionRequest(session_id=result.session_id), timeout=timeout)
-        result.held = len(events) - result.sent
-        result.synced = True
+            return
+        held_through, limits = resumed
+        start = max(first, held_through + 1)
+        if start <= result.last_sequence:
+            acked = send_events(stub, result.session_id, start, events[start - first :], timeout, limits)
+            if acked < result.last_sequence:
+                raise ValueError(f"the daemon acknowledged through {acked}, not {result.last_sequence}")
+            result.sent = result.last_sequence - start + 1
+        if files is not None:
+            result.files = _upload(stub, manifest, result.session_id, files_spool, files, timeout)
+        stub.CloseSession(pb.CloseSessionRequest(session_id=result.session_id), timeout=timeout)
+
+    _on_a_daemon(result, settings, deliver)
+    result.held = len(events) - result.sent
+    result.synced = True
     manifest["delivered_through"] = result.last_sequence
     manifest["replayed"] = {"at": time.time(), "address": result.address, "sent": result.sent, "held": result.held}
     write_manifest(directory, manifest)
@@ -272,8 +277,8 @@ def _replay_files_alone(directory: Path, timeout: float, result: ReplayResult, s
     if files is None:
         result.already, result.synced = True, True
         return
-    with open_channel(result.address, settings) as ch:
-        stub = pb_grpc.SummariesStub(ch)
+
+    def deliver(stub: pb_grpc.SummariesStub) -> None:
         try:
             stub.OpenSession(open_request(manifest, 1, "summaryd-replay"), timeout=timeout)
             session_id: str | None = result.session_id
@@ -284,7 +289,21 @@ def _replay_files_alone(directory: Path, timeout: float, result: ReplayResult, s
         result.files = _upload(stub, manifest, session_id, directory, files, timeout)
         if session_id is not None:
             stub.CloseSession(pb.CloseSessionRequest(session_id=session_id), timeout=timeout)
-        result.synced = True
+
+    _on_a_daemon(result, settings, deliver)
+    result.synced = True
+
+
+def _on_a_daemon(
+    result: ReplayResult, settings: ChannelSettings, deliver: Callable[[pb_grpc.SummariesStub], None]
+) -> None:
+    """`deliver` to the first of the result's daemons that takes it; the result names that one."""
+    daemons = DaemonChannel(parse_addresses(result.address), settings)
+    try:
+        daemons.call(deliver)
+    finally:
+        daemons.close()
+    result.address = daemons.address
 
 
 def _was_closed(error: grpc.RpcError) -> bool:

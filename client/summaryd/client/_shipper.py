@@ -26,12 +26,12 @@ import grpc
 from google.protobuf.message import DecodeError
 from tensorboard.compat.proto.event_pb2 import Event
 
-from summaryd.client._channel import ChannelSettings, open_channel
-from summaryd.client._environment import resolve_address
+from summaryd.client._channel import ChannelSettings
+from summaryd.client._environment import resolve_addresses
+from summaryd.client._failover import DaemonChannel
 from summaryd.client._sender._grpc_transport import refused_sequence
 from summaryd.client._ship_state import Checkpoint, FileCursor
 from summaryd.v1 import summaryd_pb2 as pb
-from summaryd.v1 import summaryd_pb2_grpc as pb_grpc
 from summaryd.v1.runpath import run_dir_parts
 from summaryd.v1.wire import FRAMING_BYTES, VERSION, read_records
 
@@ -127,7 +127,8 @@ class Shipper:
     Args:
         directory: where something writes event files.
         run: the run path the directory maps to under the daemon's logdir.
-        address: daemon address (default `SUMMARYD_ADDRESS`, else `localhost:6065`).
+        address: daemon addresses, comma-separated (default `SUMMARYD_ADDRESS`, else `localhost:6065`); one
+            that is away gives way to the next, one that names the run's owner sends the shipper there.
         channel_settings: token and TLS (default from `SUMMARYD_TOKEN`, `SUMMARYD_TLS_*`).
         state_path: the checkpoint (default `<directory>/.summaryd-ship.json`).
         rpc_timeout: deadline of each call.
@@ -148,18 +149,23 @@ class Shipper:
         run_dir_parts(run, max_bytes=None, max_depth=None)
         self.directory = directory
         self.run = run.strip("/")
-        self.address = resolve_address(address)
+        self._daemons = DaemonChannel(
+            resolve_addresses(address), channel_settings or ChannelSettings.from_environment()
+        )
         self.state_path = state_path or directory / STATE_NAME
         self.rpc_timeout = rpc_timeout
         self.totals = ShipTotals()
         self._progress = progress
         self._checkpoint = Checkpoint(self.state_path)
-        self._channel = open_channel(self.address, channel_settings or ChannelSettings.from_environment())
-        self._stub = pb_grpc.SummariesStub(self._channel)
         # Sessions opened by this process (OpenSession answered): sent to directly, closed by `close()`.
         self._opened: dict[str, pb.OpenSessionResponse] = {}
         self._seen: set[str] = set()
         self._used: dict[str, float] = {}  # session id → when it was last opened or written to
+
+    @property
+    def address(self) -> str:
+        """The daemon shipped to now."""
+        return self._daemons.address
 
     # ---- passes ---------------------------------------------------------------------------------------------
 
@@ -239,20 +245,20 @@ class Shipper:
         )
         held = 0
         try:
-            answer = self._stub.OpenSession(request, timeout=self.rpc_timeout)
+            answer = self._daemons.stub.OpenSession(request, timeout=self.rpc_timeout)
         except grpc.RpcError as exc:
             if exc.code() != grpc.StatusCode.FAILED_PRECONDITION or "was closed" not in (exc.details() or ""):
                 raise
             # Closed by a shipper that died before it checkpointed the close. Closing again answers what the
             # daemon holds of it; the rest goes in a new session.
-            closed = self._stub.CloseSession(
+            closed = self._daemons.stub.CloseSession(
                 pb.CloseSessionRequest(session_id=cursor.session_id), timeout=self.rpc_timeout
             )
             held = max(0, closed.acked_sequence - cursor.next_sequence + 1)
             cursor.renew()
             request.session_id, request.next_sequence = cursor.session_id, 1
             request.session_started = cursor.session_started
-            answer = self._stub.OpenSession(request, timeout=self.rpc_timeout)
+            answer = self._daemons.stub.OpenSession(request, timeout=self.rpc_timeout)
         self._opened[cursor.session_id] = answer
         self._used[cursor.session_id] = time.monotonic()
         return answer, held
@@ -333,7 +339,7 @@ class Shipper:
             yield pb.WriteRequest(session_id=session_id, first_sequence=sequence, events=batch)
 
         acked = first - 1
-        call = self._stub.Write(requests(), timeout=self.rpc_timeout + len(events) / 10_000)
+        call = self._daemons.stub.Write(requests(), timeout=self.rpc_timeout + len(events) / 10_000)
         try:
             for ack in call:
                 acked = max(acked, ack.acked_sequence)
@@ -351,11 +357,13 @@ class Shipper:
         sessions next time."""
         for name, cursor in list(self._checkpoint.files.items()):
             if cursor.session_id in self._opened:
-                self._stub.CloseSession(pb.CloseSessionRequest(session_id=cursor.session_id), timeout=self.rpc_timeout)
+                self._daemons.stub.CloseSession(
+                    pb.CloseSessionRequest(session_id=cursor.session_id), timeout=self.rpc_timeout
+                )
                 self._checkpoint.files[name] = FileCursor.fresh(cursor.offset)
         self._opened.clear()
         self._checkpoint.save()
-        self._channel.close()
+        self._daemons.close()
 
     def ship_once(self) -> ShipTotals:
         """Ship what the files hold, close the sessions, and return the totals.
@@ -363,9 +371,14 @@ class Shipper:
         Raises:
             grpc.RpcError: the daemon is away or refused a call (what it acknowledged stays checkpointed).
         """
-        self.ship_pass()
+        self._ship_pass_anywhere()
         self.close()
         return self.totals
+
+    def _ship_pass_anywhere(self) -> int:
+        """`ship_pass` on the first daemon that takes it (the sessions open on one are opened again on the next:
+        they resume where the daemon holds them)."""
+        return self._daemons.call(lambda _: self.ship_pass(), moved=self._opened.clear)
 
     def follow(self, stop: threading.Event, poll_secs: float = 0.5) -> ShipTotals:
         """Ship new records every `poll_secs` until `stop` is set, then ship what is left and close.
@@ -378,7 +391,7 @@ class Shipper:
         while True:
             stopping = stop.is_set()
             try:
-                self.ship_pass()
+                self._ship_pass_anywhere()
                 if failing:
                     log.info("daemon at %s reachable again; shipping", self.address)
                 failing, backoff = False, poll_secs

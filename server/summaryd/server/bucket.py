@@ -84,12 +84,13 @@ class Bucket:
             store if store is not None else from_url(self.url, **(_s3_options() if scheme == "s3" else {}))
         )
 
-    async def put(self, key: str, data: bytes | memoryview) -> str:
-        """Write `key` whole (replacing any object there; large ones go up in parts); return its ETag."""
+    async def put(self, key: str, data: bytes | memoryview, metadata: dict[str, str] | None = None) -> str:
+        """Write `key` whole (replacing any object there; large ones go up in parts), with user `metadata` that
+        arrives with the object or not at all; return its ETag."""
         import obstore
 
         try:
-            result = await obstore.put_async(self._store, key, data)
+            result = await obstore.put_async(self._store, key, data, attributes=dict(metadata) if metadata else None)
         except Exception as exc:
             raise BucketError(f"{self.url}/{key}: upload failed: {_reason(exc)}") from exc
         return result["e_tag"] or ""
@@ -135,6 +136,19 @@ class Bucket:
         except Exception as exc:
             raise BucketError(f"{self.url}/{key}: read failed: {_reason(exc)}") from exc
         return bytes(data), result.meta["e_tag"] or ""
+
+    async def metadata(self, key: str) -> dict[str, str] | None:
+        """The user metadata `key` was written with (a HEAD request), or None when there is no such object."""
+        import obstore
+        from obstore.exceptions import NotFoundError
+
+        try:
+            result = await obstore.get_async(self._store, key, options={"head": True})
+        except (NotFoundError, FileNotFoundError):
+            return None
+        except Exception as exc:
+            raise BucketError(f"{self.url}/{key}: reading its metadata failed: {_reason(exc)}") from exc
+        return {str(name): value for name, value in result.attributes.items()}
 
     async def list(self, prefix: str) -> list[ObjectInfo]:
         """Every object whose key starts with the directory `prefix` (recursively), sorted by key."""

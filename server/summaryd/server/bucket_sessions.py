@@ -6,12 +6,16 @@ segment holding those events is uploaded, only with conditional puts (create if 
 ETag just read), and never moves backwards: a write that loses a race reads the winner's and merges. A daemon
 that does not know a session (its disk lost, or the session served elsewhere) resumes it at `durable`, so
 nothing in the bucket is written twice and nothing beyond it is taken for delivered.
+
+A daemon lost between a segment's upload and the state's write leaves events the state does not count; the
+segment names them itself (`segment_sessions`). `since` bounds the search for them: no segment whose key sorts
+before it holds any of the session's events beyond `durable`.
 """
 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from summaryd.server.bucket import Bucket, PreconditionFailedError
 
@@ -27,14 +31,22 @@ class DurableSession:
     run_dir: str
     durable: int
     closed: bool
+    since: str = field(default="", compare=False)
+    """A segment key: the segments before it hold nothing of the session beyond `durable` (a search bound)."""
 
     def document(self) -> bytes:
-        return json.dumps({"run": self.run_dir, "durable": self.durable, "closed": self.closed}).encode()
+        doc = {"run": self.run_dir, "durable": self.durable, "closed": self.closed, "since": self.since}
+        return json.dumps(doc).encode()
 
     def merged(self, other: DurableSession) -> DurableSession:
-        """Both states at once: the higher watermark, closed if either says so."""
+        """Both states at once: the higher watermark, closed if either says so, the later search bound (each
+        bound holds for its watermark, so for the higher one too)."""
         return DurableSession(
-            self.session_id, self.run_dir, max(self.durable, other.durable), self.closed or other.closed
+            self.session_id,
+            self.run_dir,
+            max(self.durable, other.durable),
+            self.closed or other.closed,
+            max(self.since, other.since),
         )
 
 
@@ -73,7 +85,7 @@ class BucketSessions:
                     return state
                 current, etag = found
                 merged = state.merged(current)
-                if merged != current:
+                if merged != current or merged.since != current.since:
                     await self.bucket.replace(key, merged.document(), etag)
                 return merged
             except PreconditionFailedError:
@@ -87,7 +99,9 @@ class BucketSessions:
         data, etag = found
         try:
             doc = json.loads(data)
-            state = DurableSession(session_id, str(doc["run"]), int(doc["durable"]), bool(doc["closed"]))
+            state = DurableSession(
+                session_id, str(doc["run"]), int(doc["durable"]), bool(doc["closed"]), str(doc.get("since", ""))
+            )
         except (ValueError, KeyError, TypeError):
             # Unreadable: nothing is known of the session; replaced by ETag like any other version.
             state = DurableSession(session_id, "", 0, False)

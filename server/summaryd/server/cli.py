@@ -131,7 +131,8 @@ def _build_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.Argumen
     replay.add_argument(
         "--address",
         default=None,
-        help=f"daemon HOST:PORT (default {ENV_PREFIX}ADDRESS, else the address the client was logging to)",
+        help=f"daemon HOST:PORT, or several comma-separated, tried in turn (default {ENV_PREFIX}ADDRESS, else the "
+        "address the client was logging to)",
     )
     replay.add_argument("--timeout", type=float, default=30.0, help="seconds each call may take")
     replay.add_argument("--json", action="store_true", help="print one JSON object per spool")
@@ -180,7 +181,7 @@ def _add_zero_code_parsers(commands: Any, subs: dict[str, argparse.ArgumentParse
     ship.add_argument("directory", metavar="DIR", help="the directory the event files are written under")
     ship.add_argument("--run", required=True, help="run path DIR maps to under the daemon's logdir")
     ship.add_argument("--once", action="store_true", help="ship what is there now, then exit")
-    ship.add_argument("--address", default=None, help=address_help)
+    ship.add_argument("--address", default=None, help=f"{address_help}; several comma-separated are tried in turn")
     ship.add_argument("--state", default=None, metavar="FILE", help="checkpoint file (default DIR/.summaryd-ship.json)")
     ship.add_argument("--poll", type=float, default=0.5, metavar="SECS", help="seconds between looks at DIR")
     ship.add_argument("--timeout", type=float, default=10.0, help="seconds each call to the daemon may take")

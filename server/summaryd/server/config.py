@@ -6,6 +6,7 @@ import dataclasses
 import functools
 import ipaddress
 import os
+import socket
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -111,7 +112,7 @@ class Config:
     advertise: str = _option(
         "",
         "with a bucket --logdir: the address other daemons send this daemon's clients to (default: the "
-        "--listen address, with the port bound)",
+        "--listen address with the port bound; this host's name when listening on every address, 0.0.0.0 or [::])",
         "HOST:PORT",
     )
     run_lease: float = _option(
@@ -229,6 +230,16 @@ class Config:
                 "to accept that"
             )
 
+    def advertised(self, port: int) -> str:
+        """The address other daemons send this daemon's clients to, listening on `port`: `--advertise`, else
+        the `--listen` host; a wildcard (0.0.0.0, ::) is no address to send anyone to, so this host's name."""
+        if self.advertise:
+            return self.advertise
+        host = self.host
+        if host in _WILDCARD_HOSTS:
+            host = socket.getfqdn() or socket.gethostname()
+        return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
     @property
     def is_loopback(self) -> bool:
         """True when `listen` only accepts connections from this machine."""
@@ -284,6 +295,9 @@ class Config:
 def _host(address: str) -> str:
     """The host of `HOST:PORT` (`[::1]:6065` gives `::1`)."""
     return address.rsplit(":", 1)[0].strip("[]")
+
+
+_WILDCARD_HOSTS = ("", "0.0.0.0", "::", "[::]")
 
 
 def _is_host_port(address: str) -> bool:

@@ -107,8 +107,9 @@ class EventSink(Protocol):
     """Where a run's event files go beyond the disk they are written on: nowhere for a local logdir (no sink),
     the bucket for a bucket logdir (`segments.SegmentShipper`). Told on the event loop, after the fact."""
 
-    def appended(self, run_dir: str, name: str, size: int) -> None:
-        """`name` in `run_dir` now holds `size` journaled bytes (whole records)."""
+    def appended(self, run_dir: str, name: str, size: int, batch: tuple[str, int] | None = None) -> None:
+        """`name` in `run_dir` now holds `size` journaled bytes (whole records), the last a `batch` of
+        (session id, last sequence number)."""
 
     def closed(self, run_dir: str, name: str, size: int) -> None:
         """`name` in `run_dir` was closed at `size` bytes; no more is written to it."""

@@ -6,8 +6,10 @@ be sent to, and when the lease expires (wall-clock seconds). The rules:
 
 - **acquire**: no lease object → create it with If-None-Match (two daemons racing: one wins, the other reads the
   winner's); the holder's own lease → renew it; someone else's that has expired → replace it with If-Match on
-  the ETag just read (two daemons taking over at once: one wins); someone else's live lease → `LeaseHeldError`,
-  which names the holder's address;
+  the ETag just read (two daemons taking over at once: one wins); a live lease of another holder at this
+  daemon's own address → taken over the same way at once (this daemon's previous incarnation, which lost its
+  disk and with it its id: it no longer listens there, and sending its clients here would send them back
+  here); someone else's live lease → `LeaseHeldError`, which names the holder's address;
 - **renew**: replace with If-Match on the ETag of the holder's last write; a mismatch means another daemon took
   the lease over (`LeaseLostError`), and the holder must stop writing the run;
 - **release**: an expired lease written the same way, so that the next daemon need not wait.
@@ -20,11 +22,14 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
 from summaryd.server.bucket import Bucket, PreconditionFailedError
+
+log = logging.getLogger(__name__)
 
 LEASE_PREFIX = ".summaryd/leases/"
 LEASE_SUFFIX = ".lease"
@@ -97,7 +102,15 @@ class RunLeases:
                 except PreconditionFailedError:
                     continue
             if current.holder != self.holder and current.expires > self._clock():
-                raise LeaseHeldError(run_dir, current.holder, current.address, current.expires)
+                if not (self.address and current.address == self.address):
+                    raise LeaseHeldError(run_dir, current.holder, current.address, current.expires)
+                log.warning(
+                    "run %s: its live lease names this daemon's address %s under another id (%s: this daemon "
+                    "before it lost its state); taking it over",
+                    run_dir,
+                    self.address,
+                    current.holder,
+                )
             try:
                 return await self._write(run_dir, key, current.etag)
             except PreconditionFailedError:

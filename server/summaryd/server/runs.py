@@ -62,7 +62,7 @@ class RunWriter:
                 size_before = self.bytes_written
                 await run_to_completion(self.executor, lambda: self._write_blocking(session_id, last, events))
                 if self.sink is not None and self.file is not None:
-                    self.sink.appended(self.run_dir, self.file.name, self.file.size)
+                    self.sink.appended(self.run_dir, self.file.name, self.file.size, (session_id, last))
         finally:
             if metrics is not None:
                 metrics.write_queue.dec()

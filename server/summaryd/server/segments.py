@@ -43,6 +43,7 @@ from dataclasses import dataclass, field
 
 from prometheus_client import CollectorRegistry, Counter
 
+from summaryd.server import segment_sessions
 from summaryd.server.bucket import Bucket, BucketError
 
 log = logging.getLogger(__name__)
@@ -51,6 +52,17 @@ OFFSET_DIGITS = 16
 AGE_FRACTION = 16
 """A segment may wait up to 1/AGE_FRACTION of its file's age (within `seal_secs`..`seal_max_secs`)."""
 _RETRY_SECS = (1.0, 2.0, 5.0, 10.0, 30.0)
+
+
+def _exit_after_uploads() -> int:
+    """Tests only: `SUMMARYD_TEST_EXIT_AFTER_UPLOADS=N` makes the daemon exit at once after its N-th upload,
+    before anything else hears of it (the instant a lost daemon leaves segments its session state does not
+    count yet, which no timing can hit). Read once, at start-up; unset or not a number: never."""
+    value = os.environ.get("SUMMARYD_TEST_EXIT_AFTER_UPLOADS", "")
+    return int(value) if value.isdigit() else 0
+
+
+_EXIT_AFTER_UPLOADS = _exit_after_uploads()
 
 
 def segment_key(run_dir: str, file_name: str, offset: int) -> str:
@@ -105,8 +117,9 @@ class StagedFile:
     last_upload: float | None = None
     wanted: int = 0
     """Bytes a caller waits to see uploaded (`upload_through`): due now, whatever their age."""
-    boundaries: list[int] = field(default_factory=list)
-    """Sizes the writer reported since the last upload: where a segment may end (whole batches)."""
+    boundaries: list[tuple[int, str, int]] = field(default_factory=list)
+    """Where each batch journaled since the last upload ends (a segment ends at one of these), with its
+    session and last sequence number ("" and 0 when not told)."""
 
     @property
     def pending(self) -> int:
@@ -177,14 +190,15 @@ class SegmentShipper:
 
     # The writer's side.
 
-    def appended(self, run_dir: str, name: str, size: int) -> None:
-        """The staged file `name` of `run_dir` now holds `size` journaled bytes (whole records)."""
+    def appended(self, run_dir: str, name: str, size: int, batch: tuple[str, int] | None = None) -> None:
+        """The staged file `name` of `run_dir` now holds `size` journaled bytes (whole records), the last of
+        them a `batch` of (session id, last sequence number)."""
         now = self._clock()
         staged = self._files.get((run_dir, name))
         if staged is None:
             staged = self._files[(run_dir, name)] = StagedFile(run_dir, name, started=now)
         if size > staged.size:
-            staged.boundaries.append(size)
+            staged.boundaries.append((size, *(batch or ("", 0))))
         staged.size = size
         if staged.pending_since is None and staged.pending > 0:
             staged.pending_since = now
@@ -323,16 +337,22 @@ class SegmentShipper:
         pending_age = 0.0 if staged.pending_since is None else now - staged.pending_since
         return self.policy.due(staged.pending, pending_age, now - staged.started)
 
-    def _segment_end(self, staged: StagedFile) -> int:
-        """Where the next segment ends: at the last batch that fits in `seal_bytes` (at least one batch)."""
-        start = staged.uploaded
-        ends = [end for end in staged.boundaries if end > start] or [staged.size]
-        fitting = [end for end in ends if end - start <= self.policy.seal_bytes]
-        return fitting[-1] if fitting else ends[0]
+    def _segment_end(self, staged: StagedFile) -> tuple[int, dict[str, int]]:
+        """Where the next segment ends, and the last sequence number of each session in it: at the last batch
+        that fits in `seal_bytes` with at most `segment_sessions.MAX_SESSIONS` sessions (at least one batch)."""
+        start, end, held, taken = staged.uploaded, staged.size, dict[str, int](), False
+        for size, session_id, last in staged.boundaries:
+            if size <= start:
+                continue
+            grown = {**held, session_id: max(last, held.get(session_id, 0))} if session_id else held
+            if taken and (size - start > self.policy.seal_bytes or len(grown) > segment_sessions.MAX_SESSIONS):
+                break
+            end, held, taken = size, grown, True
+        return end, held
 
     async def _upload(self, staged: StagedFile, raise_errors: bool) -> bool:
         """Upload the next segment of `staged`'s pending bytes. False (or raises) when the bucket refused."""
-        start, end = staged.uploaded, self._segment_end(staged)
+        start, (end, held) = staged.uploaded, self._segment_end(staged)
         if end <= start:
             return True
         loop = asyncio.get_running_loop()
@@ -340,7 +360,8 @@ class SegmentShipper:
         key = segment_key(staged.run_dir, staged.name, start)
         try:
             data = await loop.run_in_executor(self._executor, _read_range, path, start, end)
-            await self.bucket.put(key, data)
+            metadata = {segment_sessions.ATTRIBUTE: segment_sessions.encode(held)} if held else None
+            await self.bucket.put(key, data, metadata)
         except (BucketError, OSError) as exc:
             self.counters.failures += 1
             if raise_errors:
@@ -350,8 +371,10 @@ class SegmentShipper:
         with contextlib.suppress(OSError):
             await loop.run_in_executor(self._executor, release_uploaded, path, start, end)
         self.counters.count(end - start)
+        if self.counters.objects == _EXIT_AFTER_UPLOADS:
+            os._exit(70)
         staged.uploaded = end
-        staged.boundaries = [size for size in staged.boundaries if size > end]
+        staged.boundaries = [boundary for boundary in staged.boundaries if boundary[0] > end]
         staged.segments += 1
         staged.last_upload = self._last_uploads[staged.run_dir] = time.time()
         staged.pending_since = self._clock() if staged.pending > 0 else None
@@ -368,12 +391,63 @@ class SegmentShipper:
     async def _uploaded_ends(self, run_dir: str) -> dict[str, int]:
         """Per staged file name of `run_dir`: the end of its last uploaded segment."""
         ends: dict[str, int] = {}
-        for info in await self.bucket.list(run_dir + "/"):
-            parsed = parse_segment(info.key)
-            if parsed is not None and parsed[0] == run_dir:
-                _, name, offset = parsed
-                ends[name] = max(ends.get(name, 0), offset + info.size)
+        for name, offset, size in await run_segments(self.bucket, run_dir):
+            ends[name] = max(ends.get(name, 0), offset + size)
         return ends
+
+
+async def run_segments(bucket: Bucket, run_dir: str) -> list[tuple[str, int, int]]:
+    """`(file name, offset, size)` of every segment of `run_dir` in the bucket (not of the runs below it).
+
+    Raises:
+        BucketError: the run could not be listed.
+    """
+    found = []
+    for info in await bucket.list(run_dir + "/"):
+        parsed = parse_segment(info.key)
+        if parsed is not None and parsed[0] == run_dir:
+            found.append((parsed[1], parsed[2], info.size))
+    return found
+
+
+class SegmentIndex:
+    """What the segments of a bucket logdir's runs say they hold (`segment_sessions`): read by a daemon that
+    resumes a session from the bucket."""
+
+    def __init__(self, bucket: Bucket) -> None:
+        self.bucket = bucket
+
+    async def end_key(self, run_dir: str) -> str:
+        """A key that sorts after every segment of `run_dir` now: where the segments of a session that has
+        none yet can begin.
+
+        Raises:
+            BucketError: the run could not be listed.
+        """
+        segments = await run_segments(self.bucket, run_dir)
+        return max((segment_key(run_dir, name, offset + size) for name, offset, size in segments), default="")
+
+    async def held(self, run_dir: str, session_id: str, since: str) -> int:
+        """The highest sequence number of `session_id` in the segments of `run_dir` whose keys sort at or after
+        `since` (0 when none names it). A session's numbers grow in the run's key order, so the newest segment
+        that names it answers.
+
+        Raises:
+            BucketError: the run could not be listed, or a segment's metadata read.
+        """
+        tag = segment_sessions.session_tag(session_id)
+        segments = sorted(
+            ((name, offset) for name, offset, _ in await run_segments(self.bucket, run_dir)), reverse=True
+        )
+        for name, offset in segments:
+            key = segment_key(run_dir, name, offset)
+            if key < since:
+                break
+            metadata = await self.bucket.metadata(key) or {}
+            last = segment_sessions.decode(metadata.get(segment_sessions.ATTRIBUTE, "")).get(tag)
+            if last is not None:
+                return last
+        return 0
 
 
 _PUNCH_HOLE = 0x02 | 0x01  # FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE (Linux)

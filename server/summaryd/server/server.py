@@ -214,7 +214,8 @@ class Server:
             holder = await asyncio.get_running_loop().run_in_executor(executor, holder_id, config.state_path)
         except OSError as exc:
             raise StartupError(f"cannot write the daemon's id in {config.state_path}: {_reason(exc)}") from None
-        address = config.advertise or f"{config.host}:{self.port}"
+        assert self.port is not None, "the port is bound first"
+        address = config.advertised(self.port)
         ownership = RunOwnership(RunLeases(bucket, holder, address, config.run_lease))
         ownership.start()
         log.info("run leases held as %s, clients of other daemons sent to %s", holder, address)

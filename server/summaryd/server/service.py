@@ -264,7 +264,9 @@ class SummariesService(pb_grpc.SummariesServicer):
         grant = await self._grant(context)
         now = time.monotonic()
         registry = self.lifecycle.registry
-        response = pb.GetStatusResponse(logdir=registry.logdir, version=VERSION)
+        ownership = self.lifecycle.ownership  # a bucket logdir: its URL, not the staging directory
+        logdir = ownership.leases.bucket.url if ownership is not None else registry.logdir
+        response = pb.GetStatusResponse(logdir=logdir, version=VERSION)
         for run in registry.runs:
             if grant is not None and not grant.allows(run.run_dir):
                 continue

@@ -17,6 +17,7 @@ written but not counted, which would write it twice when the client sends it aga
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import errno
 import functools
 import logging
@@ -46,7 +47,7 @@ from summaryd.server.logs import Throttle
 from summaryd.server.request_checks import MAX_SEQUENCE
 from summaryd.server.run_ownership import RunOwnership
 from summaryd.server.runs import ClosedFile, RunRegistry, RunWriter
-from summaryd.server.segments import SegmentShipper
+from summaryd.server.segments import SegmentIndex, SegmentShipper, segment_key
 from summaryd.server.session_store import SessionRecord, SessionStore
 from summaryd.server.sessions import Ending, Session, SessionTable
 from summaryd.v1 import summaryd_pb2 as pb
@@ -86,7 +87,9 @@ class SessionLifecycle:
             ownership.on_lost = self.release_run
         # A bucket logdir: each session's state in the bucket and its durable watermark (what is uploaded).
         self.bucket_sessions = BucketSessions(ownership.leases.bucket) if ownership is not None else None
+        self.segment_index = SegmentIndex(ownership.leases.bucket) if ownership is not None else None
         self.marks = DurableMarks()
+        self._through: dict[str, str] = {}  # per run: a key after every segment uploaded (and marked) here
         self._published: dict[str, int] = {}  # per session: the watermark the bucket's state holds
         self._publishing: dict[str, asyncio.Task[None]] = {}
         if self.bucket_sessions is not None and isinstance(registry.sink, SegmentShipper):
@@ -133,6 +136,7 @@ class SessionLifecycle:
         return self._published.get(session_id, 0)
 
     def _on_uploaded(self, run_dir: str, name: str, end: int) -> None:
+        self._through[run_dir] = segment_key(run_dir, name, end)
         for session_id, _ in self.marks.uploaded(run_dir, name, end):
             if session_id not in self._publishing:
                 task = asyncio.create_task(self._publish(session_id, run_dir))
@@ -147,27 +151,63 @@ class SessionLifecycle:
         it acknowledged as durable (a daemon resuming the session elsewhere starts from that state)."""
         assert self.bucket_sessions is not None
         while (durable := self.marks.durable(session_id)) > self._published.get(session_id, 0) or closed:
+            # Read with `durable`, no await between: every segment before it is counted in `durable`.
+            since = self._through.get(run_dir, "")
             try:
-                await self.bucket_sessions.put(DurableSession(session_id, run_dir, durable, closed))
+                await self.bucket_sessions.put(DurableSession(session_id, run_dir, durable, closed, since))
             except BucketError as exc:  # written again after the next upload
                 log.warning("session %s: its state could not be written to the bucket: %s", session_id, exc)
                 return
             self._published[session_id] = max(durable, self._published.get(session_id, 0))
             closed = False
 
-    async def _bucket_record(self, session_id: str) -> SessionRecord | None:
-        """A session this daemon does not know, as the bucket knows it (a bucket logdir)."""
+    async def _bucket_state(self, session_id: str) -> DurableSession | None:
+        """The session as the bucket knows it (a bucket logdir; None on a local one)."""
         if self.bucket_sessions is None:
             return None
         try:
-            state = await self.bucket_sessions.get(session_id)
+            return await self.bucket_sessions.get(session_id)
         except BucketError as exc:
             raise self._storage_error(
                 OSError(errno.EIO, str(exc)), "?", "the session's state could not be read"
             ) from exc
-        if state is None:
-            return None
-        return SessionRecord(session_id, state.run_dir, state.durable, closed=state.closed)
+
+    async def _settle(
+        self, session_id: str, run_dir: str, record: SessionRecord | None, state: DurableSession | None
+    ) -> tuple[SessionRecord | None, int]:
+        """A bucket logdir, the run's lease held: the session's record and the highest sequence number of it in
+        the bucket. A session new to the bucket gets its state first (before any segment can hold its events);
+        a known one is counted through the run's segments newer than its state, which a daemon lost between an
+        upload and the state's write leaves uncounted (`segment_sessions`).
+
+        Raises:
+            StorageError: the bucket could not be read or written.
+        """
+        if self.bucket_sessions is None or self.segment_index is None:
+            return record, 0
+        try:
+            if state is None:
+                # New: nothing of it is in the run's segments so far. Known here only (it opened before sessions
+                # got a state at their start): its events may be in any segment, so every one is searched.
+                since = "" if record is not None else await self.segment_index.end_key(run_dir)
+                await self.bucket_sessions.put(DurableSession(session_id, run_dir, 0, False, since))
+                return record, 0
+            held = await self.segment_index.held(run_dir, session_id, state.since)
+        except BucketError as exc:
+            raise self._storage_error(
+                OSError(errno.EIO, str(exc)), run_dir, "the session's state in the bucket could not be settled"
+            ) from exc
+        if held > state.durable:
+            log.info(
+                "session %s: the run's segments hold it through sequence %d, its state in the bucket only %d",
+                session_id,
+                held,
+                state.durable,
+            )
+        durable = max(state.durable, held)
+        if record is not None and durable > record.last:
+            record = dataclasses.replace(record, last=durable)
+        return record, durable
 
     # ---- lookups ---------------------------------------------------------------------------------------
 
@@ -215,11 +255,13 @@ class SessionLifecycle:
         session = self.sessions.get(session_id)
         if session is None:
             # A bucket logdir: the bucket's state says what is uploaded, also of a session the local store knows.
-            from_bucket = await self._bucket_record(session_id)
+            state = await self._bucket_state(session_id)
+            from_bucket = (
+                SessionRecord(session_id, state.run_dir, state.durable, closed=state.closed) if state else None
+            )
             record = self.store.get(session_id) or from_bucket
             self._check_resumable(request, run_dir, record)
-            durable = from_bucket.last if from_bucket is not None else 0
-            session = await self._complete(self._start(request, parts, record, peer, durable))
+            session = await self._complete(self._start(request, parts, record, peer, state))
         if session.run.run_dir != run_dir:  # held already, or opened meanwhile by a racing call of the same id
             raise RunMismatchError(session_id, session.run.run_dir, run_dir)
         session.touch()
@@ -250,15 +292,16 @@ class SessionLifecycle:
         parts: list[str],
         record: SessionRecord | None,
         peer: str,
-        durable: int = 0,
+        state: DurableSession | None = None,
     ) -> Session:
         """A session this daemon does not hold live: new, or resumed where the session store (or, on a daemon
-        that does not know it, the bucket: `durable`) says it stands."""
+        that does not know it, the bucket: `state` and the run's segments) says it stands."""
         over = self._over_session_limits(peer)
         if over is not None:  # before any directory is made
             raise LimitError(over)
         await self._own("/".join(parts))
         try:
+            record, durable = await self._settle(request.session_id, "/".join(parts), record, state)
             session = await self._start_owned(request, parts, record, peer)
             self._track(session, durable)
         except BaseException:

@@ -40,6 +40,12 @@ class BatchLog:
     def __len__(self) -> int:
         return len(self._batches)
 
+    @property
+    def memory_bytes(self) -> int:
+        """What the log holds in memory: unacknowledged batches and those kept until durable, both counted
+        against `max_queue_bytes` (the overflow policy applies when they fill it)."""
+        return self.held_bytes + self.kept_bytes
+
     def __iter__(self) -> Iterator[Batch]:
         return iter(self._batches)
 

@@ -298,13 +298,13 @@ class Sender:
             nbytes: int = item[-1]
             limit = self._max_queue_bytes
             batches = self._batches
-            held = batches.held_bytes
+            held = batches.held_bytes + batches.kept_bytes  # kept until durable: in memory too
             if queue.nbytes + held + max(nbytes, queue.room_wanted) > limit:
                 if not self._make_room(nbytes):
                     self._ledger.refuse("queue_full")
                     status.warnings.warn("queue_full", f"queue full ({limit} bytes): dropping events of {self.run!r}")
                     return False
-                held = batches.held_bytes  # the lock was let go while waiting for room
+                held = batches.held_bytes + batches.kept_bytes  # the lock was let go while waiting for room
             # The first event of a new batch wakes the sender, which may be asleep for up to a heartbeat
             # interval, so that the batch leaves within `linger_secs` of it; later ones only when it is full.
             wake = not queue.items
@@ -330,7 +330,7 @@ class Sender:
     def _make_room(self, nbytes: int) -> bool:
         """Apply the overflow policy for an event of `nbytes`; False when it must be dropped. Holds the lock."""
         options, queue, batches = self.options, self._queue, self._batches
-        if not queue.over_budget(batches.held_bytes, options.max_queue_bytes, nbytes):
+        if not queue.over_budget(batches.memory_bytes, options.max_queue_bytes, nbytes):
             return True
         if options.overflow == "spill" and self._spiller.error is None:
             # The sender thread spills to disk; only events it has not even serialized yet are waited for,
@@ -351,7 +351,7 @@ class Sender:
             queue.want_room(nbytes)
             try:
                 while (
-                    queue.over_budget(batches.held_bytes, options.max_queue_bytes, nbytes)
+                    queue.over_budget(batches.memory_bytes, options.max_queue_bytes, nbytes)
                     and self._loop.alive()
                     and not self._status.closing
                 ):
@@ -365,7 +365,7 @@ class Sender:
             return True
         # drop_oldest (also `spill` once the spool failed): make room from the head of the queue.
         dropped = 0
-        while queue.items and queue.over_budget(batches.held_bytes, options.max_queue_bytes, nbytes):
+        while queue.items and queue.over_budget(batches.memory_bytes, options.max_queue_bytes, nbytes):
             queue.drop_oldest()
             dropped += 1
         if dropped:

@@ -66,7 +66,7 @@ class Spiller:
             return True
         options = self._options
         return options.overflow == "spill" and self._queue.over_budget(
-            self._batches.held_bytes, options.max_queue_bytes
+            self._batches.memory_bytes, options.max_queue_bytes
         )
 
     def spill(self, *, everything: bool, number: Callable[[], Batch | None]) -> None:
@@ -130,7 +130,7 @@ class Spiller:
             self._told = True
             if self._status.closing:
                 why = "closing before the daemon acknowledged them"
-            elif self._queue.over_budget(self._batches.held_bytes, options.max_queue_bytes):
+            elif self._queue.over_budget(self._batches.memory_bytes, options.max_queue_bytes):
                 why = f"more than max_queue_bytes={options.max_queue_bytes} waiting"
             else:
                 why = f"no acknowledgement from {options.address} for {options.spool_after:g}s"
