@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from _support import Daemon, event_files, read_events
+from _support import Daemon, event_files, read_events, unused_port
 from summaryd.client._patch import run_path
 
 ATTRIBUTES = textwrap.dedent(
@@ -135,6 +135,24 @@ def test_summaryd_run_exits_with_the_command_s_code(daemon: Daemon, tmp_path: Pa
     assert "0 writers delivered 0 events" in done.stderr
     usage = summaryd_run(tmp_path)
     assert usage.returncode == 2 and "give the command to run after '--'" in usage.stderr
+
+
+def test_summaryd_run_hands_every_address_to_the_command(daemon: Daemon, tmp_path: Path) -> None:
+    """The first daemon is away: the command's writer fails over to the second, as a writer given both would."""
+    script = textwrap.dedent(
+        """
+        import os
+        from torch.utils.tensorboard import SummaryWriter
+        print(os.environ["SUMMARYD_ADDRESS"])
+        with SummaryWriter("logs/both") as w:
+            w.add_scalar("x", 1.5, 2)
+        """
+    )
+    addresses = f"127.0.0.1:{unused_port()},{daemon.address}"
+    done = summaryd_run(tmp_path, "--address", addresses, "--", sys.executable, "-c", script)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == addresses
+    assert scalars(daemon.logdir / "logs" / "both") == [("x", 2, 1.5)]
 
 
 def test_patch_in_code_replaces_writers_imported_before_and_after(daemon: Daemon, tmp_path: Path) -> None:

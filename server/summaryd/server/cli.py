@@ -344,14 +344,15 @@ def _replay(args: argparse.Namespace, sub: argparse.ArgumentParser) -> int:
 def _run(args: argparse.Namespace, sub: argparse.ArgumentParser) -> int:
     from pathlib import Path
 
-    from summaryd.client._environment import resolve_address
+    from summaryd.client._environment import resolve_addresses
     from summaryd.client._launch import run_command
 
     command = args.argv[1:] if args.argv[:1] == ["--"] else args.argv
     if not command:
         sub.error("give the command to run after '--', e.g. summaryd run -- python train.py")
     try:
-        address = resolve_address(args.address)
+        # Every address, in order: the command's writers and the shipper fail over between them.
+        address = ",".join(resolve_addresses(args.address))
     except ValueError as exc:
         sub.error(str(exc))
     run_root = args.run_root if args.run_root is not None else os.environ.get(ENV_PREFIX + "RUN_ROOT", "")
