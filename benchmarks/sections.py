@@ -1,21 +1,24 @@
-"""Sections 4-7 of the suite: histograms and images, visibility, `close()` latency, memory."""
+"""Sections 4-9 of the suite: histograms and images, visibility, `close()` latency, memory, what logging costs
+the training process, many sessions at once."""
 
 from __future__ import annotations
 
 import math
 import shutil
+import time
 from dataclasses import asdict
 from typing import Any
 
 from benchmarks._contenders import FLOOR, LIVE, NO_WRITER, PEERS, SUMMARYD, TORCH, WriterSpec
 from benchmarks._daemon import refused_address, running_daemon
 from benchmarks._report import Spread, micros, rate, ratio, table
-from benchmarks._run import Run, Target, alternate, median, remove_output, slug
+from benchmarks._run import Run, Target, alternate, median, progress, remove_output, slug
 from benchmarks._trials import run_trial
 from benchmarks.close_latency import CloseParams
 from benchmarks.cpu_cost import CpuParams
 from benchmarks.memory import ClientMemoryParams, DaemonMemoryParams
 from benchmarks.payloads import HISTOGRAM, HISTOGRAM_BINS, HISTOGRAM_VALUES, IMAGE, IMAGE_SHAPE, PayloadParams
+from benchmarks.sessions import SessionsParams
 from benchmarks.visibility import VisibilityParams
 
 _TIMEOUT = 600.0
@@ -394,3 +397,87 @@ def process_cpu(run: Run) -> str:
             table(["contender", "GIL-bound loop, µs per scalar", "slowdown µs per scalar"], gil_rows),
         ]
     )
+
+
+# ---- 9. many sessions at once ---------------------------------------------------------------------------------
+
+_BACKLOG_GROWTH_S = 0.25
+"""The backlog may end at most this many seconds of offered load above where it started: no growth, give or
+take the batches that happen to be in flight when a sample is taken."""
+_RSS_GROWTH_MB = 10.0
+
+
+def many_sessions(run: Run) -> str:
+    plan = run.plan
+    results = []
+    for count in plan.session_counts:
+        sustained = count == plan.session_counts[-1]
+        seconds = plan.sustain_s if sustained else plan.session_window_s
+        with running_daemon(run.workdir) as daemon:
+            params = SessionsParams(
+                daemon.address,
+                daemon.pid,
+                f"sessions-{count}",
+                count,
+                plan.session_rate,
+                seconds,
+                warmup_s=plan.session_warmup_s,
+            )
+            began = time.monotonic()
+            results.append(run_trial("sessions", asdict(params), run.workdir, _TIMEOUT + seconds))
+            progress(f"[sessions] {count} sessions x {plan.session_rate:,}/s ({time.monotonic() - began:.1f}s)")
+    run.results["sessions"] = results
+
+    rows = []
+    for r in results:
+        rows.append(
+            [
+                f"{r['sessions']:,} x {plan.session_rate:,}/s",
+                f"{r['seconds']:.0f}",
+                rate(r["offered_rate"]),
+                rate(r["acked_rate"]),
+                f"{r['daemon_cpu_s'] / r['events'] * 1e6:.1f}",
+                f"{r['daemon_cpu_s'] / r['seconds']:.2f}",
+                f"{r['backlog_start']:,.0f} → {r['backlog_end']:,.0f} ({r['backlog_max']:,})",
+                f"{r['rss_start_mb']:.0f} → {r['rss_end_mb']:.0f} ({r['rss_max_mb']:.0f})",
+            ]
+        )
+        run.targets.append(
+            Target(
+                f"daemon CPU per scalar, {r['sessions']} sessions x {plan.session_rate:,}/s (1M/s on one core)",
+                r["daemon_cpu_s"] / r["events"] * 1e6,
+                1.0,
+                False,
+                unit=" µs",
+            )
+        )
+    last = results[-1]
+    offered = last["offered_rate"]
+    how = f"{last['sessions']} sessions x {plan.session_rate:,}/s for {last['seconds']:.0f} s"
+    run.targets += [
+        Target(f"{how}: acknowledged vs offered", last["acked_rate"] / offered, 0.99, True),
+        Target(
+            f"{how}: backlog growth, seconds of load",
+            (last["backlog_end"] - last["backlog_start"]) / offered,
+            _BACKLOG_GROWTH_S,
+            False,
+            unit=" s",
+        ),
+        Target(
+            f"{how}: daemon RSS growth, MB", last["rss_end_mb"] - last["rss_start_mb"], _RSS_GROWTH_MB, False, " MB"
+        ),
+    ]
+    about = (
+        f"N sessions each logging {plan.session_rate:,} scalars/s to their own run, from one load generator "
+        "speaking the contract with grpc.aio (`benchmarks/sessions.py`: a session sends what is due as one batch "
+        "of scalar columns every 50 ms, the client's default linger, with at most 8 batches unacknowledged, "
+        "larger batches when it falls behind, as a client's sender does). After "
+        f"{plan.session_warmup_s:g} s at full load, a window of {plan.session_window_s:g} s "
+        f"({plan.sustain_s:g} s for {plan.session_counts[-1]} sessions): the daemon's CPU, all threads, per "
+        "scalar acknowledged, and in cores; the backlog (scalars due but not yet acknowledged, the mean of "
+        "the samples of the window's first and last tenth, and the most) and the daemon's resident size, "
+        "sampled once a second. A fresh daemon per row; one trial each."
+    )
+    headers = ["sessions", "s", "offered/s", "acknowledged/s", "daemon CPU µs/scalar", "daemon cores"]
+    headers += ["backlog start → end (max)", "daemon RSS MB start → end (max)"]
+    return "\n".join(["### 9. Many sessions at once", "", about, "", table(headers, rows)])

@@ -1,0 +1,271 @@
+"""Benchmark 9, many sessions at once: the daemon's CPU per scalar, its backlog and its resident size while
+`sessions` clients each log `rate` scalars a second.
+
+The clients are one lean load generator, not `sessions` processes with a `SummaryWriter` each: this benchmark
+measures the daemon, and on a machine of two cores 256 client processes (each with its sender thread, its
+channel and a heap with torch) would take the CPU the daemon needs and measure their own contention instead.
+The generator speaks the contract directly with grpc.aio: one `OpenSession` and one `Write` stream per
+session, spread over a few channels, and sends what a client's sender sends at its defaults: every
+`linger_s` one batch of scalar columns (`rate * linger_s` scalars, `WriteRequest.scalars`), at most
+`max_in_flight` batches unacknowledged per session. The sessions' sends are spread evenly over the linger
+interval.
+
+After `warmup_s` at full load, a window of `seconds` is measured: the daemon's CPU (user + system of all its
+threads, `/proc/<pid>/stat`) over the scalars it acknowledged in the window, and once a second the backlog
+(scalars due by the schedule but not yet acknowledged: what real clients would hold in their queues) and the
+daemon's resident size.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+import uuid
+from collections import deque
+from collections.abc import Callable, Mapping
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from benchmarks._memory import rss_mb
+
+_TICK = os.sysconf("SC_CLK_TCK")
+_OPENING = 64  # sessions opened at once
+_MESSAGE_BYTES = 64 * 1024 * 1024
+
+
+@dataclass(frozen=True)
+class SessionsParams:
+    address: str
+    daemon_pid: int
+    run_prefix: str
+    sessions: int
+    rate: int
+    """Scalars a second per session."""
+    seconds: float
+    """The measured window, after the warm-up."""
+    warmup_s: float = 3.0
+    linger_s: float = 0.05
+    """The client's default linger: one batch per session this often."""
+    max_in_flight: int = 8
+    """The client's default: batches sent but not yet acknowledged, per session."""
+    max_batch: int = 1024
+    """The client's default largest batch."""
+    sessions_per_channel: int = 16
+
+
+@dataclass(frozen=True)
+class SessionsResult:
+    sessions: int
+    offered_rate: float
+    """Scalars a second all sessions together should send."""
+    acked_rate: float
+    """Scalars a second the daemon acknowledged over the window."""
+    events: int
+    """Scalars acknowledged in the window."""
+    seconds: float
+    daemon_cpu_s: float
+    """The daemon's CPU over the window, all threads."""
+    backlog_start: float
+    backlog_end: float
+    """Scalars due but not acknowledged: the mean of the samples of the window's first and last tenth."""
+    backlog_max: int
+    rss_start_mb: float
+    rss_end_mb: float
+    rss_max_mb: float
+    samples: list[tuple[float, int, float]]
+    """(seconds into the window, backlog, daemon RSS MB), once a second."""
+
+
+def daemon_cpu(pid: int) -> float:
+    """CPU seconds (user + system) of process `pid`, every thread."""
+    stat = Path(f"/proc/{pid}/stat").read_text()
+    fields = stat[stat.rindex(")") + 2 :].split()
+    return (int(fields[11]) + int(fields[12])) / _TICK
+
+
+def prepare(raw: Mapping[str, Any]) -> Callable[[], dict[str, Any]]:
+    params = SessionsParams(**raw)
+
+    def run() -> dict[str, Any]:
+        return asyncio.run(_Load(params).run())
+
+    return run
+
+
+class _Load:
+    """The sessions, their streams and the counts the samples read."""
+
+    def __init__(self, params: SessionsParams) -> None:
+        from summaryd.v1 import summaryd_pb2 as pb
+
+        self.params = params
+        self.wall_time = time.time()
+        self.columns: dict[int, bytes] = {}
+        self.pb = pb
+        self.sent = 0
+        self.acked = 0
+        self.started = 0.0
+        self.stopping = False
+
+    def due(self, now: float) -> int:
+        """Scalars the schedule says were sent by `now`."""
+        return int((now - self.started) * self.params.rate) * self.params.sessions
+
+    async def run(self) -> dict[str, Any]:
+        import grpc
+
+        params, pb = self.params, self.pb
+        channels = [
+            grpc.aio.insecure_channel(params.address, options=[("grpc.max_send_message_length", _MESSAGE_BYTES)])
+            for _ in range(-(-params.sessions // params.sessions_per_channel))
+        ]
+        try:
+            writes = [
+                channel.stream_stream(
+                    "/summaryd.v1.Summaries/Write",
+                    request_serializer=bytes,
+                    response_deserializer=pb.WriteAck.FromString,
+                )
+                for channel in channels
+            ]
+            opens = [
+                channel.unary_unary(
+                    "/summaryd.v1.Summaries/OpenSession",
+                    request_serializer=pb.OpenSessionRequest.SerializeToString,
+                    response_deserializer=pb.OpenSessionResponse.FromString,
+                )
+                for channel in channels
+            ]
+            closes = [
+                channel.unary_unary(
+                    "/summaryd.v1.Summaries/CloseSession",
+                    request_serializer=pb.CloseSessionRequest.SerializeToString,
+                    response_deserializer=pb.CloseSessionResponse.FromString,
+                )
+                for channel in channels
+            ]
+            gate = asyncio.Semaphore(_OPENING)
+            ids = [str(uuid.uuid4()) for _ in range(params.sessions)]
+
+            async def open_one(index: int) -> None:
+                async with gate:
+                    run = f"{params.run_prefix}/session-{index:04d}"
+                    request = pb.OpenSessionRequest(session_id=ids[index], run=run, next_sequence=1)
+                    await opens[index // params.sessions_per_channel](request, timeout=60)
+
+            await asyncio.gather(*(open_one(i) for i in range(params.sessions)))
+            self.started = time.monotonic() + 0.1
+            tasks = [
+                asyncio.ensure_future(
+                    self._session(
+                        i, ids[i], writes[i // params.sessions_per_channel], closes[i // params.sessions_per_channel]
+                    )
+                )
+                for i in range(params.sessions)
+            ]
+            try:
+                result = await self._measure()
+            finally:
+                self.stopping = True
+                await asyncio.wait_for(asyncio.gather(*tasks), 120)
+            return asdict(result)
+        finally:
+            for channel in channels:
+                await channel.close()
+
+    def _request(self, session_id: str, first: int, count: int) -> bytes:
+        """A serialized `WriteRequest` of `count` scalars from sequence `first`: a small head, and the columns'
+        bytes appended (protobuf merges the two), made once per batch size."""
+        columns = self.columns.get(count)
+        if columns is None:
+            columns = self.columns[count] = self.pb.WriteRequest(
+                scalars=self.pb.ScalarColumns(
+                    tags=["loss", "accuracy"],
+                    tag_index=[i % 2 for i in range(count)],
+                    step=range(count),
+                    wall_time=[self.wall_time] * count,
+                    value=[i * 0.001 for i in range(count)],
+                )
+            ).SerializeToString()
+        return self.pb.WriteRequest(session_id=session_id, first_sequence=first).SerializeToString() + columns
+
+    async def _session(self, index: int, session_id: str, write: Any, close: Any) -> None:
+        """One client's sender: every linger interval, what is due (at most `max_batch` scalars) as one batch,
+        while fewer than `max_in_flight` batches are unacknowledged; a session that falls behind sends larger
+        batches, as a client does."""
+        params = self.params
+        call = write(timeout=params.warmup_s + params.seconds + 300)
+        in_flight: deque[int] = deque()  # the last sequence of each batch not yet acknowledged
+        room = asyncio.Event()
+        acked = 0
+
+        async def read_acks() -> None:
+            nonlocal acked
+            async for ack in call:
+                self.acked += ack.acked_sequence - acked
+                acked = ack.acked_sequence
+                while in_flight and in_flight[0] <= acked:
+                    in_flight.popleft()
+                room.set()
+
+        reader = asyncio.ensure_future(read_acks())
+        started = self.started + params.linger_s * index / params.sessions
+        tick = started
+        sent = 0
+        while not self.stopping:
+            tick += params.linger_s
+            delay = tick - time.monotonic()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            while len(in_flight) >= params.max_in_flight and not self.stopping:
+                room.clear()
+                await room.wait()
+            count = min(int((time.monotonic() - started) * params.rate) - sent, params.max_batch)
+            if count <= 0 or self.stopping:
+                continue
+            await call.write(self._request(session_id, sent + 1, count))
+            sent += count
+            in_flight.append(sent)
+            self.sent += count
+        await call.done_writing()
+        await reader
+        if acked != sent:
+            raise RuntimeError(f"session {index}: acknowledged {acked} of {sent}")
+        await close(self.pb.CloseSessionRequest(session_id=session_id), timeout=120)
+
+    async def _measure(self) -> SessionsResult:
+        params = self.params
+        pid = params.daemon_pid
+        await asyncio.sleep(max(0.0, self.started + params.warmup_s - time.monotonic()))
+        began = time.monotonic()
+        cpu_before, acked_before = daemon_cpu(pid), self.acked
+        samples: list[tuple[float, int, float]] = []
+        while True:
+            now = time.monotonic()
+            samples.append((now - began, max(0, self.due(now) - self.acked), rss_mb(pid)))
+            if now - began >= params.seconds:
+                break
+            await asyncio.sleep(min(1.0, began + params.seconds - now))
+        elapsed = time.monotonic() - began
+        cpu = daemon_cpu(pid) - cpu_before
+        events = self.acked - acked_before
+        tenth = max(1, len(samples) // 10)
+        backlogs = [backlog for _, backlog, _ in samples]
+        sizes = [size for _, _, size in samples]
+        return SessionsResult(
+            sessions=params.sessions,
+            offered_rate=params.rate * params.sessions,
+            acked_rate=events / elapsed,
+            events=events,
+            seconds=elapsed,
+            daemon_cpu_s=cpu,
+            backlog_start=sum(backlogs[:tenth]) / tenth,
+            backlog_end=sum(backlogs[-tenth:]) / tenth,
+            backlog_max=max(backlogs),
+            rss_start_mb=sizes[0],
+            rss_end_mb=sizes[-1],
+            rss_max_mb=max(sizes),
+            samples=samples,
+        )
