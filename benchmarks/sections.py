@@ -6,16 +6,17 @@ from __future__ import annotations
 import math
 import shutil
 import time
+from collections.abc import Callable
 from dataclasses import asdict
 from typing import Any
 
 from benchmarks._contenders import FLOOR, LIVE, NO_WRITER, PEERS, SUMMARYD, TORCH, WriterSpec
 from benchmarks._daemon import refused_address, running_daemon
 from benchmarks._report import Spread, micros, rate, ratio, table
-from benchmarks._run import Run, Target, alternate, median, progress, remove_output, slug
+from benchmarks._run import Results, Run, Target, alternate, median, progress, remove_output, slug
 from benchmarks._trials import run_trial
 from benchmarks.close_latency import CloseParams
-from benchmarks.cpu_cost import CpuParams
+from benchmarks.cpu_cost import CALLS, SUMMARY, CpuParams
 from benchmarks.memory import ClientMemoryParams, DaemonMemoryParams
 from benchmarks.payloads import HISTOGRAM, HISTOGRAM_BINS, HISTOGRAM_VALUES, IMAGE, IMAGE_SHAPE, PayloadParams
 from benchmarks.sessions import SessionsParams
@@ -333,23 +334,32 @@ def process_cpu(run: Run) -> str:
             return out
 
         results = alternate("cpu", labels, plan.cpu_repeats, one)
-    run.results["cpu"] = results
 
-    def per_event(label: str, mode: str, key: str) -> Spread:
-        return Spread.of([r[mode][key] / r[mode]["events"] * 1e9 for r in results[label]])
+        def other(mode: str) -> Callable[[str, int], dict[str, Any]]:
+            calls = plan.cpu_events // 4 if mode == SUMMARY else plan.payload_calls
 
-    def threads(label: str) -> str:
-        names = sorted({name for r in results[label] for name in r["back_to_back"]["threads"]})
+            def one_call(label: str, round_: int) -> dict[str, Any]:
+                name = f"cpu-{mode}-{slug(label)}-{round_}"
+                spec = WriterSpec(SUMMARYD, name, daemon.address) if label == LIVE else _peer_spec(run, label, name)
+                try:
+                    params = asdict(CpuParams(asdict(spec), calls, mode))
+                    return {"back_to_back": run_trial("cpu_cost", params, run.workdir, _TIMEOUT)}
+                finally:
+                    remove_output(spec, daemon)
+
+            return one_call
+
+        others = {mode: alternate(f"cpu: {mode}", [LIVE, TORCH], plan.cpu_repeats, other(mode)) for mode in CALLS}
+    run.results["cpu"] = {**results, "calls": others}
+
+    def per_event(label: str, mode: str, key: str, of: Results = results) -> Spread:
+        return Spread.of([r[mode][key] / r[mode]["events"] * 1e9 for r in of[label]])
+
+    def threads(label: str, of: Results = results) -> str:
+        trials = [r["back_to_back"] for r in of[label]]
+        names = sorted({name for r in trials for name in r["threads"]})
         shares = [
-            (
-                name,
-                Spread.of(
-                    [
-                        r["back_to_back"]["threads"].get(name, 0.0) / r["back_to_back"]["events"] * 1e9
-                        for r in results[label]
-                    ]
-                ).median,
-            )
+            (name, Spread.of([r["threads"].get(name, 0.0) / r["events"] * 1e9 for r in trials]).median)
             for name in names
         ]
         return ", ".join(f"{name} {micros(ns)}" for name, ns in shares if ns >= 1)
@@ -373,6 +383,30 @@ def process_cpu(run: Run) -> str:
         ]
         for label in labels
     ]
+    call_rows = [
+        [f"add_scalar (above, {plan.cpu_events:,} calls)", label, *cpu_rows[i][1:]]
+        for i, label in enumerate(labels)
+        if label in (LIVE, TORCH)
+    ]
+    for mode, of in others.items():
+        torch_call = per_event(TORCH, "back_to_back", "cpu_s", of).median
+        ours_call = per_event(LIVE, "back_to_back", "cpu_s", of).median
+        for label in (LIVE, TORCH):
+            call_rows.append(
+                [
+                    f"{_CALL_NAMES[mode]} ({of[label][0]['back_to_back']['events']:,} calls)",
+                    label,
+                    per_event(label, "back_to_back", "cpu_s", of).cell(micros),
+                    threads(label, of),
+                    ratio(per_event(label, "back_to_back", "cpu_s", of).median, torch_call),
+                ]
+            )
+        run.targets.append(
+            # A tiny run may take less than a clock tick of CPU.
+            Target(
+                f"{_CALL_NAMES[mode]}: client CPU per call vs torch", ours_call / (torch_call or math.nan), 1.0, False
+            )
+        )
     ours_cpu = per_event(LIVE, "back_to_back", "cpu_s").median
     run.targets.append(Target("client CPU per scalar, all threads (µs)", ours_cpu / 1000, 1.5, False, unit=" µs"))
     run.targets.append(Target("client CPU per scalar vs torch", ours_cpu / torch_cpu, 0.1, False))
@@ -386,6 +420,12 @@ def process_cpu(run: Run) -> str:
         "scalar, and the slowdown against the same loop calling an empty function. "
         f"{plan.cpu_repeats} trials per contender; median (min-max); figures in µs."
     )
+    calls_about = (
+        "(c) The other calls, each back to back in a process that imported torch, then `close()`, measured as (a): "
+        "`add_histogram` and `add_image` as in section 4, and `add_summary` of a serialized one-scalar `Summary` "
+        "(the path of the TF-style hooks; torch: its file writer's `add_summary` of the `Summary` proto). "
+        "summaryd builds histograms and images on its sender thread; torch on the caller's."
+    )
     return "\n".join(
         [
             "### 8. What logging costs the training process",
@@ -395,8 +435,19 @@ def process_cpu(run: Run) -> str:
             table(["contender", "CPU µs per event, all threads", "per thread (µs per event)", "vs torch"], cpu_rows),
             "",
             table(["contender", "GIL-bound loop, µs per scalar", "slowdown µs per scalar"], gil_rows),
+            "",
+            calls_about,
+            "",
+            table(
+                ["call", "contender", "CPU µs per call, all threads", "per thread (µs per call)", "vs torch"],
+                call_rows,
+                [False, False, True, False, True],
+            ),
         ]
     )
+
+
+_CALL_NAMES = {HISTOGRAM: "add_histogram", IMAGE: "add_image", SUMMARY: "add_summary (serialized, the hooks)"}
 
 
 # ---- 9. many sessions at once ---------------------------------------------------------------------------------

@@ -67,6 +67,8 @@ class SessionsResult:
     seconds: float
     daemon_cpu_s: float
     """The daemon's CPU over the window, all threads."""
+    generator_cpu_s: float
+    """The load generator's own CPU over the window: near one core, it (not the daemon) bounds the load."""
     backlog_start: float
     backlog_end: float
     """Scalars due but not acknowledged: the mean of the samples of the window's first and last tenth."""
@@ -78,7 +80,7 @@ class SessionsResult:
     """(seconds into the window, backlog, daemon RSS MB), once a second."""
 
 
-def daemon_cpu(pid: int) -> float:
+def process_cpu(pid: int) -> float:
     """CPU seconds (user + system) of process `pid`, every thread."""
     stat = Path(f"/proc/{pid}/stat").read_text()
     fields = stat[stat.rindex(")") + 2 :].split()
@@ -240,7 +242,7 @@ class _Load:
         pid = params.daemon_pid
         await asyncio.sleep(max(0.0, self.started + params.warmup_s - time.monotonic()))
         began = time.monotonic()
-        cpu_before, acked_before = daemon_cpu(pid), self.acked
+        cpu_before, own_before, acked_before = process_cpu(pid), process_cpu(os.getpid()), self.acked
         samples: list[tuple[float, int, float]] = []
         while True:
             now = time.monotonic()
@@ -249,7 +251,7 @@ class _Load:
                 break
             await asyncio.sleep(min(1.0, began + params.seconds - now))
         elapsed = time.monotonic() - began
-        cpu = daemon_cpu(pid) - cpu_before
+        cpu, own = process_cpu(pid) - cpu_before, process_cpu(os.getpid()) - own_before
         events = self.acked - acked_before
         tenth = max(1, len(samples) // 10)
         backlogs = [backlog for _, backlog, _ in samples]
@@ -261,6 +263,7 @@ class _Load:
             events=events,
             seconds=elapsed,
             daemon_cpu_s=cpu,
+            generator_cpu_s=own,
             backlog_start=sum(backlogs[:tenth]) / tenth,
             backlog_end=sum(backlogs[-tenth:]) / tenth,
             backlog_max=max(backlogs),
