@@ -175,7 +175,7 @@ class _Load:
             return asdict(result)
         finally:
             for channel in channels:
-                await channel.close()
+                await channel.close(None)
 
     def _request(self, session_id: str, first: int, count: int) -> bytes:
         """A serialized `WriteRequest` of `count` scalars from sequence `first`: a small head, and the columns'
