@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -24,3 +25,40 @@ def test_benchmarks_run_at_smoke_size(tmp_path: Path) -> None:
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     assert (tmp_path / "figures.json").stat().st_size > 0
     assert "ratio" in result.stdout.lower()
+    for row in ("add_histogram (", "add_image (", "add_summary (serialized, the hooks) (", "### 9. Many sessions"):
+        assert row in result.stdout, row
+
+
+@pytest.mark.timeout(120)
+def test_many_sessions_rows_measure_the_daemon_backlog_and_rss(tmp_path: Path) -> None:
+    figures_file = tmp_path / "figures.json"
+    result = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "benchmarks" / "run.py"),
+            "--smoke",
+            "--only",
+            "sessions",
+            "--json",
+            str(figures_file),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=110,
+        check=False,
+        cwd=ROOT,
+    )
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    figures = json.loads(figures_file.read_text())
+    rows = figures["results"]["sessions"]
+    assert [row["sessions"] for row in rows] == list(figures["plan"]["session_counts"])
+    for row in rows:
+        assert row["events"] > 0 and row["daemon_cpu_s"] > 0
+        assert row["rss_start_mb"] > 0 and row["rss_end_mb"] > 0
+        assert row["samples"] and row["backlog_max"] >= row["backlog_end"] >= 0
+    targets = [target["name"] for target in figures["targets"]]
+    last = rows[-1]["sessions"]
+    for name in ("acknowledged vs offered", "backlog growth, seconds of load", "daemon RSS growth, MB"):
+        assert any(t.startswith(f"{last} sessions") and name in t for t in targets), name
+    assert sum("daemon CPU per scalar" in t for t in targets) == len(rows)
+    assert "backlog start → end (max)" in result.stdout
