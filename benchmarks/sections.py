@@ -489,6 +489,7 @@ def many_sessions(run: Run) -> str:
                 rate(r["acked_rate"]),
                 f"{r['daemon_cpu_s'] / r['events'] * 1e6:.1f}",
                 f"{r['daemon_cpu_s'] / r['seconds']:.2f}",
+                f"{r['generator_cpu_s'] / r['seconds']:.2f}",
                 f"{r['backlog_start']:,.0f} → {r['backlog_end']:,.0f} ({r['backlog_max']:,})",
                 f"{r['rss_start_mb']:.0f} → {r['rss_end_mb']:.0f} ({r['rss_max_mb']:.0f})",
             ]
@@ -525,10 +526,19 @@ def many_sessions(run: Run) -> str:
         "larger batches when it falls behind, as a client's sender does). After "
         f"{plan.session_warmup_s:g} s at full load, a window of {plan.session_window_s:g} s "
         f"({plan.sustain_s:g} s for {plan.session_counts[-1]} sessions): the daemon's CPU, all threads, per "
-        "scalar acknowledged, and in cores; the backlog (scalars due but not yet acknowledged, the mean of "
+        "scalar acknowledged, and in cores (and the generator's: near one core, it bounds the load instead); "
+        "the backlog (scalars due but not yet acknowledged, the mean of "
         "the samples of the window's first and last tenth, and the most) and the daemon's resident size, "
         "sampled once a second. A fresh daemon per row; one trial each."
     )
-    headers = ["sessions", "s", "offered/s", "acknowledged/s", "daemon CPU µs/scalar", "daemon cores"]
+    headers = [
+        "sessions",
+        "s",
+        "offered/s",
+        "acknowledged/s",
+        "daemon CPU µs/scalar",
+        "daemon cores",
+        "generator cores",
+    ]
     headers += ["backlog start → end (max)", "daemon RSS MB start → end (max)"]
     return "\n".join(["### 9. Many sessions at once", "", about, "", table(headers, rows)])
