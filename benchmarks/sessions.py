@@ -5,10 +5,10 @@ The clients are one lean load generator, not `sessions` processes with a `Summar
 measures the daemon, and on a machine of two cores 256 client processes (each with its sender thread, its
 channel and a heap with torch) would take the CPU the daemon needs and measure their own contention instead.
 The generator speaks the contract directly with grpc.aio: one `OpenSession` and one `Write` stream per
-session, spread over a few channels, and sends what a client's sender sends at its defaults: every
-`linger_s` one batch of scalar columns (`rate * linger_s` scalars, `WriteRequest.scalars`), at most
-`max_in_flight` batches unacknowledged per session. The sessions' sends are spread evenly over the linger
-interval.
+session, a few sessions per channel, and sends what a client's sender sends at its defaults: every linger
+interval what is due as one batch of scalar columns (`WriteRequest.scalars`), at most `max_in_flight` batches
+unacknowledged, so that a session that falls behind sends larger batches (up to `max_batch_events`). The
+sessions' sends are spread evenly over the linger interval.
 
 After `warmup_s` at full load, a window of `seconds` is measured: the daemon's CPU (user + system of all its
 threads, `/proc/<pid>/stat`) over the scalars it acknowledged in the window, and once a second the backlog
@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks._memory import rss_mb
+from summaryd.client._options import ClientOptions
 
 _TICK = os.sysconf("SC_CLK_TCK")
 _OPENING = 64  # sessions opened at once
@@ -37,22 +38,25 @@ _MESSAGE_BYTES = 64 * 1024 * 1024
 
 @dataclass(frozen=True)
 class SessionsParams:
+    """`sessions` sessions of the daemon at `address` (pid `daemon_pid`) on runs under `run_prefix`, each logging
+    `rate` scalars a second; a window of `seconds` measured after `warmup_s` at full load. Each session sends as
+    a client does with its defaults (`ClientOptions`: linger, batches in flight, largest batch);
+    `sessions_per_channel` sessions share a channel."""
+
     address: str
     daemon_pid: int
     run_prefix: str
     sessions: int
     rate: int
-    """Scalars a second per session."""
     seconds: float
-    """The measured window, after the warm-up."""
     warmup_s: float = 3.0
-    linger_s: float = 0.05
-    """The client's default linger: one batch per session this often."""
-    max_in_flight: int = 8
-    """The client's default: batches sent but not yet acknowledged, per session."""
-    max_batch: int = 1024
-    """The client's default largest batch."""
     sessions_per_channel: int = 16
+
+
+# A client's defaults, which every session follows.
+_LINGER_S = ClientOptions.linger_secs
+_MAX_IN_FLIGHT = ClientOptions.max_in_flight
+_MAX_BATCH = ClientOptions.max_batch_events
 
 
 @dataclass(frozen=True)
@@ -118,33 +122,21 @@ class _Load:
     async def run(self) -> dict[str, Any]:
         import grpc
 
+        from summaryd.v1 import summaryd_pb2_grpc as pb_grpc
+
         params, pb = self.params, self.pb
         channels = [
             grpc.aio.insecure_channel(params.address, options=[("grpc.max_send_message_length", _MESSAGE_BYTES)])
             for _ in range(-(-params.sessions // params.sessions_per_channel))
         ]
         try:
+            stubs = [pb_grpc.SummariesStub(channel) for channel in channels]
+            # Write with a serializer that passes bytes through: the generator builds each request's bytes itself.
             writes = [
                 channel.stream_stream(
                     "/summaryd.v1.Summaries/Write",
                     request_serializer=bytes,
                     response_deserializer=pb.WriteAck.FromString,
-                )
-                for channel in channels
-            ]
-            opens = [
-                channel.unary_unary(
-                    "/summaryd.v1.Summaries/OpenSession",
-                    request_serializer=pb.OpenSessionRequest.SerializeToString,
-                    response_deserializer=pb.OpenSessionResponse.FromString,
-                )
-                for channel in channels
-            ]
-            closes = [
-                channel.unary_unary(
-                    "/summaryd.v1.Summaries/CloseSession",
-                    request_serializer=pb.CloseSessionRequest.SerializeToString,
-                    response_deserializer=pb.CloseSessionResponse.FromString,
                 )
                 for channel in channels
             ]
@@ -155,16 +147,13 @@ class _Load:
                 async with gate:
                     run = f"{params.run_prefix}/session-{index:04d}"
                     request = pb.OpenSessionRequest(session_id=ids[index], run=run, next_sequence=1)
-                    await opens[index // params.sessions_per_channel](request, timeout=60)
+                    await stubs[index // params.sessions_per_channel].OpenSession(request, timeout=60)
 
             await asyncio.gather(*(open_one(i) for i in range(params.sessions)))
             self.started = time.monotonic() + 0.1
+            per = params.sessions_per_channel
             tasks = [
-                asyncio.ensure_future(
-                    self._session(
-                        i, ids[i], writes[i // params.sessions_per_channel], closes[i // params.sessions_per_channel]
-                    )
-                )
+                asyncio.ensure_future(self._session(i, ids[i], writes[i // per], stubs[i // per].CloseSession))
                 for i in range(params.sessions)
             ]
             try:
@@ -194,8 +183,8 @@ class _Load:
         return self.pb.WriteRequest(session_id=session_id, first_sequence=first).SerializeToString() + columns
 
     async def _session(self, index: int, session_id: str, write: Any, close: Any) -> None:
-        """One client's sender: every linger interval, what is due (at most `max_batch` scalars) as one batch,
-        while fewer than `max_in_flight` batches are unacknowledged; a session that falls behind sends larger
+        """One client's sender: every linger interval, what is due (at most `_MAX_BATCH` scalars) as one batch,
+        while fewer than `_MAX_IN_FLIGHT` batches are unacknowledged; a session that falls behind sends larger
         batches, as a client does."""
         params = self.params
         call = write(timeout=params.warmup_s + params.seconds + 300)
@@ -213,18 +202,18 @@ class _Load:
                 room.set()
 
         reader = asyncio.ensure_future(read_acks())
-        started = self.started + params.linger_s * index / params.sessions
+        started = self.started + _LINGER_S * index / params.sessions
         tick = started
         sent = 0
         while not self.stopping:
-            tick += params.linger_s
+            tick += _LINGER_S
             delay = tick - time.monotonic()
             if delay > 0:
                 await asyncio.sleep(delay)
-            while len(in_flight) >= params.max_in_flight and not self.stopping:
+            while len(in_flight) >= _MAX_IN_FLIGHT and not self.stopping:
                 room.clear()
                 await room.wait()
-            count = min(int((time.monotonic() - started) * params.rate) - sent, params.max_batch)
+            count = min(int((time.monotonic() - started) * params.rate) - sent, _MAX_BATCH)
             if count <= 0 or self.stopping:
                 continue
             await call.write(self._request(session_id, sent + 1, count))

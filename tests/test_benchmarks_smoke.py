@@ -12,16 +12,21 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 
 
-@pytest.mark.timeout(300)
-def test_benchmarks_run_at_smoke_size(tmp_path: Path) -> None:
-    result = subprocess.run(
-        [sys.executable, str(ROOT / "benchmarks" / "run.py"), "--smoke", "--json", str(tmp_path / "figures.json")],
+def _smoke(*options: str, timeout: float) -> subprocess.CompletedProcess[str]:
+    """`python benchmarks/run.py --smoke` with `options`."""
+    return subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "run.py"), "--smoke", *options],
         capture_output=True,
         text=True,
-        timeout=280,
+        timeout=timeout,
         check=False,
         cwd=ROOT,
     )
+
+
+@pytest.mark.timeout(300)
+def test_benchmarks_run_at_smoke_size(tmp_path: Path) -> None:
+    result = _smoke("--json", str(tmp_path / "figures.json"), timeout=280)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     assert (tmp_path / "figures.json").stat().st_size > 0
     assert "ratio" in result.stdout.lower()
@@ -32,22 +37,7 @@ def test_benchmarks_run_at_smoke_size(tmp_path: Path) -> None:
 @pytest.mark.timeout(120)
 def test_many_sessions_rows_measure_the_daemon_backlog_and_rss(tmp_path: Path) -> None:
     figures_file = tmp_path / "figures.json"
-    result = subprocess.run(
-        [
-            sys.executable,
-            str(ROOT / "benchmarks" / "run.py"),
-            "--smoke",
-            "--only",
-            "sessions",
-            "--json",
-            str(figures_file),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=110,
-        check=False,
-        cwd=ROOT,
-    )
+    result = _smoke("--only", "sessions", "--json", str(figures_file), timeout=110)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     figures = json.loads(figures_file.read_text())
     rows = figures["results"]["sessions"]
