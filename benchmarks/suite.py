@@ -286,7 +286,7 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
         description="Benchmark summaryd against torch's and tensorboardX's SummaryWriter, side by side.",
     )
     size = parser.add_mutually_exclusive_group()
-    size.add_argument("--quick", action="store_true", help="smaller sizes and fewer repeats (about 2 minutes)")
+    size.add_argument("--quick", action="store_true", help="smaller sizes and fewer repeats (about 6 minutes)")
     size.add_argument("--smoke", action="store_true", help="tiny sizes, one repeat: checks that everything runs")
     parser.add_argument(
         "--only",
