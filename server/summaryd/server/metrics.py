@@ -83,14 +83,25 @@ class MetricsInterceptor(aio.ServerInterceptor):  # type: ignore[type-arg]
 
             async def write(requests: AsyncIterator[Any], context: Any) -> AsyncIterator[Any]:
                 async def counted() -> AsyncIterator[Any]:
+                    # A stream carries one session, so one run: its counters are looked up once it is known
+                    # (`labels` takes a lock and builds a key: a cost per batch otherwise).
                     run: str | None = None
+                    known: tuple[Any, Any] | None = None
                     async for request in requests:
                         metrics.batches.inc()
-                        if run is None and request.session_id:
-                            run = self._run_of(request.session_id)
-                        metrics.events_received.labels(run or "?").inc(len(request.events) + len(request.scalars.step))
+                        counters = known
+                        if counters is None:
+                            if request.session_id:
+                                run = self._run_of(request.session_id)
+                            counters = (
+                                metrics.events_received.labels(run or "?"),
+                                metrics.bytes_received.labels(run or "?"),
+                            )
+                            if run is not None:
+                                known = counters
+                        counters[0].inc(len(request.events) + len(request.scalars.step))
                         # The message's size, computed in C: summing the events' sizes would copy each one out.
-                        metrics.bytes_received.labels(run or "?").inc(request.ByteSize())
+                        counters[1].inc(request.ByteSize())
                         yield request
 
                 try:

@@ -10,6 +10,7 @@ import time
 from collections.abc import Sequence
 from concurrent.futures import Executor
 from dataclasses import dataclass, field
+from typing import Any
 
 from summaryd.server.event_check import check_and_frame
 from summaryd.server.event_file import EventFile, EventSink, next_name
@@ -49,6 +50,7 @@ class RunWriter:
     metrics: Metrics | None = None
     limits: Limits = DEFAULT
     sink: EventSink | None = None
+    _counters: tuple[Any, Any] | None = field(default=None, init=False, repr=False)
 
     async def write(self, session_id: str, last: int, events: Sequence[bytes]) -> None:
         """Check, frame and append one batch of `session_id` ending at sequence `last`; returns when the batch
@@ -69,8 +71,10 @@ class RunWriter:
         self.events_written += len(events)
         if metrics is not None:
             metrics.write_seconds.observe(time.perf_counter() - started)
-            metrics.events_written.labels(self.run_dir).inc(len(events))
-            metrics.bytes_written.labels(self.run_dir).inc(self.bytes_written - size_before)
+            if self._counters is None:  # looked up once per run: `labels` costs a lock and a key per batch
+                self._counters = metrics.events_written.labels(self.run_dir), metrics.bytes_written.labels(self.run_dir)
+            self._counters[0].inc(len(events))
+            self._counters[1].inc(self.bytes_written - size_before)
 
     def _write_blocking(self, session_id: str, last: int, events: Sequence[bytes]) -> None:
         blob = events.framed(self.limits) if isinstance(events, ScalarRecords) else check_and_frame(events, self.limits)

@@ -186,7 +186,6 @@ _VARINT = np.arange(10)  # an int64's varint has up to 10 bytes
 _VARINT_SHIFTS = (_VARINT * 7).astype(np.uint64)
 _VARINT_STEPS = np.array([1 << (7 * k) for k in range(1, 10)], dtype=np.uint64)  # each adds a varint byte
 _STEP_SLOT = np.arange(11)  # the step's key and varint
-_FOUR = np.arange(4)
 
 
 class _Layout:
@@ -196,7 +195,8 @@ class _Layout:
     record is a row of a byte matrix with one slot per part, as wide as the widest that part gets in the batch;
     every part is written for all rows by a column assignment, a mask says which bytes of each slot a record
     uses, and the masked matrix read in row order is the records' bytes back to back. Only the CRC-32C of each
-    record is a call per record: google-crc32c has no batch API.
+    record is a call per record (google-crc32c has no batch API), on its data read straight from its row
+    (`_crcs`), before the footers are written and the matrix is read out once.
     """
 
     def __init__(
@@ -240,16 +240,31 @@ class _Layout:
         rows[:, 32 : 32 + widest] = self._table[self._tag_index]
         used[:, 32 : 32 + widest] = np.arange(widest) < self._template_size[:, None]
         rows[:, 32 + widest : 36 + widest] = values.astype("<f4").view(np.uint8).reshape(-1, 4)
-        out = rows[used]
-        blob = out.tobytes()
-        ends = np.cumsum(self.lengths + 16)
-        data_end = ends - 4
-        data_start = data_end - self.lengths
-        crcs = np.fromiter(
-            map(google_crc32c.value, map(blob.__getitem__, map(slice, data_start.tolist(), data_end.tolist()))),
-            dtype=np.uint64,
-            count=count,
-        )
+        footer = 36 + widest
+        crcs = self._crcs(rows[:, 12:footer], used[:, 12:footer])
         masked = (((crcs >> np.uint64(15)) | (crcs << np.uint64(17))) + np.uint64(_MASK_DELTA)) & np.uint64(_U32)
-        out[data_end[:, None] + _FOUR] = masked.astype("<u4").view(np.uint8).reshape(-1, 4)
-        return out.tobytes()
+        rows[:, footer:] = masked.astype("<u4").view(np.uint8).reshape(-1, 4)
+        return rows[used].tobytes()
+
+    def _crcs(self, data: NDArray[np.uint8], used: NDArray[np.bool_]) -> NDArray[np.uint64]:
+        """The CRC-32C of each record's data (its used bytes of `data`), one call per record.
+
+        Records of one shape (wall time or not, the step's and the template's sizes) use the same bytes of their
+        row: those columns of their rows, read as one fixed-size value each, are their data as `bytes` objects
+        without a slice per record. A batch has few shapes."""
+        shapes = self._has_wall * 1_000_000 + self._step_size * 1_000 + self._template_size
+        if (shapes == shapes[0]).all():  # the usual batch: one shape, no grouping
+            return self._shape_crcs(data, used[0])
+        crcs = np.empty(len(shapes), dtype=np.uint64)
+        kinds, first, which = np.unique(shapes, return_index=True, return_inverse=True)
+        for kind in range(len(kinds)):
+            rows = np.flatnonzero(which == kind)
+            crcs[rows] = self._shape_crcs(data[rows], used[first[kind]])
+        return crcs
+
+    @staticmethod
+    def _shape_crcs(data: NDArray[np.uint8], used: NDArray[np.bool_]) -> NDArray[np.uint64]:
+        """The CRC-32C of rows of one shape, whose data is the bytes `used` marks in each row."""
+        columns = np.flatnonzero(used)
+        records = np.ascontiguousarray(data[:, columns]).view(f"V{len(columns)}").ravel().tolist()
+        return np.fromiter(map(google_crc32c.value, records), dtype=np.uint64, count=len(records))

@@ -135,7 +135,8 @@ class _Stream:
         self._stream.send(pb.WriteRequest(session_id=self._session_id, first_sequence=first_sequence, events=events))
 
     def write_scalars(self, first_sequence: int, scalars: ScalarRun) -> None:
-        request = pb.WriteRequest(session_id=self._session_id, first_sequence=first_sequence, scalars=scalars.message())
+        request = pb.WriteRequest(session_id=self._session_id, first_sequence=first_sequence)
+        scalars.fill(request.scalars)
         self._stream.send(request)
 
     def heartbeat(self) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import threading
 import time
+from operator import itemgetter
 
 from summaryd.client import _process
 from summaryd.client._encoder import EventEncoder
@@ -55,10 +56,8 @@ class SenderLoop:
         self._connection = connection
         self._encoder = EventEncoder()
         self._thread: threading.Thread | None = None
-
-    @property
-    def started(self) -> bool:
-        return self._thread is not None
+        self.started = False
+        """Whether the thread was started: a plain attribute, since the caller's hot path reads it."""
 
     def alive(self) -> bool:
         return self._thread is not None and self._thread.is_alive()
@@ -76,6 +75,7 @@ class SenderLoop:
             self._thread = threading.Thread(
                 target=self._run, name=f"summaryd-sender[{self._identity.run}]", daemon=True
             )
+            self.started = True
         _process.register_multiprocessing_exit()
         try:
             self._thread.start()
@@ -192,7 +192,7 @@ class SenderLoop:
         if not items:
             return None
         scalars = ScalarRun.of(items)
-        nbytes = sum(item[-1] for item in items)
+        nbytes = sum(map(itemgetter(-1), items))
         with self._cond:
             batch = self._batches.append([], nbytes, scalars)
             self._cond.notify_all()

@@ -7,8 +7,11 @@ import os
 import threading
 import time
 import uuid
+from bisect import bisect_left
 from collections import deque
 from collections.abc import Callable
+from itertools import accumulate, islice, repeat, starmap
+from operator import itemgetter
 from typing import Any
 
 from summaryd.client import _process
@@ -73,18 +76,25 @@ class EventQueue:
         return items
 
     def take_scalars(self, max_events: int, max_bytes: int) -> list[Queued]:
-        """Pop the run of scalars at the head of the queue (at most `max_events`, about `max_bytes`)."""
+        """Pop the run of scalars at the head of the queue (at most `max_events`, about `max_bytes`: the event
+        that crosses it is the last taken).
+
+        Every step is a C-level pass over the run (no Python per event), since it runs under the lock the caller
+        also takes."""
         queue = self.items
-        items: list[Queued] = []
-        room = max_bytes
-        while queue and len(items) < max_events and room > 0 and len(queue[0]) == SCALAR_ITEM:
-            item = queue.popleft()
-            items.append(item)
-            room -= item[-1]
-        if items:
-            self.nbytes -= max_bytes - room
-            self.queued_at = time.monotonic()
-        return items
+        head = list(islice(queue, max_events))
+        lengths = list(map(len, head))
+        count = len(head)
+        for other in _NOT_SCALAR:  # the first event of another kind ends the run
+            if other in lengths:
+                count = min(count, lengths.index(other))
+        if not count:
+            return []
+        ends = list(accumulate(map(itemgetter(-1), head[:count])))
+        count = min(count, bisect_left(ends, max_bytes) + 1)
+        self.nbytes -= ends[count - 1]
+        self.queued_at = time.monotonic()
+        return list(starmap(queue.popleft, repeat((), count)))
 
     def drop_oldest(self) -> None:
         self.nbytes -= self.items.popleft()[-1]
@@ -105,6 +115,9 @@ class EventQueue:
         waits for), are over the memory bound."""
         return self.nbytes + held_bytes + max(nbytes, self.room_wanted) > max_queue_bytes
 
+
+_NOT_SCALAR = (4, 2)
+"""The lengths of the other queued kinds' tuples (see `_items.Queued`)."""
 
 # Share of `close(timeout)` kept for spooling what the daemon did not acknowledge (at most a second).
 _SPOOL_RESERVE = 0.2
@@ -299,28 +312,36 @@ class Sender:
             limit = self._max_queue_bytes
             batches = self._batches
             held = batches.held_bytes + batches.kept_bytes  # kept until durable: in memory too
-            if queue.nbytes + held + max(nbytes, queue.room_wanted) > limit:
+            before = queue.nbytes
+            queued = before + nbytes
+            wanted = queue.room_wanted  # 0 unless a caller waits for room (then the budget counts it already)
+            if queued + held > limit or (wanted and before + held + wanted > limit):
                 if not self._make_room(nbytes):
                     self._ledger.refuse("queue_full")
                     status.warnings.warn("queue_full", f"queue full ({limit} bytes): dropping events of {self.run!r}")
                     return False
                 held = batches.held_bytes + batches.kept_bytes  # the lock was let go while waiting for room
+                before = queue.nbytes
+                queued = before + nbytes
+            items = queue.items
             # The first event of a new batch wakes the sender, which may be asleep for up to a heartbeat
             # interval, so that the batch leaves within `linger_secs` of it; later ones only when it is full.
-            wake = not queue.items
+            wake = not items
             if wake:
                 now = time.monotonic()
                 batches.nothing_pending(now)
                 queue.queued_at = now
-            queue.items.append(item)
+            items.append(item)
             queue.accepted += 1
-            before = queue.nbytes
-            queue.nbytes = queued = before + nbytes
+            queue.nbytes = queued
             # Wake it once as a batch fills up, not at every event after: a caller that outruns the sender
             # would otherwise pay for a wake-up (and a fight for the GIL) per event.
-            wake = wake or len(queue.items) == self._max_batch_events
-            wake = wake or before < self._max_batch_bytes <= queued
-            wake = wake or before + held <= limit < queued + held
+            if not wake:
+                wake = (
+                    len(items) == self._max_batch_events
+                    or before < self._max_batch_bytes <= queued
+                    or before + held <= limit < queued + held
+                )
         if not self._loop.started:
             self._loop.start()
         elif wake:
