@@ -27,6 +27,7 @@ from typing import Any, TypeVar
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from summaryd.server import run_files
+from summaryd.server.aggregation import Aggregation
 from summaryd.server.bucket import BucketError
 from summaryd.server.bucket_sessions import BucketSessions, DurableSession
 from summaryd.server.durable_marks import DurableMarks
@@ -75,8 +76,11 @@ class SessionLifecycle:
         lease: float,
         limits: Limits = DEFAULT,
         ownership: RunOwnership | None = None,
+        aggregation: Aggregation | None = None,
     ) -> None:
         self.registry = registry
+        # Cross-worker aggregation of the sessions that ask for it (off unless given settings that enable it).
+        self.aggregation = aggregation or Aggregation(registry, limits=limits, ownership=ownership)
         self.store = store
         self.lease = lease
         self.limits = limits
@@ -213,6 +217,9 @@ class SessionLifecycle:
         """
         session_id, run_dir = request.session_id, "/".join(parts)
         session = self.sessions.get(session_id)
+        reserved = self.aggregation.label_problem(request)
+        if reserved is not None:
+            raise RunPathError(reserved)
         if session is None:
             # A bucket logdir: the bucket's state says what is uploaded, also of a session the local store knows.
             from_bucket = await self._bucket_record(session_id)
@@ -308,6 +315,7 @@ class SessionLifecycle:
             session_id, writer, request.worker, request.world_size, client, self.lease, peer=peer, acked=acked
         )
         self.sessions.add(session)
+        await self.aggregation.joined(session, request, parts)
         log.info(
             "session %s %s: run %s at sequence %d, client %s pid %d (%s %s)",
             session_id,
@@ -531,6 +539,9 @@ class SessionLifecycle:
             )
             self.sessions.remove(session, ending)
             await self._disown(session.run.run_dir, end)
+            aggregates = await self.aggregation.left(session, list(self.sessions))
+            if aggregates:
+                await self._record([], aggregates, sync=True)
         return True
 
     async def _close_record(self, session_id: str) -> int:

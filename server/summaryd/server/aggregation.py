@@ -1,0 +1,360 @@
+"""Cross-worker aggregation: each scalar tag reduced over a run's workers, step by step, beside their runs.
+
+The sessions of a run `<run>` whose workers write `<run>/<worker>` and declare a world size above one are
+aggregated by the daemon that holds them: each step of each scalar tag is reduced over the workers into the
+runs `<run>/mean`, `<run>/min`, `<run>/max`, `<run>/std` under the workers' own tag (so TensorBoard draws them
+in the workers' chart), and `<run>/summaryd` holds `count/<tag>` (how many workers the step had) and
+`lag_steps/<worker>` (how far each worker is behind the furthest one). Those worker labels are reserved.
+
+`Aggregation` is the daemon's part: which sessions are aggregated, one `RunAggregator` per run while any of
+them is live. A `RunAggregator` is fed by its sessions' taps right after a batch is written
+(`Session.tap`), keeps the pending steps (`step_table.StepTable`), finalises them as they complete or on a
+timer on the event loop (the straggler timeout), and writes the reductions through the daemon's own run
+writers, outside the batch's path. A tag's last finalised step is read back from the aggregate runs' event
+files when the aggregator starts, so a step is never written twice, also across a daemon restart.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import fnmatch
+import functools
+import logging
+import os
+import struct
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from google.protobuf.message import DecodeError
+from tensorboard.compat.proto.event_pb2 import Event
+
+from summaryd.server.errors import EventError
+from summaryd.server.io_threads import run_to_completion
+from summaryd.server.limits import DEFAULT, Limits
+from summaryd.server.logs import Throttle
+from summaryd.server.run_ownership import RunOwnership
+from summaryd.server.runs import ClosedFile, RunRegistry, RunWriter
+from summaryd.server.scalar_points import points
+from summaryd.server.scalar_records import ScalarRecords
+from summaryd.server.sessions import Session
+from summaryd.server.step_table import Reduction, StepTable
+from summaryd.v1 import summaryd_pb2 as pb
+
+log = logging.getLogger(__name__)
+_failures = Throttle(log)
+
+REDUCTIONS = ("mean", "min", "max", "std")
+STATS_RUN = "summaryd"
+RESERVED_WORKERS = frozenset((*REDUCTIONS, STATS_RUN))
+COUNT_PREFIX = "count/"
+LAG_PREFIX = "lag_steps/"
+_HEADER = struct.Struct("<QI")
+
+
+@dataclass(frozen=True)
+class AggregationSettings:
+    """The daemon's aggregation settings (`--aggregate/--no-aggregate`, `--straggler-secs`)."""
+
+    enabled: bool = False
+    straggler_secs: float = 30.0
+    # Pending steps one run may hold; beyond it the oldest are finalised with the workers that reported them.
+    max_pending_steps: int = 20_000
+
+
+class TagFilter:
+    """Which tags a session has aggregated: every tag, or those matching its shell-style patterns."""
+
+    def __init__(self, patterns: Sequence[str]) -> None:
+        self._patterns = tuple(patterns)
+        self._known: dict[str, bool] = {}
+
+    def __call__(self, tag: str) -> bool:
+        if not self._patterns:
+            return True
+        wanted = self._known.get(tag)
+        if wanted is None:
+            wanted = self._known[tag] = any(fnmatch.fnmatchcase(tag, p) for p in self._patterns)
+        return wanted
+
+
+class RunAggregator:
+    """The aggregates of one run: its pending steps, its five aggregate runs' writers, and their writing."""
+
+    def __init__(
+        self,
+        run: str,
+        registry: RunRegistry,
+        settings: AggregationSettings,
+        limits: Limits,
+        ownership: RunOwnership | None,
+    ) -> None:
+        self.run = run
+        self.sessions = 0
+        self.table = StepTable(0, settings.max_pending_steps)
+        self._registry = registry
+        self._settings = settings
+        self._limits = limits
+        self._ownership = ownership
+        self._writers: dict[str, RunWriter] = {}
+        self._owned: list[str] = []
+        self._ready: list[Reduction] = []
+        self._writing: asyncio.Task[None] | None = None
+        self._ticker: asyncio.Task[None] | None = None
+        self._lag_step = -1
+        self.starting: asyncio.Future[bool] | None = None
+
+    @property
+    def live(self) -> bool:
+        """Whether it started and takes points."""
+        return bool(self._writers)
+
+    def _run_dir(self, name: str) -> str:
+        return f"{self.run}/{name}"
+
+    async def start(self, previous: asyncio.Future[list[ClosedFile]] | None) -> bool:
+        """Take the aggregate runs (after a previous aggregator of the run finished writing them) and read back
+        each tag's last written step; False when this daemon cannot write them (logged)."""
+        if previous is not None:
+            with contextlib.suppress(Exception):
+                await asyncio.shield(previous)
+        names = [*REDUCTIONS, STATS_RUN]
+        try:
+            if self._ownership is not None:
+                for name in names:
+                    await self._ownership.take(self._run_dir(name))
+                    self._owned.append(self._run_dir(name))
+            for name in names:
+                self._writers[name] = await self._registry.acquire([*self.run.split("/"), name], self._limits)
+            logdir = self._registry.logdir
+            last, lag_step = await run_to_completion(
+                self._registry.executor, lambda: _written_through(os.path.join(logdir, self.run))
+            )
+        except Exception as exc:
+            log.warning("run %s: not aggregated: its aggregate runs could not be opened: %s", self.run, exc)
+            await self._let_go()
+            return False
+        self.table = StepTable(0, self._settings.max_pending_steps, last)
+        self._lag_step = lag_step
+        interval = min(max(self._settings.straggler_secs / 4, 0.05), 1.0)
+        self._ticker = asyncio.create_task(self._tick(interval))
+        log.info("run %s: aggregating its workers' scalars (%d tags written before)", self.run, len(last))
+        return True
+
+    def take(self, worker: str, wanted: Callable[[str], bool], events: Sequence[bytes]) -> None:
+        """Take the scalar points of a batch `worker` wrote (its session's tap, on the event loop)."""
+        if not self._writers:
+            return
+        now = time.monotonic()
+        add = self.table.add
+        try:
+            for tag, step, wall_time, value in points(events):
+                if wanted(tag):
+                    add(worker, tag, step, wall_time, value, now)
+            self._finish(self.table.complete())
+        except Exception:  # aggregation never fails the worker's batch
+            log.exception("run %s: a batch of worker %s was not aggregated", self.run, worker)
+
+    def departed(self, worker: str) -> None:
+        if self._writers:
+            self.table.departed(worker)
+            self._finish(self.table.complete())
+
+    async def _tick(self, interval: float) -> None:
+        straggler = self._settings.straggler_secs
+        while True:
+            await asyncio.sleep(interval)
+            self._finish(self.table.overdue(time.monotonic(), straggler))
+
+    def _finish(self, done: list[Reduction]) -> None:
+        if not done:
+            return
+        self._ready += done
+        if self._writing is None or self._writing.done():
+            self._writing = asyncio.create_task(self._write_ready())
+
+    async def _write_ready(self) -> None:
+        while self._ready:
+            done, self._ready = self._ready, []
+            await self._write(done)
+
+    async def _write(self, done: list[Reduction]) -> None:
+        columns = {name: _Columns() for name in self._writers}
+        for r in done:
+            columns["mean"].add(r.tag, r.step, r.wall_time, r.mean)
+            columns["min"].add(r.tag, r.step, r.wall_time, r.min)
+            columns["max"].add(r.tag, r.step, r.wall_time, r.max)
+            columns["std"].add(r.tag, r.step, r.wall_time, r.std)
+            columns[STATS_RUN].add(COUNT_PREFIX + r.tag, r.step, r.wall_time, r.count)
+        last = max(done, key=lambda r: r.step)
+        if last.step > self._lag_step:
+            self._lag_step = last.step
+            for worker, behind in sorted(self.table.lag().items()):
+                columns[STATS_RUN].add(LAG_PREFIX + worker, last.step, last.wall_time, behind)
+        for name, writer in self._writers.items():
+            try:
+                await writer.write("", 0, ScalarRecords(columns[name].message()))
+            except (OSError, EventError) as exc:
+                _failures.warning(name, "run %s: aggregates not written: %s", writer.run_dir, exc)
+
+    async def stop(self) -> list[ClosedFile]:
+        """Finalise what is pending, write it, and let go of the aggregate runs; their closed files returned."""
+        if self._ticker is not None:
+            self._ticker.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._ticker
+        if self._writers:
+            self._finish(self.table.drain())
+        while self._writing is not None and not self._writing.done():
+            await self._writing
+        return await self._let_go()
+
+    async def _let_go(self) -> list[ClosedFile]:
+        closed = [await self._registry.release(writer) for writer in self._writers.values()]
+        self._writers = {}
+        if self._ownership is not None:
+            for run_dir in self._owned:
+                await self._ownership.let_go(run_dir)
+        self._owned = []
+        return [file for file in closed if file is not None]
+
+
+class _Columns:
+    """Scalars for one aggregate run, gathered as a batch's columns."""
+
+    def __init__(self) -> None:
+        self.tags: dict[str, int] = {}
+        self.columns = pb.ScalarColumns()
+
+    def add(self, tag: str, step: int, wall_time: float, value: float) -> None:
+        index = self.tags.get(tag)
+        if index is None:
+            index = self.tags[tag] = len(self.tags)
+            self.columns.tags.append(tag)
+        self.columns.tag_index.append(index)
+        self.columns.step.append(step)
+        self.columns.wall_time.append(wall_time)
+        self.columns.value.append(value)
+
+    def message(self) -> pb.ScalarColumns:
+        return self.columns
+
+
+def _written_through(run_path: str) -> tuple[dict[str, int], int]:
+    """Each tag's last step in the aggregate runs below `run_path`, and the last step of the lag scalars
+    (blocking: reads the event files)."""
+    last: dict[str, int] = {}
+    lag_step = -1
+    for name in (*REDUCTIONS, STATS_RUN):
+        directory = os.path.join(run_path, name)
+        try:
+            files = sorted(n for n in os.listdir(directory) if "tfevents" in n)
+        except FileNotFoundError:
+            continue
+        for file in files:
+            for event in _events(os.path.join(directory, file)):
+                for value in event.summary.value:
+                    tag = value.tag
+                    if name == STATS_RUN and tag.startswith(LAG_PREFIX):
+                        lag_step = max(lag_step, event.step)
+                        continue
+                    if name == STATS_RUN:
+                        tag = tag.removeprefix(COUNT_PREFIX)
+                    last[tag] = max(last.get(tag, event.step), event.step)
+    return last, lag_step
+
+
+def _events(path: str) -> list[Event]:
+    """The whole records of an event file (a torn tail is left out)."""
+    with open(path, "rb") as f:
+        data = f.read()
+    events, offset = [], 0
+    while offset + _HEADER.size <= len(data):
+        (length,) = struct.unpack_from("<Q", data, offset)
+        start = offset + _HEADER.size
+        end = start + length + 4
+        if end > len(data):
+            break
+        with contextlib.suppress(DecodeError):
+            events.append(Event.FromString(data[start : start + length]))
+        offset = end
+    return events
+
+
+class Aggregation:
+    """The daemon's aggregation: which sessions are aggregated, and a `RunAggregator` per run while they live."""
+
+    def __init__(
+        self,
+        registry: RunRegistry,
+        settings: AggregationSettings | None = None,
+        limits: Limits = DEFAULT,
+        ownership: RunOwnership | None = None,
+    ) -> None:
+        self.settings = settings or AggregationSettings()
+        self._registry = registry
+        self._limits = limits
+        self._ownership = ownership
+        self._runs: dict[str, RunAggregator] = {}
+        self._members: dict[str, RunAggregator] = {}  # by session id
+        self._stopping: dict[str, asyncio.Future[list[ClosedFile]]] = {}
+
+    def label_problem(self, request: pb.OpenSessionRequest) -> str | None:
+        """Why the session's worker label is refused (it names an aggregate run), or None."""
+        if self.settings.enabled and request.worker in RESERVED_WORKERS:
+            return (
+                f"worker label {request.worker!r} is reserved for the daemon's aggregates of the run "
+                f"({', '.join(sorted(RESERVED_WORKERS))}); label the worker otherwise, e.g. 'rank-0'"
+            )
+        return None
+
+    def _wanted(self, request: pb.OpenSessionRequest) -> bool:
+        return self.settings.enabled and request.world_size > 1 and bool(request.worker) and not request.aggregate_off
+
+    async def joined(self, session: Session, request: pb.OpenSessionRequest, parts: list[str]) -> None:
+        """Aggregate the new live `session` (run path `parts`, its worker last) when it asks for it."""
+        if not self._wanted(request):
+            return
+        run = "/".join(parts[:-1])
+        aggregator = self._runs.get(run)
+        if aggregator is None:
+            aggregator = self._runs[run] = RunAggregator(
+                run, self._registry, self.settings, self._limits, self._ownership
+            )
+            aggregator.starting = asyncio.ensure_future(aggregator.start(self._stopping.get(run)))
+        aggregator.sessions += 1
+        self._members[session.session_id] = aggregator
+        assert aggregator.starting is not None
+        if await asyncio.shield(aggregator.starting) and session.ending is None:
+            aggregator.table.joined(session.worker, request.world_size)
+            session.tap = functools.partial(aggregator.take, session.worker, TagFilter(request.aggregate_tags))
+
+    async def left(self, session: Session, others: Sequence[Session]) -> list[ClosedFile]:
+        """`session` ended; `others` are the live sessions. The run's last one stops its aggregator: its pending
+        steps are finalised and written, and the closed files of its aggregate runs returned for their records."""
+        aggregator = self._members.pop(session.session_id, None)
+        if aggregator is None:
+            return []
+        session.tap = None
+        if not any(self._members.get(s.session_id) is aggregator and s.worker == session.worker for s in others):
+            aggregator.departed(session.worker)
+        aggregator.sessions -= 1
+        if aggregator.sessions > 0:
+            return []
+        run = aggregator.run
+        if self._runs.get(run) is aggregator:
+            del self._runs[run]
+        stopping = self._stopping[run] = asyncio.ensure_future(aggregator.stop())
+        try:
+            return await asyncio.shield(stopping)
+        finally:
+            if self._stopping.get(run) is stopping:
+                del self._stopping[run]
+
+    def lag(self, session: Session) -> int | None:
+        """How many steps the session's worker is behind its run's furthest worker; None when not aggregated."""
+        aggregator = self._members.get(session.session_id)
+        if aggregator is None or not aggregator.live:
+            return None
+        return aggregator.table.lag().get(session.worker, 0)
