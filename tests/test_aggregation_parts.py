@@ -56,11 +56,22 @@ def test_a_straggler_is_not_waited_for_beyond_the_timeout() -> None:
 
 
 def test_pending_steps_are_bounded_oldest_first() -> None:
-    table = StepTable(2, max_pending=3)
+    table = StepTable(3, max_pending=3)
     for step in range(5):
         table.add("a", "loss", step, 1.0, 1.0, now=float(step))
+        table.add("b", "loss", step, 1.0, 1.0, now=float(step))
     assert [r.step for r in table.complete()] == [0, 1]
     assert len(table) == 3
+
+
+def test_a_tag_only_one_worker_logs_is_not_reduced() -> None:
+    """Frameworks log from rank 0 only: its steps are finalised without a reduction (no aggregate runs appear)."""
+    table = StepTable(2, max_pending=100)
+    table.add("a", "loss", 0, 1.0, 1.0, now=0.0)
+    assert table.overdue(now=100.0, straggler_secs=1.0) == []
+    assert (len(table), table.last_final()) == (0, {"loss": 0})
+    table.add("b", "loss", 1, 1.0, 3.0, now=100.0)  # a second worker: from now on the tag is reduced
+    assert [(r.step, r.count) for r in table.overdue(now=200.0, straggler_secs=1.0)] == [(1, 1)]
 
 
 def test_a_departed_worker_is_not_waited_for_and_a_restarted_one_is_again() -> None:
@@ -79,9 +90,11 @@ def test_a_departed_worker_is_not_waited_for_and_a_restarted_one_is_again() -> N
 
 
 def test_steps_already_written_are_never_taken_again() -> None:
-    table = StepTable(1, max_pending=100, last_final={"loss": 10})
-    table.add("a", "loss", 10, 1.0, 1.0, now=0.0)
-    table.add("a", "loss", 11, 1.0, 1.0, now=0.0)
+    table = StepTable(2, max_pending=100, last_final={"loss": 10})
+    for worker in ("a", "b"):
+        table.add(worker, "loss", 10, 1.0, 1.0, now=0.0)
+        table.add(worker, "loss", 11, 1.0, 1.0, now=0.0)
+    assert table.late_points == 2
     assert [r.step for r in table.complete()] == [11]
     assert table.last_final() == {"loss": 11}
 

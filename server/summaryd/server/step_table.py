@@ -1,6 +1,6 @@
 """Pending steps of one aggregated run: each scalar tag's points by step, with one value per worker.
 
-A step of a tag is finalised (turned into a `Reduction`) once every worker of the world is past it or at it,
+A step of a tag is finalised (turned into a `Reduction`, once two workers ever reported the tag) once every worker of the world is past it or at it,
 after the straggler timeout with the workers that reported it, when the pending bound is reached (the oldest
 first), or when the run's last session leaves. A tag's steps are finalised in ascending order, and a point at or
 below a tag's last finalised step is not taken: an aggregate once written is never written again.
@@ -54,6 +54,9 @@ class _Tag:
     # Each worker's latest step of this tag (the step of its last point, not the largest: a restart lowers it).
     latest: dict[str, int] = field(default_factory=dict)
     last_final: int | None = None
+    # Whether two workers ever reported the tag: a tag only one worker logs (frameworks log from rank 0 only)
+    # has nothing to reduce, and its steps are finalised without a reduction.
+    shared: bool = False
 
 
 class StepTable:
@@ -178,7 +181,9 @@ class StepTable:
         done = []
         for step in steps:
             pending = state.pending.pop(step)
-            done.append(reduce(tag, step, pending.wall_time, pending.values.values()))
+            state.shared = state.shared or len(state.latest) > 1 or len(pending.values) > 1
+            if state.shared:
+                done.append(reduce(tag, step, pending.wall_time, pending.values.values()))
         self._pending -= len(steps)
         if steps:
             state.last_final = steps[-1]
