@@ -14,9 +14,9 @@ from pathlib import Path
 import grpc
 import numpy as np
 import pytest
+from _aggregate_worker import value
 from tensorboard.backend.event_processing import event_accumulator
 
-from _aggregate_worker import value
 from _support import Daemon, event_files, read_events, start_daemon, wait_for
 from summaryd.client import SummaryWriter
 from summaryd.server.cli import main
@@ -28,7 +28,9 @@ REDUCTIONS = ("mean", "min", "max", "std")
 WORKERS_TIMEOUT = 90.0
 
 
-def start_workers(daemon: Daemon, tmp_path: Path, world: int, **spec: object) -> tuple[list[subprocess.Popen[bytes]], Path]:
+def start_workers(
+    daemon: Daemon, tmp_path: Path, world: int, **spec: object
+) -> tuple[list[subprocess.Popen[bytes]], Path]:
     """`world` worker processes of the run `job` logging `spec["steps"]`; `spec` per rank as `{rank: {...}}`
     under "ranks". Returns them and their barrier directory."""
     barrier = tmp_path / f"barrier-{uuid.uuid4().hex[:8]}"
@@ -128,7 +130,9 @@ def test_a_straggler_is_not_waited_for(tmp_path: Path) -> None:
         procs, _ = start_workers(daemon, tmp_path, 8, steps=[0, 1000], ranks=stall)
         job = daemon.logdir / "job"
         # Written while the straggler still waits: without it.
-        wait_for(lambda: (999, 7.0) in scalars(job / "summaryd", "count/loss"), WORKERS_TIMEOUT, "step 999 without rank-7")
+        wait_for(
+            lambda: (999, 7.0) in scalars(job / "summaryd", "count/loss"), WORKERS_TIMEOUT, "step 999 without rank-7"
+        )
         go.touch()
         finish(procs)
         counts = scalars(job / "summaryd", "count/loss")
@@ -190,9 +194,7 @@ def test_a_daemon_restart_writes_no_aggregate_step_twice(tmp_path: Path, stop: s
         else:
             daemons[0].proc.kill()
             daemons[0].proc.wait(30)
-        daemons.append(
-            start_daemon(tmp_path, "--listen", f"127.0.0.1:{daemons[0].port}", logdir=daemons[0].logdir)
-        )
+        daemons.append(start_daemon(tmp_path, "--listen", f"127.0.0.1:{daemons[0].port}", logdir=daemons[0].logdir))
         go.touch()
         finish(procs)
         for name in REDUCTIONS:

@@ -1,9 +1,10 @@
 """Pending steps of one aggregated run: each scalar tag's points by step, with one value per worker.
 
-A step of a tag is finalised (turned into a `Reduction`, once two workers ever reported the tag) once every worker of the world is past it or at it,
-after the straggler timeout with the workers that reported it, when the pending bound is reached (the oldest
-first), or when the run's last session leaves. A tag's steps are finalised in ascending order, and a point at or
-below a tag's last finalised step is not taken: an aggregate once written is never written again.
+A step of a tag is finalised once every worker of the world is past it or at it, after the straggler timeout
+with the workers that reported it, when the pending bound is reached (the oldest first), or when the run's last
+session leaves; it becomes a `Reduction` once two workers have ever reported the tag. A tag's steps are
+finalised in ascending order, and a point at or below a tag's last finalised step is not taken: an aggregate
+once written is never written again.
 
 Nothing here does I/O or keeps time itself; the caller passes the clock. Per point the work is a few dict
 operations; completion is checked once per batch for each tag the batch touched.
