@@ -13,7 +13,17 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from benchmarks import caller_cost, ceiling, close_latency, cpu_cost, memory, payloads, throughput, visibility
+from benchmarks import (
+    aggregation,
+    caller_cost,
+    ceiling,
+    close_latency,
+    cpu_cost,
+    memory,
+    payloads,
+    throughput,
+    visibility,
+)
 
 Prepare = Callable[[Mapping[str, Any]], Callable[[], dict[str, Any]]]
 
@@ -28,6 +38,7 @@ TRIALS: dict[str, Prepare] = {
     "daemon_memory": memory.prepare_daemon,
     "client_memory": memory.prepare_client,
     "cpu_cost": cpu_cost.prepare,
+    "aggregation_feed": aggregation.prepare,
 }
 
 

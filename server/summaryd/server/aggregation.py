@@ -146,12 +146,8 @@ class RunAggregator:
         """Take the scalar points of a batch `worker` wrote (its session's tap, on the event loop)."""
         if not self._writers:
             return
-        now = time.monotonic()
-        add = self.table.add
         try:
-            for tag, step, wall_time, value in points(events):
-                if wanted(tag):
-                    add(worker, tag, step, wall_time, value, now)
+            self.table.add_all(worker, points(events), wanted, time.monotonic())
             self._finish(self.table.complete())
         except Exception:  # aggregation never fails the worker's batch
             log.exception("run %s: a batch of worker %s was not aggregated", self.run, worker)

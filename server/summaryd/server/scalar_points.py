@@ -35,8 +35,11 @@ _SCALARS_PLUGIN = "scalars"
 def points(events: Sequence[bytes]) -> Iterator[Point]:
     """The scalar points of a batch's events, in order."""
     if isinstance(events, ScalarRecords):
-        yield from _column_points(events)
-        return
+        return _column_points(events)
+    return _event_points(events)
+
+
+def _event_points(events: Sequence[bytes]) -> Iterator[Point]:
     event = Event()
     for data in events:
         try:
@@ -55,12 +58,12 @@ def points(events: Sequence[bytes]) -> Iterator[Point]:
 def _column_points(records: ScalarRecords) -> Iterator[Point]:
     columns, start = records.columns
     tags = list(columns.tags)
-    # The value column holds float32s already: `tolist` gives exactly the value written.
-    yield from zip(
-        [tags[i] for i in columns.tag_index[start:]],
+    # Slices of the packed fields are plain lists; the value column reads back exactly the float32 written.
+    return zip(
+        map(tags.__getitem__, columns.tag_index[start:]),
         columns.step[start:],
         columns.wall_time[start:],
-        np.asarray(columns.value[start:], dtype=np.float32).tolist(),
+        columns.value[start:],
         strict=True,
     )
 

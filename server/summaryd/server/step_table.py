@@ -14,8 +14,12 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
+
+
+def _every_tag(_: str) -> bool:
+    return True
 
 
 @dataclass(frozen=True)
@@ -106,23 +110,41 @@ class StepTable:
     # ---- points ----------------------------------------------------------------------------------------
 
     def add(self, worker: str, tag: str, step: int, wall_time: float, value: float, now: float) -> None:
-        """Take one point of `worker` (a later value of the same worker and step replaces the earlier one)."""
-        state = self._tags.get(tag)
-        if state is None:
-            state = self._tags[tag] = _Tag()
-        state.latest[worker] = step
-        self.progress[worker] = step
-        self._touched.add(tag)
-        if state.last_final is not None and step <= state.last_final:
-            self.late_points += 1
-            return
-        pending = state.pending.get(step)
-        if pending is None:
-            pending = state.pending[step] = _Step(now)
-            self._arrivals.append((now, tag, step))
-            self._pending += 1
-        pending.values[worker] = value
-        pending.wall_time = max(pending.wall_time, wall_time)
+        """Take one point of `worker` (see `add_all`)."""
+        self.add_all(worker, [(tag, step, wall_time, value)], _every_tag, now)
+
+    def add_all(
+        self, worker: str, points: Iterable[tuple[str, int, float, float]], wanted: Callable[[str], bool], now: float
+    ) -> None:
+        """Take the points (tag, step, wall time, value) of one batch of `worker` whose tag is `wanted`. A later
+        value of the same worker and step replaces the earlier one. The hot loop of aggregation: a batch's
+        points come in runs of one tag, so the tag's state is looked up once per run."""
+        tags, arrivals = self._tags, self._arrivals
+        state, current, skip, last = _Tag(), None, False, None
+        for tag, step, wall_time, value in points:
+            if tag != current:
+                current, skip = tag, not wanted(tag)
+                if skip:
+                    continue
+                found = tags.get(tag)
+                state = tags[tag] = found if found is not None else _Tag()
+                self._touched.add(tag)
+            elif skip:
+                continue
+            state.latest[worker] = last = step
+            if state.last_final is not None and step <= state.last_final:
+                self.late_points += 1
+                continue
+            pending = state.pending.get(step)
+            if pending is None:
+                pending = state.pending[step] = _Step(now, wall_time)
+                arrivals.append((now, tag, step))
+                self._pending += 1
+            elif wall_time > pending.wall_time:  # a call to max costs more on this path
+                pending.wall_time = wall_time
+            pending.values[worker] = value
+        if last is not None:
+            self.progress[worker] = last
 
     # ---- finalising ------------------------------------------------------------------------------------
 
