@@ -1,4 +1,4 @@
-"""Benchmark 9, what cross-worker aggregation costs the daemon: its CPU per event with aggregation on and off.
+"""Benchmark 10, what cross-worker aggregation costs the daemon: its CPU per event with aggregation on and off.
 
 The feeder plays `workers` workers of one job (sessions `rank-0` .. `rank-N-1` of one run, `world_size` N) over
 the raw gRPC stream: round after round, each worker sends its next `batch_steps` steps of one scalar tag as
@@ -95,7 +95,7 @@ def prepare(raw: Mapping[str, Any]) -> Callable[[], dict[str, Any]]:
 
 
 def aggregation(run: Run) -> str:
-    """Section 9: the daemon's CPU per event fed by 8 and 64 workers, aggregation on and off."""
+    """Section 10: the daemon's CPU per event fed by 8 and 64 workers, aggregation on and off."""
     plan = run.plan
     rows = []
     results: dict[str, dict[str, list[dict[str, Any]]]] = {}
@@ -126,4 +126,4 @@ def aggregation(run: Run) -> str:
         "daemon's CPU (all threads) from the first batch until every session was closed, per scalar fed."
     )
     headers = ["workers", "daemon CPU µs/event, on", "off", "on - off µs"]
-    return "\n".join(["### 9. Daemon CPU of cross-worker aggregation", "", about, "", table(headers, rows)])
+    return "\n".join(["### 10. Daemon CPU of cross-worker aggregation", "", about, "", table(headers, rows)])
