@@ -227,6 +227,16 @@ def test_the_aggregate_runs_labels_are_reserved(stub: pb_grpc.SummariesStub, lab
     )
 
 
+def test_too_many_tag_patterns_are_refused(stub: pb_grpc.SummariesStub) -> None:
+    request = pb.OpenSessionRequest(
+        session_id=str(uuid.uuid4()), run="job", worker="rank-0", world_size=8, aggregate_tags=["t*"] * 65
+    )
+    with pytest.raises(grpc.RpcError) as refused:
+        stub.OpenSession(request, timeout=10)
+    assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert refused.value.details() == "aggregate_tags has 65 patterns, over the limit of 64; merge them"
+
+
 def log_two_workers(daemon: Daemon, **options: object) -> None:
     writers = [
         SummaryWriter("job", address=daemon.address, worker=f"rank-{r}", world_size=2, **options) for r in range(2)

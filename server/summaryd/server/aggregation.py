@@ -50,6 +50,7 @@ STATS_RUN = "summaryd"
 RESERVED_WORKERS = frozenset((*REDUCTIONS, STATS_RUN))
 COUNT_PREFIX = "count/"
 LAG_PREFIX = "lag_steps/"
+MAX_TAG_PATTERNS = 64
 _HEADER = struct.Struct("<QI")
 
 
@@ -296,12 +297,22 @@ class Aggregation:
         self._members: dict[str, RunAggregator] = {}  # by session id
         self._stopping: dict[str, asyncio.Future[list[ClosedFile]]] = {}
 
-    def label_problem(self, request: pb.OpenSessionRequest) -> str | None:
-        """Why the session's worker label is refused (it names an aggregate run), or None."""
+    def open_problem(self, request: pb.OpenSessionRequest) -> str | None:
+        """Why an `OpenSession` is refused for aggregation's sake (a worker label that names an aggregate run,
+        too many or too long tag patterns), or None."""
         if self.settings.enabled and request.worker in RESERVED_WORKERS:
             return (
                 f"worker label {request.worker!r} is reserved for the daemon's aggregates of the run "
                 f"({', '.join(sorted(RESERVED_WORKERS))}); label the worker otherwise, e.g. 'rank-0'"
+            )
+        patterns = request.aggregate_tags
+        if len(patterns) > MAX_TAG_PATTERNS:
+            return f"aggregate_tags has {len(patterns)} patterns, over the limit of {MAX_TAG_PATTERNS}; merge them"
+        longest = max((len(p.encode()) for p in patterns), default=0)
+        if longest > self._limits.max_tag_bytes:
+            return (
+                f"aggregate_tags has a pattern of {longest} bytes, over the limit of {self._limits.max_tag_bytes} "
+                "bytes (--max-tag-bytes)"
             )
         return None
 

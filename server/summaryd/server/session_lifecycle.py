@@ -217,9 +217,9 @@ class SessionLifecycle:
         """
         session_id, run_dir = request.session_id, "/".join(parts)
         session = self.sessions.get(session_id)
-        reserved = self.aggregation.label_problem(request)
-        if reserved is not None:
-            raise RunPathError(reserved)
+        refused = self.aggregation.open_problem(request)
+        if refused is not None:
+            raise RunPathError(refused)
         if session is None:
             # A bucket logdir: the bucket's state says what is uploaded, also of a session the local store knows.
             from_bucket = await self._bucket_record(session_id)
