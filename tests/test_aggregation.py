@@ -19,7 +19,8 @@ from tensorboard.backend.event_processing import event_accumulator
 
 from _support import Daemon, event_files, read_events, start_daemon, wait_for
 from summaryd.client import SummaryWriter
-from summaryd.server.cli import main
+from summaryd.server.aggregation import AggregationSettings
+from summaryd.server.cli import _build_parser, config_from, main
 from summaryd.v1 import summaryd_pb2 as pb
 from summaryd.v1 import summaryd_pb2_grpc as pb_grpc
 
@@ -293,3 +294,15 @@ def test_status_shows_each_aggregated_workers_lag(
     finally:
         for writer in [*writers, single]:
             writer.close()
+
+
+def test_the_flags_and_their_variables() -> None:
+    parser, _ = _build_parser()
+    default = parser.parse_args(["serve"])
+    assert config_from(default, {}).aggregation == AggregationSettings(enabled=True, straggler_secs=30.0)
+    assert config_from(default, {"SUMMARYD_AGGREGATE": "0"}).aggregate is False
+    assert config_from(default, {"SUMMARYD_STRAGGLER_SECS": "2.5"}).straggler_secs == 2.5
+    off = parser.parse_args(["serve", "--no-aggregate", "--straggler-secs", "5"])
+    assert config_from(off, {"SUMMARYD_AGGREGATE": "1"}).aggregation == AggregationSettings(False, 5.0)
+    with pytest.raises(ValueError, match="--straggler-secs must be positive"):
+        config_from(parser.parse_args(["serve", "--straggler-secs", "0"]), {})
