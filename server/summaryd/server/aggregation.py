@@ -22,9 +22,8 @@ import fnmatch
 import functools
 import logging
 import os
-import struct
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
 from google.protobuf.message import DecodeError
@@ -41,6 +40,7 @@ from summaryd.server.scalar_records import ScalarRecords
 from summaryd.server.sessions import Session
 from summaryd.server.step_table import Reduction, StepTable
 from summaryd.v1 import summaryd_pb2 as pb
+from summaryd.v1.wire import whole_records
 
 log = logging.getLogger(__name__)
 _failures = Throttle(log)
@@ -51,7 +51,6 @@ RESERVED_WORKERS = frozenset((*REDUCTIONS, STATS_RUN))
 COUNT_PREFIX = "count/"
 LAG_PREFIX = "lag_steps/"
 MAX_TAG_PATTERNS = 64
-_HEADER = struct.Struct("<QI")
 
 
 @dataclass(frozen=True)
@@ -262,21 +261,13 @@ def _written_through(run_path: str) -> tuple[dict[str, int], int]:
     return last, lag_step
 
 
-def _events(path: str) -> list[Event]:
-    """The whole records of an event file (a torn tail is left out)."""
+def _events(path: str) -> Iterator[Event]:
+    """The events of an event file up to its first torn or corrupt record (CRC-checked, as TensorBoard reads)."""
     with open(path, "rb") as f:
         data = f.read()
-    events, offset = [], 0
-    while offset + _HEADER.size <= len(data):
-        (length,) = struct.unpack_from("<Q", data, offset)
-        start = offset + _HEADER.size
-        end = start + length + 4
-        if end > len(data):
-            break
+    for record in whole_records(data):
         with contextlib.suppress(DecodeError):
-            events.append(Event.FromString(data[start : start + length]))
-        offset = end
-    return events
+            yield Event.FromString(record)
 
 
 class Aggregation:
