@@ -59,6 +59,8 @@ def finish(procs: list[subprocess.Popen[bytes]]) -> None:
 
 def scalars(run_dir: Path, tag: str) -> list[tuple[int, float]]:
     """A run's points of `tag`, as TensorBoard's loader reads them (every file of the run, in name order)."""
+    if not event_files(run_dir):  # not written yet
+        return []
     accumulator = event_accumulator.EventAccumulator(str(run_dir), size_guidance={event_accumulator.SCALARS: 0})
     accumulator.Reload()
     if tag not in accumulator.Tags()["scalars"]:
