@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import signal
 import subprocess
 import sys
 import uuid
@@ -177,6 +179,33 @@ def test_a_restarted_worker_writes_no_aggregate_step_twice(tmp_path: Path) -> No
         assert sorted(counts) == list(range(1000)) and set(counts.values()) <= {1.0, 2.0, 3.0, 4.0}
         assert len(event_files(job / "rank-3")) == 2
         assert assert_steps_never_go_back(job / "rank-3")["loss"] == [*range(600), *range(300, 1000)]
+    finally:
+        daemon.stop()
+
+
+def test_a_worker_whose_lease_runs_out_leaves_the_world(tmp_path: Path) -> None:
+    """A worker that goes silent (its process stopped by SIGSTOP) is released when its lease runs out: the world
+    shrinks and the steps no longer wait for it (the straggler timeout is far away). Back, it joins again."""
+    daemon = start_daemon(tmp_path, "--session-lease", "2", "--straggler-secs", "600")
+    try:
+        go = [tmp_path / "go-0", tmp_path / "go-1"]
+        stalls = {0: {"stall": {"at": 20, "go": str(go[0])}}, 1: {"stall": {"at": 10, "go": str(go[1])}}}
+        procs, barrier = start_workers(daemon, tmp_path, 2, steps=[0, 21], ranks=stalls)
+        wait_for(lambda: len(list(barrier.glob("stalled-*"))) == 2, WORKERS_TIMEOUT, "both workers to stall")
+        os.kill(procs[1].pid, signal.SIGSTOP)  # no heartbeats: its session is released after the lease
+        try:
+            job = daemon.logdir / "job"
+            wait_for(lambda: (19, 1.0) in scalars(job / "summaryd", "count/loss"), 60, "steps without rank-1")
+        finally:
+            os.kill(procs[1].pid, signal.SIGCONT)
+        assert "released after" in daemon.log()
+        go[1].touch()  # rank-1 resumes its session (back in the world), logs 10..20 (10..19 late) and closes
+        finish(procs[1:])
+        go[0].touch()
+        finish(procs[:1])
+        counts = scalars(job / "summaryd", "count/loss")
+        assert counts == [(step, 1.0 if 10 <= step < 20 else 2.0) for step in range(21)]
+        assert [s for s, _ in scalars(job / "rank-1", "loss")] == list(range(21))
     finally:
         daemon.stop()
 
