@@ -23,12 +23,15 @@ import functools
 import logging
 import os
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections import OrderedDict
+from collections.abc import Callable, Sequence
+from concurrent.futures import Executor
 from dataclasses import dataclass
 
 from google.protobuf.message import DecodeError
 from tensorboard.compat.proto.event_pb2 import Event
 
+from summaryd.server.bucket import Bucket
 from summaryd.server.errors import EventError
 from summaryd.server.io_threads import run_to_completion
 from summaryd.server.limits import DEFAULT, Limits
@@ -37,6 +40,7 @@ from summaryd.server.run_ownership import RunOwnership
 from summaryd.server.runs import ClosedFile, RunRegistry, RunWriter
 from summaryd.server.scalar_points import points
 from summaryd.server.scalar_records import ScalarRecords
+from summaryd.server.segments import parse_segment
 from summaryd.server.sessions import Session
 from summaryd.server.step_table import Reduction, StepTable
 from summaryd.v1 import summaryd_pb2 as pb
@@ -51,6 +55,7 @@ RESERVED_WORKERS = frozenset((*REDUCTIONS, STATS_RUN))
 COUNT_PREFIX = "count/"
 LAG_PREFIX = "lag_steps/"
 MAX_TAG_PATTERNS = 64
+REMEMBERED_RUNS = 1024  # runs whose last aggregated steps the daemon keeps after their aggregator stopped
 
 
 @dataclass(frozen=True)
@@ -113,9 +118,12 @@ class RunAggregator:
     def _run_dir(self, name: str) -> str:
         return f"{self.run}/{name}"
 
-    async def start(self, previous: asyncio.Future[list[ClosedFile]] | None) -> bool:
+    async def start(
+        self, previous: asyncio.Future[list[ClosedFile]] | None, remembered: Callable[[], WrittenThrough | None]
+    ) -> bool:
         """Take the aggregate runs (after a previous aggregator of the run finished writing them) and read back
-        each tag's last written step; False when this daemon cannot write them (logged)."""
+        each tag's last written step, from their files and from what this daemon `remembered` of an earlier
+        aggregator of the run; False when this daemon cannot write them (logged)."""
         if previous is not None:
             with contextlib.suppress(Exception):
                 await asyncio.shield(previous)
@@ -127,19 +135,21 @@ class RunAggregator:
                     self._owned.append(self._run_dir(name))
             for name in names:
                 self._writers[name] = await self._registry.acquire([*self.run.split("/"), name], self._limits)
-            logdir = self._registry.logdir
-            last, lag_step = await run_to_completion(
-                self._registry.executor, lambda: _written_through(os.path.join(logdir, self.run))
-            )
+            written = WrittenThrough()
+            written.merge(remembered())
+            run_path = os.path.join(self._registry.logdir, self.run)
+            await run_to_completion(self._registry.executor, lambda: written.read_local(run_path))
+            if self._ownership is not None:
+                await written.read_bucket(self._ownership.leases.bucket, self.run, self._registry.executor)
         except Exception as exc:
             log.warning("run %s: not aggregated: its aggregate runs could not be opened: %s", self.run, exc)
             await self._let_go()
             return False
-        self.table = StepTable(0, self._settings.max_pending_steps, last)
-        self._lag_step = lag_step
+        self.table = StepTable(0, self._settings.max_pending_steps, written.last)
+        self._lag_step = written.lag_step
         interval = min(max(self._settings.straggler_secs / 4, 0.05), 1.0)
         self._ticker = asyncio.create_task(self._tick(interval))
-        log.info("run %s: aggregating its workers' scalars (%d tags written before)", self.run, len(last))
+        log.info("run %s: aggregating its workers' scalars (%d tags written before)", self.run, len(written.last))
         return True
 
     def take(self, worker: str, wanted: Callable[[str], bool], events: Sequence[bytes]) -> None:
@@ -194,6 +204,12 @@ class RunAggregator:
             except (OSError, EventError) as exc:
                 _failures.warning(name, "run %s: aggregates not written: %s", writer.run_dir, exc)
 
+    def written(self) -> WrittenThrough:
+        """Each tag's last finalised step, and the last step of the lag scalars."""
+        written = WrittenThrough()
+        written.last, written.lag_step = self.table.last_final(), self._lag_step
+        return written
+
     async def stop(self) -> list[ClosedFile]:
         """Finalise what is pending, write it, and let go of the aggregate runs; their closed files returned."""
         if self._ticker is not None:
@@ -237,37 +253,61 @@ class _Columns:
         return self.columns
 
 
-def _written_through(run_path: str) -> tuple[dict[str, int], int]:
-    """Each tag's last step in the aggregate runs below `run_path`, and the last step of the lag scalars
-    (blocking: reads the event files)."""
-    last: dict[str, int] = {}
-    lag_step = -1
-    for name in (*REDUCTIONS, STATS_RUN):
-        directory = os.path.join(run_path, name)
-        try:
-            files = sorted(n for n in os.listdir(directory) if "tfevents" in n)
-        except FileNotFoundError:
-            continue
-        for file in files:
-            for event in _events(os.path.join(directory, file)):
-                for value in event.summary.value:
-                    tag = value.tag
-                    if name == STATS_RUN and tag.startswith(LAG_PREFIX):
-                        lag_step = max(lag_step, event.step)
+class WrittenThrough:
+    """Each tag's last step found in the aggregate runs' records, and the last step of the lag scalars."""
+
+    def __init__(self) -> None:
+        self.last: dict[str, int] = {}
+        self.lag_step = -1
+
+    def merge(self, other: WrittenThrough | None) -> None:
+        """Take the later of each tag's step here and in `other`."""
+        if other is not None:
+            for tag, step in other.last.items():
+                self.last[tag] = max(self.last.get(tag, step), step)
+            self.lag_step = max(self.lag_step, other.lag_step)
+
+    def read(self, name: str, data: bytes) -> None:
+        """Take the whole records of `data` (an event file, or a segment of one) of the aggregate run `name`
+        (blocking: parses them)."""
+        last = self.last
+        for record in whole_records(data):
+            try:
+                event = Event.FromString(record)
+            except DecodeError:
+                continue
+            step = event.step
+            for value in event.summary.value:
+                tag = value.tag
+                if name == STATS_RUN:
+                    if tag.startswith(LAG_PREFIX):
+                        self.lag_step = max(self.lag_step, step)
                         continue
-                    if name == STATS_RUN:
-                        tag = tag.removeprefix(COUNT_PREFIX)
-                    last[tag] = max(last.get(tag, event.step), event.step)
-    return last, lag_step
+                    tag = tag.removeprefix(COUNT_PREFIX)
+                last[tag] = max(last.get(tag, step), step)
 
+    def read_local(self, run_path: str) -> None:
+        """Read the event files of the aggregate runs below `run_path` (blocking)."""
+        for name in (*REDUCTIONS, STATS_RUN):
+            directory = os.path.join(run_path, name)
+            try:
+                files = sorted(n for n in os.listdir(directory) if "tfevents" in n)
+            except FileNotFoundError:
+                continue
+            for file in files:
+                with open(os.path.join(directory, file), "rb") as f:
+                    self.read(name, f.read())
 
-def _events(path: str) -> Iterator[Event]:
-    """The events of an event file up to its first torn or corrupt record (CRC-checked, as TensorBoard reads)."""
-    with open(path, "rb") as f:
-        data = f.read()
-    for record in whole_records(data):
-        with contextlib.suppress(DecodeError):
-            yield Event.FromString(record)
+    async def read_bucket(self, bucket: Bucket, run: str, executor: Executor) -> None:
+        """Read the segments of the aggregate runs of `run` in the bucket (a staged file is emptied once it is
+        uploaded, so the bucket holds what the staging directory no longer does)."""
+        for name in (*REDUCTIONS, STATS_RUN):
+            run_dir = f"{run}/{name}"
+            for info in await bucket.list(run_dir + "/"):
+                found = parse_segment(info.key)
+                got = await bucket.get(info.key) if found is not None and found[0] == run_dir else None
+                if got is not None:
+                    await run_to_completion(executor, functools.partial(self.read, name, got[0]))
 
 
 class Aggregation:
@@ -287,6 +327,7 @@ class Aggregation:
         self._runs: dict[str, RunAggregator] = {}
         self._members: dict[str, RunAggregator] = {}  # by session id
         self._stopping: dict[str, asyncio.Future[list[ClosedFile]]] = {}
+        self._remembered: OrderedDict[str, WrittenThrough] = OrderedDict()
 
     def open_problem(self, request: pb.OpenSessionRequest) -> str | None:
         """Why an `OpenSession` is refused for aggregation's sake (a worker label that names an aggregate run,
@@ -320,7 +361,9 @@ class Aggregation:
             aggregator = self._runs[run] = RunAggregator(
                 run, self._registry, self.settings, self._limits, self._ownership
             )
-            aggregator.starting = asyncio.ensure_future(aggregator.start(self._stopping.get(run)))
+            aggregator.starting = asyncio.ensure_future(
+                aggregator.start(self._stopping.get(run), functools.partial(self._remembered.get, run))
+            )
         aggregator.sessions += 1
         self._members[session.session_id] = aggregator
         assert aggregator.starting is not None
@@ -347,8 +390,18 @@ class Aggregation:
         try:
             return await asyncio.shield(stopping)
         finally:
+            if aggregator.table.last_final():
+                self._remember(run, aggregator.written())
             if self._stopping.get(run) is stopping:
                 del self._stopping[run]
+
+    def _remember(self, run: str, written: WrittenThrough) -> None:
+        """Keep what a stopped aggregator wrote through, for the run's next one (its files may not say all of it
+        yet: on a bucket logdir a closed file goes up in the background and its staged copy is emptied)."""
+        self._remembered[run] = written
+        self._remembered.move_to_end(run)
+        while len(self._remembered) > REMEMBERED_RUNS:
+            self._remembered.popitem(last=False)
 
     def lag(self, session: Session) -> int | None:
         """How many steps the session's worker is behind its run's furthest worker; None when not aggregated."""
