@@ -327,6 +327,33 @@ def test_status_shows_each_aggregated_workers_lag(
             writer.close()
 
 
+def test_a_world_that_never_fills_is_written_after_the_straggler_timeout(tmp_path: Path) -> None:
+    """Two workers of a declared world of three log and close: the run's aggregator waits for the third (a
+    restart may bring workers back) for `--straggler-secs`, then writes what is pending and closes its files."""
+    daemon = start_daemon(tmp_path, "--straggler-secs", "1")
+    try:
+        writers = [SummaryWriter("job", address=daemon.address, worker=f"rank-{r}", world_size=3) for r in range(2)]
+        for step in range(5):
+            for rank, writer in enumerate(writers):
+                writer.add_scalar("loss", float(rank), step)
+        for writer in writers:
+            assert writer.close().ok
+        job = daemon.logdir / "job"
+        with grpc.insecure_channel(daemon.address) as channel:
+            stub = pb_grpc.SummariesStub(channel)
+
+            def aggregates_closed() -> bool:
+                runs = stub.GetStatus(pb.GetStatusRequest(), timeout=10).runs
+                return not any(run.run_dir.startswith("job/") for run in runs)
+
+            wait_for(aggregates_closed, 60, "the aggregate runs to be closed")
+        assert scalars(job / "mean", "loss") == [(step, 0.5) for step in range(5)]
+        assert scalars(job / "summaryd", "count/loss") == [(step, 2.0) for step in range(5)]
+        assert os.listdir(daemon.logdir / ".summaryd" / "open") == []  # their journals are done with
+    finally:
+        daemon.stop()
+
+
 def test_the_flags_and_their_variables() -> None:
     parser, _ = _build_parser()
     default = parser.parse_args(["serve"])

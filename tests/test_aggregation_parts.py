@@ -81,6 +81,7 @@ def test_a_departed_worker_is_not_waited_for_and_a_restarted_one_is_again() -> N
     assert [r.step for r in table.complete()] == [3]
     table.departed("b")
     assert [r.step for r in table.complete()] == [5]
+    assert not table.world_left()
     table.joined("b", 2)  # a new session of b: steps wait for it again, from where it reports
     table.add("a", "loss", 6, 1.0, 1.0, now=0.0)
     assert table.complete() == []

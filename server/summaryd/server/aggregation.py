@@ -24,7 +24,7 @@ import logging
 import os
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from concurrent.futures import Executor
 from dataclasses import dataclass
 
@@ -68,6 +68,11 @@ class AggregationSettings:
     max_pending_steps: int = 20_000
 
 
+def _log_failure(task: asyncio.Future[None]) -> None:
+    if not task.cancelled() and task.exception() is not None:
+        log.error("stopping an idle aggregator failed: %r", task.exception())
+
+
 class TagFilter:
     """Which tags a session has aggregated: every tag, or those matching its shell-style patterns."""
 
@@ -109,6 +114,8 @@ class RunAggregator:
         self._ticker: asyncio.Task[None] | None = None
         self._lag_step = -1
         self.starting: asyncio.Future[bool] | None = None
+        # Since when the run has had no session (None while it has one).
+        self.idle_since: float | None = None
 
     @property
     def live(self) -> bool:
@@ -119,7 +126,10 @@ class RunAggregator:
         return f"{self.run}/{name}"
 
     async def start(
-        self, previous: asyncio.Future[list[ClosedFile]] | None, remembered: Callable[[], WrittenThrough | None]
+        self,
+        previous: asyncio.Future[list[ClosedFile]] | None,
+        remembered: Callable[[], WrittenThrough | None],
+        idle: Callable[[RunAggregator], None],
     ) -> bool:
         """Take the aggregate runs (after a previous aggregator of the run finished writing them) and read back
         each tag's last written step, from their files and from what this daemon `remembered` of an earlier
@@ -148,7 +158,7 @@ class RunAggregator:
         self.table = StepTable(0, self._settings.max_pending_steps, written.last)
         self._lag_step = written.lag_step
         interval = min(max(self._settings.straggler_secs / 4, 0.05), 1.0)
-        self._ticker = asyncio.create_task(self._tick(interval))
+        self._ticker = asyncio.create_task(self._tick(interval, idle))
         log.info("run %s: aggregating its workers' scalars (%d tags written before)", self.run, len(written.last))
         return True
 
@@ -167,11 +177,14 @@ class RunAggregator:
             self.table.departed(worker)
             self._finish(self.table.complete())
 
-    async def _tick(self, interval: float) -> None:
+    async def _tick(self, interval: float, idle: Callable[[RunAggregator], None]) -> None:
         straggler = self._settings.straggler_secs
         while True:
             await asyncio.sleep(interval)
-            self._finish(self.table.overdue(time.monotonic(), straggler))
+            now = time.monotonic()
+            self._finish(self.table.overdue(now, straggler))
+            if self.sessions == 0 and self.idle_since is not None and now - self.idle_since >= straggler:
+                idle(self)
 
     def _finish(self, done: list[Reduction]) -> None:
         if not done:
@@ -328,6 +341,8 @@ class Aggregation:
         self._members: dict[str, RunAggregator] = {}  # by session id
         self._stopping: dict[str, asyncio.Future[list[ClosedFile]]] = {}
         self._remembered: OrderedDict[str, WrittenThrough] = OrderedDict()
+        # Told of the closed files of an aggregator that stopped on its own (idle), for their records.
+        self.on_closed: Callable[[list[ClosedFile]], Awaitable[None]] | None = None
 
     def open_problem(self, request: pb.OpenSessionRequest) -> str | None:
         """Why an `OpenSession` is refused for aggregation's sake (a worker label that names an aggregate run,
@@ -362,18 +377,22 @@ class Aggregation:
                 run, self._registry, self.settings, self._limits, self._ownership
             )
             aggregator.starting = asyncio.ensure_future(
-                aggregator.start(self._stopping.get(run), functools.partial(self._remembered.get, run))
+                aggregator.start(self._stopping.get(run), functools.partial(self._remembered.get, run), self._idle)
             )
         aggregator.sessions += 1
+        aggregator.idle_since = None
         self._members[session.session_id] = aggregator
         assert aggregator.starting is not None
         if await asyncio.shield(aggregator.starting) and session.ending is None:
             aggregator.table.joined(session.worker, request.world_size)
             session.tap = functools.partial(aggregator.take, session.worker, TagFilter(request.aggregate_tags))
 
-    async def left(self, session: Session, others: Sequence[Session]) -> list[ClosedFile]:
-        """`session` ended; `others` are the live sessions. The run's last one stops its aggregator: its pending
-        steps are finalised and written, and the closed files of its aggregate runs returned for their records."""
+    async def left(self, session: Session, others: Sequence[Session], stopping: bool = False) -> list[ClosedFile]:
+        """`session` ended; `others` are the live sessions. When it was the run's last and the whole world has
+        left (every worker's last session closed or released), or the daemon is `stopping`, the run's aggregator
+        stops: its pending steps are finalised and written, and the closed files of its aggregate runs returned
+        for their records. Otherwise the aggregator waits for the other workers (which a daemon restart, or
+        their own, may bring back later) until `--straggler-secs` pass without a session."""
         aggregator = self._members.pop(session.session_id, None)
         if aggregator is None:
             return []
@@ -383,6 +402,30 @@ class Aggregation:
         aggregator.sessions -= 1
         if aggregator.sessions > 0:
             return []
+        if stopping or aggregator.table.world_left() or not aggregator.live:
+            return await self._stop(aggregator)
+        aggregator.idle_since = time.monotonic()
+        return []
+
+    async def close_all(self) -> list[ClosedFile]:
+        """Stop every aggregator (shutdown); the closed files of their aggregate runs returned."""
+        closed: list[ClosedFile] = []
+        for aggregator in list(self._runs.values()):
+            closed += await self._stop(aggregator)
+        return closed
+
+    def _idle(self, aggregator: RunAggregator) -> None:
+        """`aggregator` went without a session for `--straggler-secs`: stop it (its ticker tells)."""
+        if self._runs.get(aggregator.run) is aggregator and aggregator.sessions == 0:
+            task = asyncio.ensure_future(self._stop_idle(aggregator))
+            task.add_done_callback(_log_failure)
+
+    async def _stop_idle(self, aggregator: RunAggregator) -> None:
+        closed = await self._stop(aggregator)
+        if closed and self.on_closed is not None:
+            await self.on_closed(closed)
+
+    async def _stop(self, aggregator: RunAggregator) -> list[ClosedFile]:
         run = aggregator.run
         if self._runs.get(run) is aggregator:
             del self._runs[run]

@@ -81,6 +81,7 @@ class SessionLifecycle:
         self.registry = registry
         # Cross-worker aggregation of the sessions that ask for it (off unless given settings that enable it).
         self.aggregation = aggregation or Aggregation(registry, limits=limits, ownership=ownership)
+        self.aggregation.on_closed = self._record_closed
         self.store = store
         self.lease = lease
         self.limits = limits
@@ -457,6 +458,7 @@ class SessionLifecycle:
         self._stopping = True
         for session in self.sessions:
             await self._complete(self._release(session, None))
+        await self._record_closed(await self.aggregation.close_all())
         closed = await self.registry.close_all()
         if closed:
             await self._record([], closed, sync=True)
@@ -539,9 +541,7 @@ class SessionLifecycle:
             )
             self.sessions.remove(session, ending)
             await self._disown(session.run.run_dir, end)
-            aggregates = await self.aggregation.left(session, list(self.sessions))
-            if aggregates:
-                await self._record([], aggregates, sync=True)
+            await self._record_closed(await self.aggregation.left(session, list(self.sessions), self._stopping))
         return True
 
     async def _close_record(self, session_id: str) -> int:
@@ -567,6 +567,11 @@ class SessionLifecycle:
         return record.last
 
     # ---- the session store -----------------------------------------------------------------------------
+
+    async def _record_closed(self, closed: list[ClosedFile]) -> None:
+        """The records of files closed outside a session's end (the aggregate runs'), synced."""
+        if closed:
+            await self._record([], closed, sync=True)
 
     async def _record(self, records: list[SessionRecord], closed: list[ClosedFile], *, sync: bool) -> None:
         """Write `records` and the marks of `closed` files; a failure is logged (the journals stay)."""

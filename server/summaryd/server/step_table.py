@@ -100,6 +100,10 @@ class StepTable:
         self._departed.add(worker)
         self._touched.update(self._tags)
 
+    def world_left(self) -> bool:
+        """Whether every worker of the world has left (the job ended)."""
+        return len(self._departed) >= self.world_size
+
     def lag(self) -> dict[str, int]:
         """Per worker, how many steps it is behind the furthest one."""
         if not self.progress:
