@@ -40,7 +40,7 @@ from summaryd.server.run_ownership import RunOwnership
 from summaryd.server.runs import ClosedFile, RunRegistry, RunWriter
 from summaryd.server.scalar_points import points
 from summaryd.server.scalar_records import ScalarRecords
-from summaryd.server.segments import parse_segment
+from summaryd.server.segments import SegmentShipper, parse_segment
 from summaryd.server.sessions import Session
 from summaryd.server.step_table import Reduction, StepTable
 from summaryd.v1 import summaryd_pb2 as pb
@@ -223,8 +223,9 @@ class RunAggregator:
         written.last, written.lag_step = self.table.last_final(), self._lag_step
         return written
 
-    async def stop(self) -> list[ClosedFile]:
-        """Finalise what is pending, write it, and let go of the aggregate runs; their closed files returned."""
+    async def stop(self, shutdown: bool = False) -> list[ClosedFile]:
+        """Finalise what is pending, write it, and let go of the aggregate runs; their closed files returned.
+        At `shutdown` a bucket logdir's leases are kept: they are released after the last upload."""
         if self._ticker is not None:
             self._ticker.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -233,14 +234,23 @@ class RunAggregator:
             self._finish(self.table.drain())
         while self._writing is not None and not self._writing.done():
             await self._writing
-        return await self._let_go()
+        return await self._let_go(shutdown)
 
-    async def _let_go(self) -> list[ClosedFile]:
+    async def _let_go(self, shutdown: bool = False) -> list[ClosedFile]:
+        sink = self._registry.sink
+        ends = {w.run_dir: (w.run_dir, w.file.name, w.file.size) for w in self._writers.values() if w.file}
         closed = [await self._registry.release(writer) for writer in self._writers.values()]
         self._writers = {}
-        if self._ownership is not None:
+        if self._ownership is not None and not shutdown:
             for run_dir in self._owned:
-                await self._ownership.let_go(run_dir)
+                # A bucket logdir: the lease goes once the run's last staged bytes are uploaded (in the background).
+                end = ends.get(run_dir)
+                settled = (
+                    functools.partial(sink.upload_through, *end)
+                    if end is not None and isinstance(sink, SegmentShipper)
+                    else None
+                )
+                await self._ownership.let_go(run_dir, settled)
         self._owned = []
         return [file for file in closed if file is not None]
 
@@ -403,7 +413,7 @@ class Aggregation:
         if aggregator.sessions > 0:
             return []
         if stopping or aggregator.table.world_left() or not aggregator.live:
-            return await self._stop(aggregator)
+            return await self._stop(aggregator, stopping)
         aggregator.idle_since = time.monotonic()
         return []
 
@@ -411,7 +421,7 @@ class Aggregation:
         """Stop every aggregator (shutdown); the closed files of their aggregate runs returned."""
         closed: list[ClosedFile] = []
         for aggregator in list(self._runs.values()):
-            closed += await self._stop(aggregator)
+            closed += await self._stop(aggregator, shutdown=True)
         return closed
 
     def _idle(self, aggregator: RunAggregator) -> None:
@@ -425,11 +435,11 @@ class Aggregation:
         if closed and self.on_closed is not None:
             await self.on_closed(closed)
 
-    async def _stop(self, aggregator: RunAggregator) -> list[ClosedFile]:
+    async def _stop(self, aggregator: RunAggregator, shutdown: bool = False) -> list[ClosedFile]:
         run = aggregator.run
         if self._runs.get(run) is aggregator:
             del self._runs[run]
-        stopping = self._stopping[run] = asyncio.ensure_future(aggregator.stop())
+        stopping = self._stopping[run] = asyncio.ensure_future(aggregator.stop(shutdown))
         try:
             return await asyncio.shield(stopping)
         finally:
