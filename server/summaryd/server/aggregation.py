@@ -24,7 +24,7 @@ import logging
 import os
 import time
 from collections import OrderedDict
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from concurrent.futures import Executor
 from dataclasses import dataclass
 
@@ -89,41 +89,110 @@ class TagFilter:
         return wanted
 
 
-class RunAggregator:
-    """The aggregates of one run: its pending steps, its five aggregate runs' writers, and their writing."""
+class AggregateRuns:
+    """The five aggregate runs of one run: their writers (and, on a bucket logdir, their leases) and their
+    writing, as scalar columns through the daemon's run writers."""
 
-    def __init__(
-        self,
-        run: str,
-        registry: RunRegistry,
-        settings: AggregationSettings,
-        limits: Limits,
-        ownership: RunOwnership | None,
-    ) -> None:
+    def __init__(self, run: str, registry: RunRegistry, limits: Limits, ownership: RunOwnership | None) -> None:
         self.run = run
-        self.sessions = 0
-        self.table = StepTable(0, settings.max_pending_steps)
         self._registry = registry
-        self._settings = settings
         self._limits = limits
         self._ownership = ownership
         self._writers: dict[str, RunWriter] = {}
         self._owned: list[str] = []
+
+    @property
+    def open(self) -> bool:
+        return bool(self._writers)
+
+    async def take(self) -> None:
+        """Take the runs' leases (a bucket logdir) and writers.
+
+        Raises:
+            RunOwnedElsewhereError, OSError, LimitError: the daemon cannot write them (what it took is let go).
+        """
+        try:
+            for name in (*REDUCTIONS, STATS_RUN):
+                if self._ownership is not None:
+                    await self._ownership.take(f"{self.run}/{name}")
+                    self._owned.append(f"{self.run}/{name}")
+                self._writers[name] = await self._registry.acquire([*self.run.split("/"), name], self._limits)
+        except BaseException:
+            await self.let_go()
+            raise
+
+    async def written_through(self, remembered: WrittenThrough | None) -> WrittenThrough:
+        """Each tag's last step in the runs' files (and segments, on a bucket logdir), or `remembered`, the later."""
+        written = WrittenThrough()
+        written.merge(remembered)
+        run_path = os.path.join(self._registry.logdir, self.run)
+        await run_to_completion(self._registry.executor, lambda: written.read_local(run_path))
+        if self._ownership is not None:
+            await written.read_bucket(self._ownership.leases.bucket, self.run, self._registry.executor)
+        return written
+
+    async def write(self, done: list[Reduction], lag: Mapping[str, int] | None) -> None:
+        """Write the reductions of `done` and, when given, each worker's `lag` at the last step of `done`."""
+        columns = {name: _Columns() for name in self._writers}
+        for r in done:
+            columns["mean"].add(r.tag, r.step, r.wall_time, r.mean)
+            columns["min"].add(r.tag, r.step, r.wall_time, r.min)
+            columns["max"].add(r.tag, r.step, r.wall_time, r.max)
+            columns["std"].add(r.tag, r.step, r.wall_time, r.std)
+            columns[STATS_RUN].add(COUNT_PREFIX + r.tag, r.step, r.wall_time, r.count)
+        if lag is not None:
+            last = done[-1]
+            for worker, behind in sorted(lag.items()):
+                columns[STATS_RUN].add(LAG_PREFIX + worker, last.step, last.wall_time, behind)
+        for name, writer in self._writers.items():
+            try:
+                await writer.write("", 0, ScalarRecords(columns[name].columns))
+            except (OSError, EventError) as exc:
+                _failures.warning(name, "run %s: aggregates not written: %s", writer.run_dir, exc)
+
+    async def let_go(self, shutdown: bool = False) -> list[ClosedFile]:
+        """Let go of the writers (their closed files returned) and leases; at `shutdown` a bucket logdir's leases
+        are kept: they are released after the last upload."""
+        sink = self._registry.sink
+        ends = {w.run_dir: (w.run_dir, w.file.name, w.file.size) for w in self._writers.values() if w.file}
+        closed = [await self._registry.release(writer) for writer in self._writers.values()]
+        self._writers = {}
+        if self._ownership is not None and not shutdown:
+            for run_dir in self._owned:
+                # A bucket logdir: the lease goes once the run's last staged bytes are uploaded (in the background).
+                end = ends.get(run_dir)
+                settled = (
+                    functools.partial(sink.upload_through, *end)
+                    if end is not None and isinstance(sink, SegmentShipper)
+                    else None
+                )
+                await self._ownership.let_go(run_dir, settled)
+        self._owned = []
+        return [file for file in closed if file is not None]
+
+
+class RunAggregator:
+    """The aggregation of one run: its pending steps, fed by its sessions' taps, finalised as they complete or
+    on its timer, and written to its aggregate runs by a task of their own."""
+
+    def __init__(self, runs: AggregateRuns, settings: AggregationSettings) -> None:
+        self.run = runs.run
+        self.sessions = 0
+        self.table = StepTable(0, settings.max_pending_steps)
+        self.starting: asyncio.Future[bool] | None = None
+        # Since when the run has had no session (None while it has one).
+        self.idle_since: float | None = None
+        self._runs = runs
+        self._settings = settings
         self._ready: list[Reduction] = []
         self._writing: asyncio.Task[None] | None = None
         self._ticker: asyncio.Task[None] | None = None
         self._lag_step = -1
-        self.starting: asyncio.Future[bool] | None = None
-        # Since when the run has had no session (None while it has one).
-        self.idle_since: float | None = None
 
     @property
     def live(self) -> bool:
         """Whether it started and takes points."""
-        return bool(self._writers)
-
-    def _run_dir(self, name: str) -> str:
-        return f"{self.run}/{name}"
+        return self._runs.open
 
     async def start(
         self,
@@ -133,27 +202,17 @@ class RunAggregator:
     ) -> bool:
         """Take the aggregate runs (after a previous aggregator of the run finished writing them) and read back
         each tag's last written step, from their files and from what this daemon `remembered` of an earlier
-        aggregator of the run; False when this daemon cannot write them (logged)."""
+        aggregator of the run; False when this daemon cannot write them (logged). `idle` is told when the run
+        went `--straggler-secs` without a session."""
         if previous is not None:
             with contextlib.suppress(Exception):
                 await asyncio.shield(previous)
-        names = [*REDUCTIONS, STATS_RUN]
         try:
-            if self._ownership is not None:
-                for name in names:
-                    await self._ownership.take(self._run_dir(name))
-                    self._owned.append(self._run_dir(name))
-            for name in names:
-                self._writers[name] = await self._registry.acquire([*self.run.split("/"), name], self._limits)
-            written = WrittenThrough()
-            written.merge(remembered())
-            run_path = os.path.join(self._registry.logdir, self.run)
-            await run_to_completion(self._registry.executor, lambda: written.read_local(run_path))
-            if self._ownership is not None:
-                await written.read_bucket(self._ownership.leases.bucket, self.run, self._registry.executor)
+            await self._runs.take()
+            written = await self._runs.written_through(remembered())
         except Exception as exc:
             log.warning("run %s: not aggregated: its aggregate runs could not be opened: %s", self.run, exc)
-            await self._let_go()
+            await self._runs.let_go()
             return False
         self.table = StepTable(0, self._settings.max_pending_steps, written.last)
         self._lag_step = written.lag_step
@@ -164,7 +223,7 @@ class RunAggregator:
 
     def take(self, worker: str, wanted: Callable[[str], bool], events: Sequence[bytes]) -> None:
         """Take the scalar points of a batch `worker` wrote (its session's tap, on the event loop)."""
-        if not self._writers:
+        if not self.live:
             return
         try:
             self.table.add_all(worker, points(events), wanted, time.monotonic())
@@ -173,7 +232,7 @@ class RunAggregator:
             log.exception("run %s: a batch of worker %s was not aggregated", self.run, worker)
 
     def departed(self, worker: str) -> None:
-        if self._writers:
+        if self.live:
             self.table.departed(worker)
             self._finish(self.table.complete())
 
@@ -195,27 +254,12 @@ class RunAggregator:
 
     async def _write_ready(self) -> None:
         while self._ready:
-            done, self._ready = self._ready, []
-            await self._write(done)
-
-    async def _write(self, done: list[Reduction]) -> None:
-        columns = {name: _Columns() for name in self._writers}
-        for r in done:
-            columns["mean"].add(r.tag, r.step, r.wall_time, r.mean)
-            columns["min"].add(r.tag, r.step, r.wall_time, r.min)
-            columns["max"].add(r.tag, r.step, r.wall_time, r.max)
-            columns["std"].add(r.tag, r.step, r.wall_time, r.std)
-            columns[STATS_RUN].add(COUNT_PREFIX + r.tag, r.step, r.wall_time, r.count)
-        last = max(done, key=lambda r: r.step)
-        if last.step > self._lag_step:
-            self._lag_step = last.step
-            for worker, behind in sorted(self.table.lag().items()):
-                columns[STATS_RUN].add(LAG_PREFIX + worker, last.step, last.wall_time, behind)
-        for name, writer in self._writers.items():
-            try:
-                await writer.write("", 0, ScalarRecords(columns[name].message()))
-            except (OSError, EventError) as exc:
-                _failures.warning(name, "run %s: aggregates not written: %s", writer.run_dir, exc)
+            done, self._ready = sorted(self._ready, key=lambda r: r.step), []
+            # The lag is written at each newly finalised step, so that its tags' steps only go forward too.
+            advanced = done[-1].step > self._lag_step
+            if advanced:
+                self._lag_step = done[-1].step
+            await self._runs.write(done, self.table.lag() if advanced else None)
 
     def written(self) -> WrittenThrough:
         """Each tag's last finalised step, and the last step of the lag scalars."""
@@ -224,35 +268,16 @@ class RunAggregator:
         return written
 
     async def stop(self, shutdown: bool = False) -> list[ClosedFile]:
-        """Finalise what is pending, write it, and let go of the aggregate runs; their closed files returned.
-        At `shutdown` a bucket logdir's leases are kept: they are released after the last upload."""
+        """Finalise what is pending, write it, and let go of the aggregate runs; their closed files returned."""
         if self._ticker is not None:
             self._ticker.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._ticker
-        if self._writers:
+        if self.live:
             self._finish(self.table.drain())
         while self._writing is not None and not self._writing.done():
             await self._writing
-        return await self._let_go(shutdown)
-
-    async def _let_go(self, shutdown: bool = False) -> list[ClosedFile]:
-        sink = self._registry.sink
-        ends = {w.run_dir: (w.run_dir, w.file.name, w.file.size) for w in self._writers.values() if w.file}
-        closed = [await self._registry.release(writer) for writer in self._writers.values()]
-        self._writers = {}
-        if self._ownership is not None and not shutdown:
-            for run_dir in self._owned:
-                # A bucket logdir: the lease goes once the run's last staged bytes are uploaded (in the background).
-                end = ends.get(run_dir)
-                settled = (
-                    functools.partial(sink.upload_through, *end)
-                    if end is not None and isinstance(sink, SegmentShipper)
-                    else None
-                )
-                await self._ownership.let_go(run_dir, settled)
-        self._owned = []
-        return [file for file in closed if file is not None]
+        return await self._runs.let_go(shutdown)
 
 
 class _Columns:
@@ -271,9 +296,6 @@ class _Columns:
         self.columns.step.append(step)
         self.columns.wall_time.append(wall_time)
         self.columns.value.append(value)
-
-    def message(self) -> pb.ScalarColumns:
-        return self.columns
 
 
 class WrittenThrough:
@@ -383,9 +405,8 @@ class Aggregation:
         run = "/".join(parts[:-1])
         aggregator = self._runs.get(run)
         if aggregator is None:
-            aggregator = self._runs[run] = RunAggregator(
-                run, self._registry, self.settings, self._limits, self._ownership
-            )
+            runs = AggregateRuns(run, self._registry, self._limits, self._ownership)
+            aggregator = self._runs[run] = RunAggregator(runs, self.settings)
             aggregator.starting = asyncio.ensure_future(
                 aggregator.start(self._stopping.get(run), functools.partial(self._remembered.get, run), self._idle)
             )
