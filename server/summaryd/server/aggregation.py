@@ -133,20 +133,32 @@ class AggregateRuns:
 
     async def write(self, done: list[Reduction], lag: Mapping[str, int] | None) -> None:
         """Write the reductions of `done` and, when given, each worker's `lag` at the last step of `done`."""
-        columns = {name: _Columns() for name in self._writers}
-        for r in done:
-            columns["mean"].add(r.tag, r.step, r.wall_time, r.mean)
-            columns["min"].add(r.tag, r.step, r.wall_time, r.min)
-            columns["max"].add(r.tag, r.step, r.wall_time, r.max)
-            columns["std"].add(r.tag, r.step, r.wall_time, r.std)
-            columns[STATS_RUN].add(COUNT_PREFIX + r.tag, r.step, r.wall_time, r.count)
+        table: dict[str, int] = {}
+        index = [table.setdefault(r.tag, len(table)) for r in done]
+        steps, wall_times = [r.step for r in done], [r.wall_time for r in done]
+        columns = {
+            name: pb.ScalarColumns(
+                tags=table, tag_index=index, step=steps, wall_time=wall_times, value=[getattr(r, name) for r in done]
+            )
+            for name in REDUCTIONS
+        }
+        counts = columns[STATS_RUN] = pb.ScalarColumns(
+            tags=[COUNT_PREFIX + tag for tag in table],
+            tag_index=index,
+            step=steps,
+            wall_time=wall_times,
+            value=[r.count for r in done],
+        )
         if lag is not None:
-            last = done[-1]
-            for worker, behind in sorted(lag.items()):
-                columns[STATS_RUN].add(LAG_PREFIX + worker, last.step, last.wall_time, behind)
+            last, workers = done[-1], sorted(lag)
+            counts.tags.extend(LAG_PREFIX + worker for worker in workers)
+            counts.tag_index.extend(range(len(table), len(table) + len(workers)))
+            counts.step.extend([last.step] * len(workers))
+            counts.wall_time.extend([last.wall_time] * len(workers))
+            counts.value.extend(lag[worker] for worker in workers)
         for name, writer in self._writers.items():
             try:
-                await writer.write("", 0, ScalarRecords(columns[name].columns))
+                await writer.write("", 0, ScalarRecords(columns[name]))
             except (OSError, EventError) as exc:
                 _failures.warning(name, "run %s: aggregates not written: %s", writer.run_dir, exc)
 
@@ -278,24 +290,6 @@ class RunAggregator:
         while self._writing is not None and not self._writing.done():
             await self._writing
         return await self._runs.let_go(shutdown)
-
-
-class _Columns:
-    """Scalars for one aggregate run, gathered as a batch's columns."""
-
-    def __init__(self) -> None:
-        self.tags: dict[str, int] = {}
-        self.columns = pb.ScalarColumns()
-
-    def add(self, tag: str, step: int, wall_time: float, value: float) -> None:
-        index = self.tags.get(tag)
-        if index is None:
-            index = self.tags[tag] = len(self.tags)
-            self.columns.tags.append(tag)
-        self.columns.tag_index.append(index)
-        self.columns.step.append(step)
-        self.columns.wall_time.append(wall_time)
-        self.columns.value.append(value)
 
 
 class WrittenThrough:
