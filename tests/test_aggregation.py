@@ -296,10 +296,17 @@ def test_no_aggregate_writes_no_aggregates_and_frees_the_labels(tmp_path: Path) 
 def test_a_writer_turns_aggregation_off_or_names_its_tags(daemon: Daemon) -> None:
     log_two_workers(daemon, aggregate=False)
     assert sorted(p.name for p in (daemon.logdir / "job").iterdir()) == ["rank-0", "rank-1"]
-    log_two_workers(daemon, aggregate=["acc/*"])
+    log_two_workers(daemon, aggregate="acc/*")  # one pattern
     job = daemon.logdir / "job"
     assert scalars(job / "mean", "acc/top1") == [(step, 0.5) for step in range(5)]
     assert scalars(job / "mean", "loss") == []
+
+
+def test_a_writer_refuses_patterns_no_daemon_takes() -> None:
+    with pytest.raises(ValueError, match="aggregate= has 65 tag patterns, over the limit of 64"):
+        SummaryWriter("job", address="127.0.0.1:1", worker="rank-0", world_size=2, aggregate=["t*"] * 65)
+    with pytest.raises(ValueError, match="non-empty strings"):
+        SummaryWriter("job", address="127.0.0.1:1", worker="rank-0", world_size=2, aggregate=["loss", ""])
 
 
 def test_status_shows_each_aggregated_workers_lag(
