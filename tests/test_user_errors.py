@@ -40,6 +40,9 @@ SESSION_KEYS = {
     "duplicates_dropped",
     "idle_seconds",
     "streaming",
+    # Cross-worker aggregation's: false and 0 for a session not aggregated.
+    "aggregated",
+    "lag_steps",
 }
 CLIENT_KEYS = {"host", "pid", "framework", "version"}
 

@@ -66,6 +66,9 @@ class SpoolIdentity:
     framework: str
     session_started: float = 0.0
     """When the session id was created (Unix seconds); see `OpenSessionRequest.session_started`."""
+    aggregate: bool | tuple[str, ...] = True
+    """Cross-worker aggregation: on, off, or the tag patterns aggregated (not kept in a spool's manifest: a
+    replayed session is aggregated as the daemon's default has it)."""
 
     def manifest(self, format: str) -> dict[str, Any]:
         """The manifest of a spool of this session, written by this process now."""

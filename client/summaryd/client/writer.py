@@ -92,6 +92,22 @@ def _merge(reports: list[DeliveryReport], uploader: _files.FileUploader | None =
     )
 
 
+# The daemon takes at most this many tag patterns per session (`OpenSessionRequest.aggregate_tags`).
+MAX_AGGREGATE_PATTERNS = 64
+
+
+def _aggregate_option(aggregate: bool | str | Sequence[str]) -> bool | tuple[str, ...]:
+    """`SummaryWriter`'s `aggregate=`: on, off, or its tag patterns (one pattern may be given as a string)."""
+    if isinstance(aggregate, bool):
+        return aggregate
+    patterns = (aggregate,) if isinstance(aggregate, str) else tuple(aggregate)
+    if len(patterns) > MAX_AGGREGATE_PATTERNS:
+        raise ValueError(f"aggregate= has {len(patterns)} tag patterns, over the limit of {MAX_AGGREGATE_PATTERNS}")
+    if not all(isinstance(p, str) and p for p in patterns):
+        raise ValueError("aggregate= takes True, False, or tag patterns as non-empty strings, e.g. ['loss', 'acc/*']")
+    return patterns or False
+
+
 class SummaryWriter:
     """Writes TensorBoard summaries for one run through the summaryd daemon.
 
@@ -106,6 +122,10 @@ class SummaryWriter:
         address: daemon `host:port` (`host` alone: port 6065); default `SUMMARYD_ADDRESS`, else `localhost:6065`.
         worker: worker label; `""` forces a single writer even in a larger job.
         world_size: number of processes in the job (default from the environment).
+        aggregate: in a job of several workers, whether the daemon reduces this writer's scalars across the
+            workers (`<log_dir>/mean`, `min`, `max`, `std`, and `summaryd` with counts and straggler lag); a list
+            of shell-style tag patterns (`["loss", "acc/*"]`, at most 64; a string is one) aggregates those tags
+            only.
         comment: appended to the default `log_dir`, as in torch.
         purge_step: as in torch: a `SessionLog.START` at this step makes TensorBoard drop later points of an
             earlier, crashed attempt.
@@ -139,6 +159,7 @@ class SummaryWriter:
         flush_secs: int = 120,
         filename_suffix: str = "",
         framework: str = "summaryd",
+        aggregate: bool | str | Sequence[str] = True,
         **sender_options: Any,
     ) -> None:
         if not log_dir:
@@ -155,6 +176,7 @@ class SummaryWriter:
         self._worker = detected.label if worker is None else worker
         self._world_size = world_size or detected.world_size
         self._framework = framework
+        self._aggregate = _aggregate_option(aggregate)
         self._options = carried_or_made(sender_options.pop("options", None), address, sender_options)
         self._sender = self._new_sender(self.run)
         # Import torch's builders now, on the constructing thread: a first import later, racing a fork of
@@ -170,7 +192,12 @@ class SummaryWriter:
 
     def _new_sender(self, run: str) -> Sender:
         return Sender(
-            run, worker=self._worker, world_size=self._world_size, framework=self._framework, options=self._options
+            run,
+            worker=self._worker,
+            world_size=self._world_size,
+            framework=self._framework,
+            aggregate=self._aggregate,
+            options=self._options,
         )
 
     def _sub_sender(self, name: str) -> Sender:

@@ -19,7 +19,7 @@ class ClientIdentity(_message.Message):
     def __init__(self, host: _Optional[str] = ..., pid: _Optional[int] = ..., framework: _Optional[str] = ..., version: _Optional[str] = ...) -> None: ...
 
 class OpenSessionRequest(_message.Message):
-    __slots__ = ("session_id", "run", "worker", "world_size", "client", "next_sequence", "session_started")
+    __slots__ = ("session_id", "run", "worker", "world_size", "client", "next_sequence", "session_started", "aggregate_off", "aggregate_tags")
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     RUN_FIELD_NUMBER: _ClassVar[int]
     WORKER_FIELD_NUMBER: _ClassVar[int]
@@ -27,6 +27,8 @@ class OpenSessionRequest(_message.Message):
     CLIENT_FIELD_NUMBER: _ClassVar[int]
     NEXT_SEQUENCE_FIELD_NUMBER: _ClassVar[int]
     SESSION_STARTED_FIELD_NUMBER: _ClassVar[int]
+    AGGREGATE_OFF_FIELD_NUMBER: _ClassVar[int]
+    AGGREGATE_TAGS_FIELD_NUMBER: _ClassVar[int]
     session_id: str
     run: str
     worker: str
@@ -34,7 +36,9 @@ class OpenSessionRequest(_message.Message):
     client: ClientIdentity
     next_sequence: int
     session_started: float
-    def __init__(self, session_id: _Optional[str] = ..., run: _Optional[str] = ..., worker: _Optional[str] = ..., world_size: _Optional[int] = ..., client: _Optional[_Union[ClientIdentity, _Mapping]] = ..., next_sequence: _Optional[int] = ..., session_started: _Optional[float] = ...) -> None: ...
+    aggregate_off: bool
+    aggregate_tags: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, session_id: _Optional[str] = ..., run: _Optional[str] = ..., worker: _Optional[str] = ..., world_size: _Optional[int] = ..., client: _Optional[_Union[ClientIdentity, _Mapping]] = ..., next_sequence: _Optional[int] = ..., session_started: _Optional[float] = ..., aggregate_off: _Optional[bool] = ..., aggregate_tags: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class OpenSessionResponse(_message.Message):
     __slots__ = ("run_dir", "last_sequence", "lease_seconds", "max_message_bytes", "max_event_bytes", "max_batch_events", "takes_scalar_columns", "durable_acks", "durable_sequence")
@@ -147,7 +151,7 @@ class RunStatus(_message.Message):
     def __init__(self, run_dir: _Optional[str] = ..., event_file: _Optional[str] = ..., events_written: _Optional[int] = ..., bytes_written: _Optional[int] = ..., sessions: _Optional[int] = ..., lease_holder: _Optional[str] = ..., staged_bytes: _Optional[int] = ..., last_upload_unix: _Optional[float] = ..., last_upload_age_seconds: _Optional[float] = ...) -> None: ...
 
 class SessionStatus(_message.Message):
-    __slots__ = ("session_id", "run_dir", "worker", "client", "acked_sequence", "events_written", "duplicates_dropped", "idle_seconds", "streaming")
+    __slots__ = ("session_id", "run_dir", "worker", "client", "acked_sequence", "events_written", "duplicates_dropped", "idle_seconds", "streaming", "aggregated", "lag_steps")
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     RUN_DIR_FIELD_NUMBER: _ClassVar[int]
     WORKER_FIELD_NUMBER: _ClassVar[int]
@@ -157,6 +161,8 @@ class SessionStatus(_message.Message):
     DUPLICATES_DROPPED_FIELD_NUMBER: _ClassVar[int]
     IDLE_SECONDS_FIELD_NUMBER: _ClassVar[int]
     STREAMING_FIELD_NUMBER: _ClassVar[int]
+    AGGREGATED_FIELD_NUMBER: _ClassVar[int]
+    LAG_STEPS_FIELD_NUMBER: _ClassVar[int]
     session_id: str
     run_dir: str
     worker: str
@@ -166,7 +172,9 @@ class SessionStatus(_message.Message):
     duplicates_dropped: int
     idle_seconds: float
     streaming: bool
-    def __init__(self, session_id: _Optional[str] = ..., run_dir: _Optional[str] = ..., worker: _Optional[str] = ..., client: _Optional[_Union[ClientIdentity, _Mapping]] = ..., acked_sequence: _Optional[int] = ..., events_written: _Optional[int] = ..., duplicates_dropped: _Optional[int] = ..., idle_seconds: _Optional[float] = ..., streaming: _Optional[bool] = ...) -> None: ...
+    aggregated: bool
+    lag_steps: int
+    def __init__(self, session_id: _Optional[str] = ..., run_dir: _Optional[str] = ..., worker: _Optional[str] = ..., client: _Optional[_Union[ClientIdentity, _Mapping]] = ..., acked_sequence: _Optional[int] = ..., events_written: _Optional[int] = ..., duplicates_dropped: _Optional[int] = ..., idle_seconds: _Optional[float] = ..., streaming: _Optional[bool] = ..., aggregated: _Optional[bool] = ..., lag_steps: _Optional[int] = ...) -> None: ...
 
 class GetStatusResponse(_message.Message):
     __slots__ = ("logdir", "runs", "sessions", "version")

@@ -44,7 +44,8 @@ def _add_config_flags(parser: argparse.ArgumentParser) -> None:
             parser.add_argument(
                 "--" + f.name.replace("_", "-"),
                 dest=f.name,
-                action="store_true",
+                # A setting on by default is turned off by its --no- form.
+                action=argparse.BooleanOptionalAction if f.default else "store_true",
                 default=None,
                 help=f"{f.metadata['help']} (env {_env_name(f.name)}=1)",
             )
@@ -259,12 +260,14 @@ def _status(address: str, settings: ChannelSettings, timeout: float, as_json: bo
     print()
     print(
         f"{'SESSION':<36} {'RUN':<30} {'WORKER':<10} {'HOST':<16} {'PID':>7} {'EVENTS':>9} {'ACKED':>9} "
-        f"{'LAST SEEN':>9}"
+        f"{'LAST SEEN':>9} {'LAG':>6}"
     )
     for s in status.sessions:
+        # LAG: steps behind the run's furthest worker (aggregated sessions only).
+        lag = str(s.lag_steps) if s.aggregated else "-"
         print(
             f"{s.session_id:<36} {s.run_dir:<30} {s.worker or '-':<10} {s.client.host:<16} {s.client.pid:>7} "
-            f"{s.events_written:>9} {s.acked_sequence:>9} {s.idle_seconds:>7.1f}s"
+            f"{s.events_written:>9} {s.acked_sequence:>9} {s.idle_seconds:>7.1f}s {lag:>6}"
         )
     open_files = sum(1 for run in status.runs if run.event_file)
     print(

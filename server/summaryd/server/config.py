@@ -10,6 +10,7 @@ import socket
 from dataclasses import dataclass, field
 from typing import Any
 
+from summaryd.server.aggregation import AggregationSettings
 from summaryd.server.auth import TokenTable
 from summaryd.server.bucket import is_bucket_url, split_url
 from summaryd.server.limits import DEFAULT as _LIMITS
@@ -139,6 +140,14 @@ class Config:
         "HOST:PORT",
     )
     log_format: str = _option("text", "log lines as 'text' or 'json' (one object a line, for log shippers)", "FORMAT")
+    aggregate: bool = _option(
+        True,
+        "reduce each scalar tag of a multi-worker run across its workers into the runs RUN/mean, RUN/min, "
+        "RUN/max, RUN/std and RUN/summaryd (counts and straggler lag); --no-aggregate turns it off",
+    )
+    straggler_secs: float = _option(
+        30.0, "seconds a step's aggregate waits for workers that have not reported it before it is written", "SECS"
+    )
 
     @property
     def host(self) -> str:
@@ -186,6 +195,8 @@ class Config:
             raise ValueError("--seal-secs, --seal-max-secs and --seal-bytes must be positive")
         if self.run_lease <= 0:
             raise ValueError("--run-lease must be positive")
+        if self.straggler_secs <= 0:
+            raise ValueError("--straggler-secs must be positive")
         if self.advertise and not _is_host_port(self.advertise):
             raise ValueError(f"--advertise {self.advertise!r} needs HOST:PORT, e.g. node-3.example:{DEFAULT_PORT}")
         if self.log_level.lower() not in LOG_LEVELS:
@@ -261,6 +272,11 @@ class Config:
     def limits(self) -> Limits:
         """The limits on what clients control."""
         return Limits(**{f.name: getattr(self, f.name) for f in dataclasses.fields(Limits)})
+
+    @property
+    def aggregation(self) -> AggregationSettings:
+        """The cross-worker aggregation settings."""
+        return AggregationSettings(enabled=self.aggregate, straggler_secs=self.straggler_secs)
 
     @property
     def state_path(self) -> str:

@@ -89,7 +89,8 @@ class RunWriter:
             # Not journaled means not acknowledged: take the records back out so that file and journal agree.
             self.file.truncate(before)
             raise
-        self.marks[session_id] = last
+        if session_id:  # the daemon's own records (aggregates) are written without a session
+            self.marks[session_id] = last
         self.bytes_written += len(blob)
         try:
             self.journal.compact_if_large(self.marks, self.file.size)

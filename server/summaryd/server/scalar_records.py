@@ -87,6 +87,11 @@ class ScalarRecords(Sequence[bytes]):
     def __len__(self) -> int:
         return len(self._columns.step) - self._start
 
+    @property
+    def columns(self) -> tuple[pb.ScalarColumns, int]:
+        """The batch's columns and the index in them of this sequence's first scalar."""
+        return self._columns, self._start
+
     @overload
     def __getitem__(self, index: int) -> bytes: ...
     @overload

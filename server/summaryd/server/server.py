@@ -21,6 +21,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1.health import aio as health_aio  # type: ignore[attr-defined]  # stubs predate aio
 from grpc_reflection.v1alpha import reflection
 
+from summaryd.server.aggregation import Aggregation
 from summaryd.server.auth import AuthInterceptor, TokenTable, current_caller
 from summaryd.server.bucket import Bucket, BucketError
 from summaryd.server.config import Config
@@ -182,7 +183,10 @@ class Server:
                 report.damaged,
                 state.path,
             )
-        lifecycle = SessionLifecycle(registry, state.store, config.session_lease, config.limits, ownership)
+        aggregation = Aggregation(registry, config.aggregation, config.limits, ownership)
+        lifecycle = SessionLifecycle(
+            registry, state.store, config.session_lease, config.limits, ownership, aggregation=aggregation
+        )
         service = SummariesService(lifecycle)
         self.metrics.registry.register(SessionCollector(lifecycle))
         if self.auth is not None:

@@ -278,9 +278,11 @@ class SummariesService(pb_grpc.SummariesServicer):
                 sessions=run.sessions,
             )
             self._bucket_columns(status)
+        aggregation = self.lifecycle.aggregation
         for s in self.lifecycle.sessions:
             if grant is not None and not grant.allows(s.run.run_dir):
                 continue
+            lag = aggregation.lag(s)
             response.sessions.add(
                 session_id=s.session_id,
                 run_dir=s.run.run_dir,
@@ -291,6 +293,8 @@ class SummariesService(pb_grpc.SummariesServicer):
                 duplicates_dropped=s.duplicates_dropped,
                 idle_seconds=s.idle_for(now),
                 streaming=bool(s.streams),
+                aggregated=lag is not None,
+                lag_steps=lag or 0,
             )
         return response
 

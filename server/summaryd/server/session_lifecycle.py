@@ -28,6 +28,7 @@ from typing import Any, TypeVar
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from summaryd.server import run_files
+from summaryd.server.aggregation import Aggregation
 from summaryd.server.bucket import BucketError
 from summaryd.server.bucket_sessions import BucketSessions, DurableSession
 from summaryd.server.durable_marks import DurableMarks
@@ -76,8 +77,12 @@ class SessionLifecycle:
         lease: float,
         limits: Limits = DEFAULT,
         ownership: RunOwnership | None = None,
+        aggregation: Aggregation | None = None,
     ) -> None:
         self.registry = registry
+        # Cross-worker aggregation of the sessions that ask for it (off unless given settings that enable it).
+        self.aggregation = aggregation or Aggregation(registry, limits=limits, ownership=ownership)
+        self.aggregation.on_closed = self._record_closed
         self.store = store
         self.lease = lease
         self.limits = limits
@@ -253,6 +258,9 @@ class SessionLifecycle:
         """
         session_id, run_dir = request.session_id, "/".join(parts)
         session = self.sessions.get(session_id)
+        refused = self.aggregation.open_problem(request)
+        if refused is not None:
+            raise RunPathError(refused)
         if session is None:
             # A bucket logdir: the bucket's state says what is uploaded, also of a session the local store knows.
             state = await self._bucket_state(session_id)
@@ -351,6 +359,7 @@ class SessionLifecycle:
             session_id, writer, request.worker, request.world_size, client, self.lease, peer=peer, acked=acked
         )
         self.sessions.add(session)
+        await self.aggregation.joined(session, request, parts)
         log.info(
             "session %s %s: run %s at sequence %d, client %s pid %d (%s %s)",
             session_id,
@@ -492,6 +501,7 @@ class SessionLifecycle:
         self._stopping = True
         for session in self.sessions:
             await self._complete(self._release(session, None))
+        await self._record_closed(await self.aggregation.close_all())
         closed = await self.registry.close_all()
         if closed:
             await self._record([], closed, sync=True)
@@ -574,6 +584,7 @@ class SessionLifecycle:
             )
             self.sessions.remove(session, ending)
             await self._disown(session.run.run_dir, end)
+            await self._record_closed(await self.aggregation.left(session, list(self.sessions), self._stopping))
         return True
 
     async def _close_record(self, session_id: str) -> int:
@@ -599,6 +610,11 @@ class SessionLifecycle:
         return record.last
 
     # ---- the session store -----------------------------------------------------------------------------
+
+    async def _record_closed(self, closed: list[ClosedFile]) -> None:
+        """The records of files closed outside a session's end (the aggregate runs'), synced."""
+        if closed:
+            await self._record([], closed, sync=True)
 
     async def _record(self, records: list[SessionRecord], closed: list[ClosedFile], *, sync: bool) -> None:
         """Write `records` and the marks of `closed` files; a failure is logged (the journals stay)."""

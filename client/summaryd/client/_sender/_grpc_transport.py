@@ -201,6 +201,8 @@ class GrpcTransport:
             ),
             next_sequence=hello.next_sequence,
             session_started=identity.session_started,
+            aggregate_off=identity.aggregate is False,
+            aggregate_tags=identity.aggregate if isinstance(identity.aggregate, tuple) else (),
         )
         future = self._stub().OpenSession.future(request, timeout=self._options.rpc_timeout)
         self._opening = future

@@ -132,6 +132,8 @@ class Sender:
             `localhost:6065`.
         worker: worker label; the events land in `<run>/<worker>`. Empty for a single process.
         world_size: number of workers of the job (shown in status).
+        aggregate: whether the daemon aggregates this session's scalars across the job's workers, or the tag
+            patterns it aggregates (see `SummaryWriter`).
         framework: what logs (shown in status).
         options: the client's settings, made once (`ClientOptions.make`) and shared by the senders of a writer;
             when given, `address` and `settings` must not be.
@@ -152,6 +154,7 @@ class Sender:
         worker: str = "",
         world_size: int = 1,
         framework: str = "summaryd",
+        aggregate: bool | tuple[str, ...] = True,
         options: ClientOptions | None = None,
         transport: Callable[[ClientOptions], Transport] = GrpcTransport,
         **settings: Any,
@@ -170,6 +173,7 @@ class Sender:
         self.worker = worker
         self.world_size = world_size
         self.framework = framework
+        self.aggregate = aggregate
         self._transport = transport
         self._init_state()
         _process.register(self)
@@ -189,6 +193,7 @@ class Sender:
             options.address,
             self.framework,
             session_started=time.time(),
+            aggregate=self.aggregate,
         )
         # One lock for every part. Re-entrant: the SIGTERM handler may close the sender while the interrupted
         # caller holds it.

@@ -1,0 +1,479 @@
+"""Cross-worker aggregation: each scalar tag reduced over a run's workers, step by step, beside their runs.
+
+The sessions of a run `<run>` whose workers write `<run>/<worker>` and declare a world size above one are
+aggregated by the daemon that holds them: each step of each scalar tag is reduced over the workers into the
+runs `<run>/mean`, `<run>/min`, `<run>/max`, `<run>/std` under the workers' own tag (so TensorBoard draws them
+in the workers' chart), and `<run>/summaryd` holds `count/<tag>` (how many workers the step had) and
+`lag_steps/<worker>` (how far each worker is behind the furthest one). Those worker labels are reserved.
+
+`Aggregation` is the daemon's part: which sessions are aggregated, one `RunAggregator` per run while any of
+them is live. A `RunAggregator` is fed by its sessions' taps right after a batch is written
+(`Session.tap`), keeps the pending steps (`step_table.StepTable`), finalises them as they complete or on a
+timer on the event loop (the straggler timeout), and writes the reductions through the daemon's own run
+writers, outside the batch's path. A tag's last finalised step is read back from the aggregate runs' event
+files when the aggregator starts, so a step is never written twice, also across a daemon restart.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import fnmatch
+import functools
+import logging
+import os
+import time
+from collections import OrderedDict
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from concurrent.futures import Executor
+from dataclasses import dataclass
+
+from google.protobuf.message import DecodeError
+from tensorboard.compat.proto.event_pb2 import Event
+
+from summaryd.server.bucket import Bucket
+from summaryd.server.errors import EventError
+from summaryd.server.io_threads import run_to_completion
+from summaryd.server.limits import DEFAULT, Limits
+from summaryd.server.logs import Throttle
+from summaryd.server.run_ownership import RunOwnership
+from summaryd.server.runs import ClosedFile, RunRegistry, RunWriter
+from summaryd.server.scalar_points import points
+from summaryd.server.scalar_records import ScalarRecords
+from summaryd.server.segments import SegmentShipper, parse_segment
+from summaryd.server.sessions import Session
+from summaryd.server.step_table import Reduction, StepTable
+from summaryd.v1 import summaryd_pb2 as pb
+from summaryd.v1.wire import whole_records
+
+log = logging.getLogger(__name__)
+_failures = Throttle(log)
+
+REDUCTIONS = ("mean", "min", "max", "std")
+STATS_RUN = "summaryd"
+RESERVED_WORKERS = frozenset((*REDUCTIONS, STATS_RUN))
+COUNT_PREFIX = "count/"
+LAG_PREFIX = "lag_steps/"
+MAX_TAG_PATTERNS = 64
+REMEMBERED_RUNS = 1024  # runs whose last aggregated steps the daemon keeps after their aggregator stopped
+
+
+@dataclass(frozen=True)
+class AggregationSettings:
+    """The daemon's aggregation settings (`--aggregate/--no-aggregate`, `--straggler-secs`)."""
+
+    enabled: bool = False
+    straggler_secs: float = 30.0
+    # Pending steps one run may hold; beyond it the oldest are finalised with the workers that reported them.
+    max_pending_steps: int = 20_000
+
+
+def _log_failure(task: asyncio.Future[None]) -> None:
+    if not task.cancelled() and task.exception() is not None:
+        log.error("stopping an idle aggregator failed: %r", task.exception())
+
+
+class TagFilter:
+    """Which tags a session has aggregated: every tag, or those matching its shell-style patterns."""
+
+    def __init__(self, patterns: Sequence[str]) -> None:
+        self._patterns = tuple(patterns)
+        self._known: dict[str, bool] = {}
+
+    def __call__(self, tag: str) -> bool:
+        if not self._patterns:
+            return True
+        wanted = self._known.get(tag)
+        if wanted is None:
+            wanted = self._known[tag] = any(fnmatch.fnmatchcase(tag, p) for p in self._patterns)
+        return wanted
+
+
+class AggregateRuns:
+    """The five aggregate runs of one run: their writers (and, on a bucket logdir, their leases) and their
+    writing, as scalar columns through the daemon's run writers."""
+
+    def __init__(self, run: str, registry: RunRegistry, limits: Limits, ownership: RunOwnership | None) -> None:
+        self.run = run
+        self._registry = registry
+        self._limits = limits
+        self._ownership = ownership
+        self._writers: dict[str, RunWriter] = {}
+        self._owned: list[str] = []
+
+    @property
+    def open(self) -> bool:
+        return bool(self._writers)
+
+    async def take(self) -> None:
+        """Take the runs' leases (a bucket logdir) and writers.
+
+        Raises:
+            RunOwnedElsewhereError, OSError, LimitError: the daemon cannot write them (what it took is let go).
+        """
+        try:
+            for name in (*REDUCTIONS, STATS_RUN):
+                if self._ownership is not None:
+                    await self._ownership.take(f"{self.run}/{name}")
+                    self._owned.append(f"{self.run}/{name}")
+                self._writers[name] = await self._registry.acquire([*self.run.split("/"), name], self._limits)
+        except BaseException:
+            await self.let_go()
+            raise
+
+    async def written_through(self, remembered: WrittenThrough | None) -> WrittenThrough:
+        """Each tag's last step in the runs' files (and segments, on a bucket logdir), or `remembered`, the later."""
+        written = WrittenThrough()
+        written.merge(remembered)
+        run_path = os.path.join(self._registry.logdir, self.run)
+        await run_to_completion(self._registry.executor, lambda: written.read_local(run_path))
+        if self._ownership is not None:
+            await written.read_bucket(self._ownership.leases.bucket, self.run, self._registry.executor)
+        return written
+
+    async def write(self, done: list[Reduction], lag: Mapping[str, int] | None) -> None:
+        """Write the reductions of `done` and, when given, each worker's `lag` at the last step of `done`."""
+        table: dict[str, int] = {}
+        index = [table.setdefault(r.tag, len(table)) for r in done]
+        steps, wall_times = [r.step for r in done], [r.wall_time for r in done]
+        columns = {
+            name: pb.ScalarColumns(
+                tags=table, tag_index=index, step=steps, wall_time=wall_times, value=[getattr(r, name) for r in done]
+            )
+            for name in REDUCTIONS
+        }
+        counts = columns[STATS_RUN] = pb.ScalarColumns(
+            tags=[COUNT_PREFIX + tag for tag in table],
+            tag_index=index,
+            step=steps,
+            wall_time=wall_times,
+            value=[r.count for r in done],
+        )
+        if lag is not None:
+            last, workers = done[-1], sorted(lag)
+            counts.tags.extend(LAG_PREFIX + worker for worker in workers)
+            counts.tag_index.extend(range(len(table), len(table) + len(workers)))
+            counts.step.extend([last.step] * len(workers))
+            counts.wall_time.extend([last.wall_time] * len(workers))
+            counts.value.extend(lag[worker] for worker in workers)
+        for name, writer in self._writers.items():
+            try:
+                await writer.write("", 0, ScalarRecords(columns[name]))
+            except (OSError, EventError) as exc:
+                _failures.warning(name, "run %s: aggregates not written: %s", writer.run_dir, exc)
+
+    async def let_go(self, shutdown: bool = False) -> list[ClosedFile]:
+        """Let go of the writers (their closed files returned) and leases; at `shutdown` a bucket logdir's leases
+        are kept: they are released after the last upload."""
+        sink = self._registry.sink
+        ends = {w.run_dir: (w.run_dir, w.file.name, w.file.size) for w in self._writers.values() if w.file}
+        closed = [await self._registry.release(writer) for writer in self._writers.values()]
+        self._writers = {}
+        if self._ownership is not None and not shutdown:
+            for run_dir in self._owned:
+                # A bucket logdir: the lease goes once the run's last staged bytes are uploaded (in the background).
+                end = ends.get(run_dir)
+                settled = (
+                    functools.partial(sink.upload_through, *end)
+                    if end is not None and isinstance(sink, SegmentShipper)
+                    else None
+                )
+                await self._ownership.let_go(run_dir, settled)
+        self._owned = []
+        return [file for file in closed if file is not None]
+
+
+class RunAggregator:
+    """The aggregation of one run: its pending steps, fed by its sessions' taps, finalised as they complete or
+    on its timer, and written to its aggregate runs by a task of their own."""
+
+    def __init__(self, runs: AggregateRuns, settings: AggregationSettings) -> None:
+        self.run = runs.run
+        self.sessions = 0
+        self.table = StepTable(0, settings.max_pending_steps)
+        self.starting: asyncio.Future[bool] | None = None
+        # Since when the run has had no session (None while it has one).
+        self.idle_since: float | None = None
+        self._runs = runs
+        self._settings = settings
+        self._ready: list[Reduction] = []
+        self._writing: asyncio.Task[None] | None = None
+        self._ticker: asyncio.Task[None] | None = None
+        self._lag_step = -1
+
+    @property
+    def live(self) -> bool:
+        """Whether it started and takes points."""
+        return self._runs.open
+
+    async def start(
+        self,
+        previous: asyncio.Future[list[ClosedFile]] | None,
+        remembered: Callable[[], WrittenThrough | None],
+        idle: Callable[[RunAggregator], None],
+    ) -> bool:
+        """Take the aggregate runs (after a previous aggregator of the run finished writing them) and read back
+        each tag's last written step, from their files and from what this daemon `remembered` of an earlier
+        aggregator of the run; False when this daemon cannot write them (logged). `idle` is told when the run
+        went `--straggler-secs` without a session."""
+        if previous is not None:
+            with contextlib.suppress(Exception):
+                await asyncio.shield(previous)
+        try:
+            await self._runs.take()
+            written = await self._runs.written_through(remembered())
+        except Exception as exc:
+            log.warning("run %s: not aggregated: its aggregate runs could not be opened: %s", self.run, exc)
+            await self._runs.let_go()
+            return False
+        self.table = StepTable(0, self._settings.max_pending_steps, written.last)
+        self._lag_step = written.lag_step
+        interval = min(max(self._settings.straggler_secs / 4, 0.05), 1.0)
+        self._ticker = asyncio.create_task(self._tick(interval, idle))
+        log.info("run %s: aggregating its workers' scalars (%d tags written before)", self.run, len(written.last))
+        return True
+
+    def take(self, worker: str, wanted: Callable[[str], bool], events: Sequence[bytes]) -> None:
+        """Take the scalar points of a batch `worker` wrote (its session's tap, on the event loop)."""
+        if not self.live:
+            return
+        try:
+            self.table.add_all(worker, points(events), wanted, time.monotonic())
+            self._finish(self.table.complete())
+        except Exception:  # aggregation never fails the worker's batch
+            log.exception("run %s: a batch of worker %s was not aggregated", self.run, worker)
+
+    def departed(self, worker: str) -> None:
+        if self.live:
+            self.table.departed(worker)
+            self._finish(self.table.complete())
+
+    async def _tick(self, interval: float, idle: Callable[[RunAggregator], None]) -> None:
+        straggler = self._settings.straggler_secs
+        while True:
+            await asyncio.sleep(interval)
+            now = time.monotonic()
+            self._finish(self.table.overdue(now, straggler))
+            if self.sessions == 0 and self.idle_since is not None and now - self.idle_since >= straggler:
+                idle(self)
+
+    def _finish(self, done: list[Reduction]) -> None:
+        if not done:
+            return
+        self._ready += done
+        if self._writing is None or self._writing.done():
+            self._writing = asyncio.create_task(self._write_ready())
+
+    async def _write_ready(self) -> None:
+        while self._ready:
+            done, self._ready = sorted(self._ready, key=lambda r: r.step), []
+            # The lag is written at each newly finalised step, so that its tags' steps only go forward too.
+            advanced = done[-1].step > self._lag_step
+            if advanced:
+                self._lag_step = done[-1].step
+            await self._runs.write(done, self.table.lag() if advanced else None)
+
+    def written(self) -> WrittenThrough:
+        """Each tag's last finalised step, and the last step of the lag scalars."""
+        written = WrittenThrough()
+        written.last, written.lag_step = self.table.last_final(), self._lag_step
+        return written
+
+    async def stop(self, shutdown: bool = False) -> list[ClosedFile]:
+        """Finalise what is pending, write it, and let go of the aggregate runs; their closed files returned."""
+        if self._ticker is not None:
+            self._ticker.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._ticker
+        if self.live:
+            self._finish(self.table.drain())
+        while self._writing is not None and not self._writing.done():
+            await self._writing
+        return await self._runs.let_go(shutdown)
+
+
+class WrittenThrough:
+    """Each tag's last step found in the aggregate runs' records, and the last step of the lag scalars."""
+
+    def __init__(self) -> None:
+        self.last: dict[str, int] = {}
+        self.lag_step = -1
+
+    def merge(self, other: WrittenThrough | None) -> None:
+        """Take the later of each tag's step here and in `other`."""
+        if other is not None:
+            for tag, step in other.last.items():
+                self.last[tag] = max(self.last.get(tag, step), step)
+            self.lag_step = max(self.lag_step, other.lag_step)
+
+    def read(self, name: str, data: bytes) -> None:
+        """Take the whole records of `data` (an event file, or a segment of one) of the aggregate run `name`
+        (blocking: parses them)."""
+        last = self.last
+        for record in whole_records(data):
+            try:
+                event = Event.FromString(record)
+            except DecodeError:
+                continue
+            step = event.step
+            for value in event.summary.value:
+                tag = value.tag
+                if name == STATS_RUN:
+                    if tag.startswith(LAG_PREFIX):
+                        self.lag_step = max(self.lag_step, step)
+                        continue
+                    tag = tag.removeprefix(COUNT_PREFIX)
+                last[tag] = max(last.get(tag, step), step)
+
+    def read_local(self, run_path: str) -> None:
+        """Read the event files of the aggregate runs below `run_path` (blocking)."""
+        for name in (*REDUCTIONS, STATS_RUN):
+            directory = os.path.join(run_path, name)
+            try:
+                files = sorted(n for n in os.listdir(directory) if "tfevents" in n)
+            except FileNotFoundError:
+                continue
+            for file in files:
+                with open(os.path.join(directory, file), "rb") as f:
+                    self.read(name, f.read())
+
+    async def read_bucket(self, bucket: Bucket, run: str, executor: Executor) -> None:
+        """Read the segments of the aggregate runs of `run` in the bucket (a staged file is emptied once it is
+        uploaded, so the bucket holds what the staging directory no longer does)."""
+        for name in (*REDUCTIONS, STATS_RUN):
+            run_dir = f"{run}/{name}"
+            for info in await bucket.list(run_dir + "/"):
+                found = parse_segment(info.key)
+                got = await bucket.get(info.key) if found is not None and found[0] == run_dir else None
+                if got is not None:
+                    await run_to_completion(executor, functools.partial(self.read, name, got[0]))
+
+
+class Aggregation:
+    """The daemon's aggregation: which sessions are aggregated, and a `RunAggregator` per run while they live."""
+
+    def __init__(
+        self,
+        registry: RunRegistry,
+        settings: AggregationSettings | None = None,
+        limits: Limits = DEFAULT,
+        ownership: RunOwnership | None = None,
+    ) -> None:
+        self.settings = settings or AggregationSettings()
+        self._registry = registry
+        self._limits = limits
+        self._ownership = ownership
+        self._runs: dict[str, RunAggregator] = {}
+        self._members: dict[str, RunAggregator] = {}  # by session id
+        self._stopping: dict[str, asyncio.Future[list[ClosedFile]]] = {}
+        self._remembered: OrderedDict[str, WrittenThrough] = OrderedDict()
+        # Told of the closed files of an aggregator that stopped on its own (idle), for their records.
+        self.on_closed: Callable[[list[ClosedFile]], Awaitable[None]] | None = None
+
+    def open_problem(self, request: pb.OpenSessionRequest) -> str | None:
+        """Why an `OpenSession` is refused for aggregation's sake (a worker label that names an aggregate run,
+        too many or too long tag patterns), or None."""
+        if self.settings.enabled and request.worker in RESERVED_WORKERS:
+            return (
+                f"worker label {request.worker!r} is reserved for the daemon's aggregates of the run "
+                f"({', '.join(sorted(RESERVED_WORKERS))}); label the worker otherwise, e.g. 'rank-0'"
+            )
+        patterns = request.aggregate_tags
+        if len(patterns) > MAX_TAG_PATTERNS:
+            return f"aggregate_tags has {len(patterns)} patterns, over the limit of {MAX_TAG_PATTERNS}; merge them"
+        longest = max((len(p.encode()) for p in patterns), default=0)
+        if longest > self._limits.max_tag_bytes:
+            return (
+                f"aggregate_tags has a pattern of {longest} bytes, over the limit of {self._limits.max_tag_bytes} "
+                "bytes (--max-tag-bytes)"
+            )
+        return None
+
+    def _wanted(self, request: pb.OpenSessionRequest) -> bool:
+        return self.settings.enabled and request.world_size > 1 and bool(request.worker) and not request.aggregate_off
+
+    async def joined(self, session: Session, request: pb.OpenSessionRequest, parts: list[str]) -> None:
+        """Aggregate the new live `session` (run path `parts`, its worker last) when it asks for it."""
+        if not self._wanted(request):
+            return
+        run = "/".join(parts[:-1])
+        aggregator = self._runs.get(run)
+        if aggregator is None:
+            runs = AggregateRuns(run, self._registry, self._limits, self._ownership)
+            aggregator = self._runs[run] = RunAggregator(runs, self.settings)
+            aggregator.starting = asyncio.ensure_future(
+                aggregator.start(self._stopping.get(run), functools.partial(self._remembered.get, run), self._idle)
+            )
+        aggregator.sessions += 1
+        aggregator.idle_since = None
+        self._members[session.session_id] = aggregator
+        assert aggregator.starting is not None
+        if await asyncio.shield(aggregator.starting) and session.ending is None:
+            aggregator.table.joined(session.worker, request.world_size)
+            session.tap = functools.partial(aggregator.take, session.worker, TagFilter(request.aggregate_tags))
+
+    async def left(self, session: Session, others: Sequence[Session], stopping: bool = False) -> list[ClosedFile]:
+        """`session` ended; `others` are the live sessions. When it was the run's last and the whole world has
+        left (every worker's last session closed or released), or the daemon is `stopping`, the run's aggregator
+        stops: its pending steps are finalised and written, and the closed files of its aggregate runs returned
+        for their records. Otherwise the aggregator waits for the other workers (which a daemon restart, or
+        their own, may bring back later) until `--straggler-secs` pass without a session."""
+        aggregator = self._members.pop(session.session_id, None)
+        if aggregator is None:
+            return []
+        session.tap = None
+        if not any(self._members.get(s.session_id) is aggregator and s.worker == session.worker for s in others):
+            aggregator.departed(session.worker)
+        aggregator.sessions -= 1
+        if aggregator.sessions > 0:
+            return []
+        if stopping or aggregator.table.world_left() or not aggregator.live:
+            return await self._stop(aggregator, stopping)
+        aggregator.idle_since = time.monotonic()
+        return []
+
+    async def close_all(self) -> list[ClosedFile]:
+        """Stop every aggregator (shutdown); the closed files of their aggregate runs returned."""
+        closed: list[ClosedFile] = []
+        for aggregator in list(self._runs.values()):
+            closed += await self._stop(aggregator, shutdown=True)
+        return closed
+
+    def _idle(self, aggregator: RunAggregator) -> None:
+        """`aggregator` went without a session for `--straggler-secs`: stop it (its ticker tells)."""
+        if self._runs.get(aggregator.run) is aggregator and aggregator.sessions == 0:
+            task = asyncio.ensure_future(self._stop_idle(aggregator))
+            task.add_done_callback(_log_failure)
+
+    async def _stop_idle(self, aggregator: RunAggregator) -> None:
+        closed = await self._stop(aggregator)
+        if closed and self.on_closed is not None:
+            await self.on_closed(closed)
+
+    async def _stop(self, aggregator: RunAggregator, shutdown: bool = False) -> list[ClosedFile]:
+        run = aggregator.run
+        if self._runs.get(run) is aggregator:
+            del self._runs[run]
+        stopping = self._stopping[run] = asyncio.ensure_future(aggregator.stop(shutdown))
+        try:
+            return await asyncio.shield(stopping)
+        finally:
+            if aggregator.table.last_final():
+                self._remember(run, aggregator.written())
+            if self._stopping.get(run) is stopping:
+                del self._stopping[run]
+
+    def _remember(self, run: str, written: WrittenThrough) -> None:
+        """Keep what a stopped aggregator wrote through, for the run's next one (its files may not say all of it
+        yet: on a bucket logdir a closed file goes up in the background and its staged copy is emptied)."""
+        self._remembered[run] = written
+        self._remembered.move_to_end(run)
+        while len(self._remembered) > REMEMBERED_RUNS:
+            self._remembered.popitem(last=False)
+
+    def lag(self, session: Session) -> int | None:
+        """How many steps the session's worker is behind its run's furthest worker; None when not aggregated."""
+        aggregator = self._members.get(session.session_id)
+        if aggregator is None or not aggregator.live:
+            return None
+        return aggregator.table.lag().get(session.worker, 0)

@@ -1,0 +1,138 @@
+"""The parts of cross-worker aggregation on their own: the step table and the scalar points of a batch."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from tensorboard.compat.proto.event_pb2 import Event
+from tensorboard.compat.proto.summary_pb2 import Summary, SummaryMetadata
+from tensorboard.compat.proto.tensor_pb2 import TensorProto
+from tensorboard.compat.proto.tensor_shape_pb2 import TensorShapeProto
+
+from summaryd.server.scalar_points import points
+from summaryd.server.scalar_records import ScalarRecords
+from summaryd.server.step_table import Reduction, StepTable
+from summaryd.v1 import summaryd_pb2 as pb
+
+
+def steps_of(done: list[Reduction]) -> list[tuple[str, int, int]]:
+    return [(r.tag, r.step, r.count) for r in done]
+
+
+def test_a_step_is_final_once_every_worker_is_at_or_past_it() -> None:
+    table = StepTable(3, max_pending=100)
+    for worker in ("a", "b"):
+        for step in range(3):
+            table.add(worker, "loss", step, 1.0, float(step), now=0.0)
+    assert table.complete() == []  # the third worker has not reported: nothing is final
+    table.add("c", "loss", 1, 1.0, 1.0, now=0.0)  # c skipped step 0: it will not come
+    assert steps_of(table.complete()) == [("loss", 0, 2), ("loss", 1, 3)]
+    table.add("c", "loss", 2, 1.0, 2.0, now=0.0)
+    [last] = table.complete()
+    assert (last.step, last.count, last.mean, last.min, last.max, last.std) == (2, 3, 2.0, 2.0, 2.0, 0.0)
+
+
+def test_reductions_are_mean_min_max_and_population_std() -> None:
+    table = StepTable(4, max_pending=100)
+    for worker, value in zip("abcd", (1.0, 2.0, 4.0, 9.0), strict=True):
+        table.add(worker, "x", 7, 10.0 + value, value, now=0.0)
+    [r] = table.complete()
+    assert (r.step, r.count, r.mean, r.min, r.max, r.wall_time) == (7, 4, 4.0, 1.0, 9.0, 19.0)
+    assert r.std == math.sqrt(((1 - 4) ** 2 + (2 - 4) ** 2 + 0 + (9 - 4) ** 2) / 4)
+
+
+def test_a_straggler_is_not_waited_for_beyond_the_timeout() -> None:
+    table = StepTable(3, max_pending=100)
+    table.add("a", "loss", 0, 1.0, 1.0, now=10.0)
+    table.add("b", "loss", 0, 1.0, 3.0, now=10.5)
+    table.add("a", "loss", 1, 1.0, 1.0, now=11.0)
+    assert table.overdue(now=12.9, straggler_secs=3.0) == []
+    [r] = table.overdue(now=13.0, straggler_secs=3.0)
+    assert (r.step, r.count, r.mean) == (0, 2, 2.0)
+    table.add("c", "loss", 0, 1.0, 100.0, now=13.1)  # late: the step is final, the point is not taken
+    assert table.late_points == 1
+    assert table.overdue(now=20.0, straggler_secs=3.0)[0].step == 1
+
+
+def test_pending_steps_are_bounded_oldest_first() -> None:
+    table = StepTable(3, max_pending=3)
+    for step in range(5):
+        table.add("a", "loss", step, 1.0, 1.0, now=float(step))
+        table.add("b", "loss", step, 1.0, 1.0, now=float(step))
+    assert [r.step for r in table.complete()] == [0, 1]
+    assert len(table) == 3
+
+
+def test_a_tag_only_one_worker_logs_is_not_reduced() -> None:
+    """Frameworks log from rank 0 only: its steps are finalised without a reduction (no aggregate runs appear)."""
+    table = StepTable(2, max_pending=100)
+    table.add("a", "loss", 0, 1.0, 1.0, now=0.0)
+    assert table.overdue(now=100.0, straggler_secs=1.0) == []
+    assert (len(table), table.last_final()) == (0, {"loss": 0})
+    table.add("b", "loss", 1, 1.0, 3.0, now=100.0)  # a second worker: from now on the tag is reduced
+    assert [(r.step, r.count) for r in table.overdue(now=200.0, straggler_secs=1.0)] == [(1, 1)]
+
+
+def test_a_departed_worker_is_not_waited_for_and_a_restarted_one_is_again() -> None:
+    table = StepTable(2, max_pending=100)
+    table.add("a", "loss", 5, 1.0, 1.0, now=0.0)
+    table.add("b", "loss", 3, 1.0, 1.0, now=0.0)
+    assert [r.step for r in table.complete()] == [3]
+    table.departed("b")
+    assert [r.step for r in table.complete()] == [5]
+    assert not table.world_left()
+    table.joined("b", 2)  # a new session of b: steps wait for it again, from where it reports
+    table.add("a", "loss", 6, 1.0, 1.0, now=0.0)
+    assert table.complete() == []
+    table.add("b", "loss", 4, 1.0, 1.0, now=0.0)  # steps start lower: at or below the last final step
+    assert table.late_points == 1
+    assert table.lag() == {"a": 0, "b": 2}
+
+
+def test_steps_already_written_are_never_taken_again() -> None:
+    table = StepTable(2, max_pending=100, last_final={"loss": 10})
+    for worker in ("a", "b"):
+        table.add(worker, "loss", 10, 1.0, 1.0, now=0.0)
+        table.add(worker, "loss", 11, 1.0, 1.0, now=0.0)
+    assert table.late_points == 2
+    assert [r.step for r in table.complete()] == [11]
+    assert table.last_final() == {"loss": 11}
+
+
+def event(*values: Summary.Value, step: int = 3) -> bytes:
+    return Event(wall_time=5.0, step=step, summary=Summary(value=list(values))).SerializeToString()
+
+
+def test_points_of_serialized_summaries_simple_values_and_scalar_tensors() -> None:
+    scalars = SummaryMetadata(plugin_data=SummaryMetadata.PluginData(plugin_name="scalars"))
+    images = SummaryMetadata(plugin_data=SummaryMetadata.PluginData(plugin_name="images"))
+    tf2 = TensorProto(dtype=1, tensor_shape=TensorShapeProto(), float_val=[0.5])
+    content = TensorProto(dtype=2, tensor_shape=TensorShapeProto(), tensor_content=np.float64(2.25).tobytes())
+    vector = TensorProto(dtype=1, tensor_shape=TensorShapeProto(dim=[TensorShapeProto.Dim(size=2)]), float_val=[1, 2])
+    batch = [
+        event(Summary.Value(tag="simple", simple_value=1.5)),
+        event(Summary.Value(tag="tf2", tensor=tf2, metadata=scalars)),
+        event(Summary.Value(tag="tf2", tensor=tf2), step=4),  # metadata only on a tag's first event
+        event(Summary.Value(tag="double", tensor=content)),
+        event(Summary.Value(tag="vector", tensor=vector), Summary.Value(tag="image", tensor=tf2, metadata=images)),
+        Event(wall_time=1.0, file_version="x").SerializeToString(),
+    ]
+    assert list(points(batch)) == [
+        ("simple", 3, 5.0, 1.5),
+        ("tf2", 3, 5.0, 0.5),
+        ("tf2", 4, 5.0, 0.5),
+        ("double", 3, 5.0, 2.25),
+    ]
+
+
+def test_points_of_scalar_columns_are_read_from_the_columns_and_their_tail() -> None:
+    columns = pb.ScalarColumns(
+        tags=["a", "b"], tag_index=[0, 1, 0], step=[1, 2, 3], wall_time=[1.0, 2.0, 3.0], value=[0.1, 2.0, 3.0]
+    )
+    assert list(points(ScalarRecords(columns))) == [
+        ("a", 1, 1.0, float(np.float32(0.1))),
+        ("b", 2, 2.0, 2.0),
+        ("a", 3, 3.0, 3.0),
+    ]
+    assert list(points(ScalarRecords(columns)[2:])) == [("a", 3, 3.0, 3.0)]

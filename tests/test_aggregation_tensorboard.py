@@ -1,0 +1,129 @@
+"""A real TensorBoard shows the aggregates beside the workers: its HTTP API serves `<run>/mean|min|max|std` with
+the workers' `loss` tag, and a headless Chromium screenshot of the scalars dashboard is kept as an artifact.
+
+Slow tier: it starts TensorBoard and Chromium (Debian's `chromium` package). The screenshot goes to
+`$SUMMARYD_ARTIFACTS_DIR` (default `artifacts/` at the repository root) as `aggregates-scalars.png`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import urllib.parse
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from _support import Daemon, stop_process, wait_for
+from summaryd.client import SummaryWriter
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
+
+SERVING = re.compile(r"TensorBoard \S+ at http://127\.0\.0\.1:(\d+)/")
+WORLD, STEPS = 4, 200
+ARTIFACTS = Path(os.environ.get("SUMMARYD_ARTIFACTS_DIR", Path(__file__).resolve().parent.parent / "artifacts"))
+
+
+def loss(rank: int, step: int) -> float:
+    return float(np.float32(2.0 * np.exp(-step / 60) + 0.1 * rank + 0.05 * np.sin(step / 5 + rank)))
+
+
+class TensorBoard:
+    """`tensorboard` on a loopback port the OS picks, stopped by its pid."""
+
+    def __init__(self, logdir: Path, workdir: Path) -> None:
+        self.log_path = workdir / "tensorboard.log"
+        env = {**os.environ, "TMPDIR": str(workdir)}
+        args = [sys.executable, "-m", "tensorboard.main", "--logdir", str(logdir), "--host", "127.0.0.1"]
+        args += ["--port", "0", "--reload_interval", "1", "--load_fast=false"]
+        with open(self.log_path, "wb") as log:
+            self.proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env)
+        wait_for(lambda: self.proc.poll() is not None or SERVING.search(self.log()), 120, "TensorBoard to serve")
+        match = SERVING.search(self.log())
+        assert match is not None, self.log()
+        self.url = f"http://127.0.0.1:{match.group(1)}"
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def get(self, path: str, **query: str) -> Any:
+        url = self.url + path + ("?" + urllib.parse.urlencode(query) if query else "")
+        with urllib.request.urlopen(url, timeout=30) as answer:
+            return json.loads(answer.read())
+
+
+@pytest.fixture
+def tensorboard(daemon: Daemon, tmp_path: Path) -> Iterator[TensorBoard]:
+    tb = TensorBoard(daemon.logdir, tmp_path)
+    try:
+        yield tb
+    finally:
+        stop_process(tb.proc, 10)
+
+
+def test_tensorboard_draws_the_aggregates_beside_the_workers(daemon: Daemon, tensorboard: TensorBoard) -> None:
+    writers = [
+        SummaryWriter("job", address=daemon.address, worker=f"rank-{rank}", world_size=WORLD) for rank in range(WORLD)
+    ]
+    for step in range(STEPS):
+        for rank, writer in enumerate(writers):
+            writer.add_scalar("loss", loss(rank, step), step)
+    for writer in writers:
+        assert writer.close().ok
+
+    runs = {f"job/rank-{rank}" for rank in range(WORLD)} | {f"job/{n}" for n in ("mean", "min", "max", "std")}
+    wait_for(lambda: runs | {"job/summaryd"} <= set(tensorboard.get("/data/runs")), 60, "TensorBoard to list runs")
+    tags = tensorboard.get("/data/plugin/scalars/tags")
+    for run in runs:
+        assert "loss" in tags[run], (run, tags[run])
+    assert {"count/loss", *(f"lag_steps/rank-{rank}" for rank in range(WORLD))} <= set(tags["job/summaryd"])
+
+    def served(run: str) -> list[tuple[int, float]]:
+        return [
+            (step, value) for _, step, value in tensorboard.get("/data/plugin/scalars/scalars", run=run, tag="loss")
+        ]
+
+    wait_for(lambda: len(served("job/mean")) == STEPS, 60, "every step of job/mean")
+    values = np.array([[loss(rank, step) for rank in range(WORLD)] for step in range(STEPS)], dtype=np.float64)
+    for name, reduce in (("mean", np.mean), ("min", np.min), ("max", np.max)):
+        want = [(step, float(np.float32(v))) for step, v in enumerate(reduce(values, axis=1))]
+        assert served(f"job/{name}") == want, name
+    assert [step for step, _ in served("job/std")] == list(range(STEPS))
+
+    # The dashboard, filtered to the `loss` chart: every run's line in one chart.
+    chromium = shutil.which("chromium") or shutil.which("chromium-browser")
+    assert chromium, "the slow tier needs Debian's chromium (apt-get install -y chromium)"
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    shot = ARTIFACTS / "aggregates-scalars.png"
+    shot.unlink(missing_ok=True)
+    profile = Path(tensorboard.log_path.parent) / "chromium-profile"
+    command = [
+        chromium,
+        "--headless",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-quic",
+        "--no-first-run",
+        "--disable-background-networking",
+        "--disable-component-update",
+        "--disable-sync",
+        f"--user-data-dir={profile}",
+        f"--screenshot={shot}",
+        "--window-size=1400,1000",
+        "--virtual-time-budget=20000",
+        f"{tensorboard.url}/#scalars&tagFilter=%5Eloss%24",
+    ]
+    done = subprocess.run(command, capture_output=True, timeout=180, check=False)
+    assert done.returncode == 0, done.stderr.decode(errors="replace")[-2000:]
+    assert shot.stat().st_size > 10_000, "the screenshot is (nearly) empty"
+    with open(shot, "rb") as f:
+        assert f.read(8) == b"\x89PNG\r\n\x1a\n"
+    print(f"screenshot of the scalars dashboard: {shot}")
