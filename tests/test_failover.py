@@ -192,6 +192,36 @@ def test_two_clients_of_one_run_on_two_daemons_end_on_one_daemon(
     )
 
 
+def test_the_workers_of_one_run_on_two_daemons_end_on_one_daemon(
+    tmp_path: Path, seaweed: SeaweedServer, logdir_url: str, daemons: list[Daemon]
+) -> None:
+    """A run's lease covers all its workers (and their aggregates): rank-1, sent to b, is redirected to a."""
+    daemons += [daemon_in(tmp_path / name, logdir_url) for name in ("a", "b")]
+    a, b = daemons
+    rank0 = SummaryWriter("ranks", worker="rank-0", world_size=2, address=a.address)
+    try:
+        rank0.add_scalar("loss", 0.0, 0)
+        rank0.flush()  # a owns the run `ranks` from here
+        code, _, trailing = refusal(b.address, "ranks")
+        assert code == grpc.StatusCode.FAILED_PRECONDITION and trailing[OWNER_ADDRESS_KEY] == a.address
+        with SummaryWriter("ranks", worker="rank-1", world_size=2, address=b.address, backoff_secs=(0.05, 0.2)) as w:
+            log_losses(w, range(100))
+        log_losses(rank0, range(1, 100))
+    finally:
+        rank0.close()
+    lease = lease_of(logdir_url, "ranks")
+    for daemon in daemons:
+        daemon.terminate()
+    assert lease is not None and lease.address == a.address
+    assert lease_of(logdir_url, "ranks/rank-1") is None  # no lease of its own: the run's covers it
+    assert not (tmp_path / "b" / "state" / "staging" / "ranks").exists()  # b wrote no worker of the run
+    for rank in ("rank-0", "rank-1"):
+        assert list((tmp_path / "a" / "state" / "staging" / "ranks" / rank).glob("*tfevents*"))
+        assert steps_from_bucket(seaweed, logdir_url, f"ranks/{rank}", tmp_path / f"read-{rank}") == (
+            collections.Counter(range(100))
+        )
+
+
 def test_a_session_moves_to_another_daemon_on_the_bucket_when_its_daemon_dies(
     tmp_path: Path, seaweed: SeaweedServer, logdir_url: str, daemons: list[Daemon]
 ) -> None:

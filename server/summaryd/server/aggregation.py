@@ -99,7 +99,7 @@ class AggregateRuns:
         self._limits = limits
         self._ownership = ownership
         self._writers: dict[str, RunWriter] = {}
-        self._owned: list[str] = []
+        self._owned = False  # the run's lease, one count for the five runs (a bucket logdir)
 
     @property
     def open(self) -> bool:
@@ -112,10 +112,10 @@ class AggregateRuns:
             RunOwnedElsewhereError, OSError, LimitError: the daemon cannot write them (what it took is let go).
         """
         try:
+            if self._ownership is not None:
+                await self._ownership.take(self.run)  # the lease its workers hold: the run, all its directories
+                self._owned = True
             for name in (*REDUCTIONS, STATS_RUN):
-                if self._ownership is not None:
-                    await self._ownership.take(f"{self.run}/{name}")
-                    self._owned.append(f"{self.run}/{name}")
                 self._writers[name] = await self._registry.acquire([*self.run.split("/"), name], self._limits)
         except BaseException:
             await self.let_go()
@@ -169,17 +169,16 @@ class AggregateRuns:
         ends = {w.run_dir: (w.run_dir, w.file.name, w.file.size) for w in self._writers.values() if w.file}
         closed = [await self._registry.release(writer) for writer in self._writers.values()]
         self._writers = {}
-        if self._ownership is not None and not shutdown:
-            for run_dir in self._owned:
-                # A bucket logdir: the lease goes once the run's last staged bytes are uploaded (in the background).
-                end = ends.get(run_dir)
-                settled = (
-                    functools.partial(sink.upload_through, *end)
-                    if end is not None and isinstance(sink, SegmentShipper)
-                    else None
-                )
-                await self._ownership.let_go(run_dir, settled)
-        self._owned = []
+        if self._ownership is not None and self._owned and not shutdown:
+            # A bucket logdir: the lease goes once the runs' last staged bytes are uploaded (in the background).
+            shipper = sink if isinstance(sink, SegmentShipper) else None
+            uploads = [functools.partial(shipper.upload_through, *end) for end in ends.values()] if shipper else []
+
+            async def settled() -> None:
+                await asyncio.gather(*(upload() for upload in uploads))
+
+            await self._ownership.let_go(self.run, settled if uploads else None)
+        self._owned = False
         return [file for file in closed if file is not None]
 
 

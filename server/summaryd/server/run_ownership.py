@@ -1,12 +1,13 @@
 """Which runs of a bucket logdir this daemon writes: their leases, taken as sessions open and kept while held.
 
-A session opening on a run this daemon does not write yet takes the run's lease first (`leases.RunLeases`);
-another daemon's live lease refuses it with `RunOwnedElsewhereError`, naming where the client belongs. Every
-session holding the run counts; when the last one leaves (its file closed), the lease is released so that
-another daemon need not wait for it to expire. While held, leases are renewed in the background at a third of
-their duration. A lease found taken over at renewal (another daemon judged this one gone) is dropped, logged,
-and reported to `on_lost`, which ends the run's live sessions here: their clients open them again and are sent
-to the new owner.
+A run's lease is for the run its clients name, all its workers (`leased_run`): a job's workers, and the
+aggregates of them, are written by one daemon. A session opening on a run this daemon does not write yet takes
+the run's lease first (`leases.RunLeases`); another daemon's live lease refuses it with `RunOwnedElsewhereError`,
+naming where the client belongs. Every session holding the run counts; when the last one leaves (its file
+closed) and what every session of the run staged is uploaded, the lease is released so that another daemon need
+not wait for it to expire. While held, leases are renewed in the background at a third of their duration. A
+lease found taken over at renewal (another daemon judged this one gone) is dropped, logged, and reported to
+`on_lost`, which ends the run's live sessions here: their clients open them again and are sent to the new owner.
 """
 
 from __future__ import annotations
@@ -51,6 +52,12 @@ def holder_id(state_path: str) -> str:
     return holder
 
 
+def leased_run(run_dir: str, worker: str) -> str:
+    """The run whose lease a session of `run_dir` holds: the run its client named (`run_dir` without the
+    session's worker label), so that all the workers of a job land on one daemon."""
+    return run_dir[: -len(worker) - 1] if worker and run_dir.endswith("/" + worker) else run_dir
+
+
 class RunOwnership:
     """The leases of the runs this daemon writes, counted by the sessions that hold each run."""
 
@@ -64,6 +71,8 @@ class RunOwnership:
         self._lock = asyncio.Lock()
         self._renewer: asyncio.Task[None] | None = None
         self._releasing: set[asyncio.Task[None]] = set()
+        # Per run, the uploads its sessions that left are waiting for: the lease goes after all of them.
+        self._settling: dict[str, list[asyncio.Task[None]]] = {}
 
     @property
     def address(self) -> str:
@@ -72,6 +81,11 @@ class RunOwnership:
     def held(self) -> dict[str, Lease]:
         """The lease of each run this daemon holds."""
         return {run: lease for run, (lease, _) in self._held.items()}
+
+    def holds(self, run_dir: str) -> bool:
+        """Whether this daemon holds the lease that covers `run_dir` (a run, or a worker's directory of one)."""
+        parts = run_dir.split("/")
+        return any("/".join(parts[:n]) in self._held for n in range(len(parts), 0, -1))
 
     async def take(self, run_dir: str) -> None:
         """Count one more session on `run_dir`, taking its lease when this daemon does not hold it yet.
@@ -95,29 +109,43 @@ class RunOwnership:
             log.info("run %s: lease taken (until %.0f)", run_dir, lease.expires)
 
     async def let_go(self, run_dir: str, settled: Callable[[], Awaitable[None]] | None = None) -> None:
-        """Count one session fewer on `run_dir`; the last one releases the lease, once `settled()` returns (the
-        run's staged bytes are uploaded: the next owner's segments must come after them). Until then the lease
-        is kept and renewed, and a session opening on the run here takes it up again."""
+        """Count one session fewer on `run_dir`, whose staged bytes are uploaded once `settled()` returns. The
+        last one releases the lease once every leaving session's upload is done (the next owner's segments must
+        come after them). Until then the lease is kept and renewed, and a session opening on the run here takes
+        it up again."""
         async with self._lock:
             held = self._held.get(run_dir)
             if held is None:
                 return
             lease, count = held
-            if count > 1 or settled is not None:
+            settling = [task for task in self._settling.pop(run_dir, []) if not task.done()]
+            if settled is not None:
+                settling.append(self._background(self._settle(run_dir, settled)))
+            if count > 1 or settling:
                 self._held[run_dir] = (lease, count - 1)
-                if count == 1 and settled is not None:
-                    task = asyncio.create_task(self._release_when(run_dir, settled))
-                    self._releasing.add(task)
-                    task.add_done_callback(self._releasing.discard)
+                if count > 1:
+                    self._settling[run_dir] = settling
+                else:
+                    self._background(self._release_when(run_dir, settling))
                 return
             del self._held[run_dir]
             await self._release(lease)
 
-    async def _release_when(self, run_dir: str, settled: Callable[[], Awaitable[None]]) -> None:
+    def _background(self, work: Awaitable[None]) -> asyncio.Task[None]:
+        task = asyncio.ensure_future(work)
+        self._releasing.add(task)
+        task.add_done_callback(self._releasing.discard)
+        return task
+
+    @staticmethod
+    async def _settle(run_dir: str, settled: Callable[[], Awaitable[None]]) -> None:
         try:
             await settled()
         except Exception:
-            log.exception("run %s: waiting for its last upload failed; releasing its lease", run_dir)
+            log.exception("run %s: waiting for a session's last upload failed; its lease goes without it", run_dir)
+
+    async def _release_when(self, run_dir: str, settling: list[asyncio.Task[None]]) -> None:
+        await asyncio.gather(*settling)
         async with self._lock:
             held = self._held.get(run_dir)
             if held is None or held[1] > 0:  # lost meanwhile, or a session took the run up again

@@ -301,7 +301,7 @@ class SummariesService(pb_grpc.SummariesServicer):
     def _bucket_columns(self, status: pb.RunStatus) -> None:
         """A bucket logdir's columns of a run: its lease holder, staged bytes and last upload."""
         ownership, sink = self.lifecycle.ownership, self.lifecycle.registry.sink
-        if ownership is not None and status.run_dir in ownership.held():
+        if ownership is not None and ownership.holds(status.run_dir):
             status.lease_holder = ownership.address
         if isinstance(sink, SegmentShipper):
             status.staged_bytes, last_upload = sink.backlog(status.run_dir)

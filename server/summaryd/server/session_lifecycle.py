@@ -46,7 +46,7 @@ from summaryd.server.io_threads import run_to_completion
 from summaryd.server.limits import DEFAULT, LimitError, Limits
 from summaryd.server.logs import Throttle
 from summaryd.server.request_checks import MAX_SEQUENCE
-from summaryd.server.run_ownership import RunOwnership
+from summaryd.server.run_ownership import RunOwnership, leased_run
 from summaryd.server.runs import ClosedFile, RunRegistry, RunWriter
 from summaryd.server.segments import SegmentIndex, SegmentShipper, segment_key
 from summaryd.server.session_store import SessionRecord, SessionStore
@@ -307,13 +307,14 @@ class SessionLifecycle:
         over = self._over_session_limits(peer)
         if over is not None:  # before any directory is made
             raise LimitError(over)
-        await self._own("/".join(parts))
+        run = leased_run("/".join(parts), request.worker)
+        await self._own(run)
         try:
             record, durable = await self._settle(request.session_id, "/".join(parts), record, state)
             session = await self._start_owned(request, parts, record, peer)
             self._track(session, durable)
         except BaseException:
-            await self._disown("/".join(parts))
+            await self._disown(run)
             raise
         return session
 
@@ -343,7 +344,8 @@ class SessionLifecycle:
         raced = self.sessions.get(session_id)
         if raced is not None:
             await self.registry.release(writer)
-            await self._disown(writer.run_dir)  # this call's count; the raced session holds its own
+            # This call's count; the raced session holds its own.
+            await self._disown(leased_run(writer.run_dir, request.worker))
             return raced
         # Counted again right before the session is added (no await in between): concurrent opens cannot overshoot.
         over = self._over_session_limits(peer)
@@ -490,10 +492,10 @@ class SessionLifecycle:
                 await self._complete(self._release(session, now))
 
     async def release_run(self, run_dir: str) -> None:
-        """Release every live session of `run_dir` (another daemon took the run over); they stay resumable, and
-        their clients, opening them again, are sent to the new owner."""
+        """Release every live session of the run `run_dir` (another daemon took the run over: every worker); they
+        stay resumable, and their clients, opening them again, are sent to the new owner."""
         for session in self.sessions:
-            if session.run.run_dir == run_dir:
+            if leased_run(session.run.run_dir, session.worker) == run_dir:
                 await self._complete(self._release(session, None))
 
     async def close_all(self) -> None:
@@ -583,7 +585,7 @@ class SessionLifecycle:
                 [record] if record is not None else [], [closed] if closed else [], sync=closing and last
             )
             self.sessions.remove(session, ending)
-            await self._disown(session.run.run_dir, end)
+            await self._disown(leased_run(session.run.run_dir, session.worker), end)
             await self._record_closed(await self.aggregation.left(session, list(self.sessions), self._stopping))
         return True
 
