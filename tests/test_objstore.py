@@ -7,6 +7,7 @@ system would take over `s3://`) serves it over HTTP. Each test writes below a pr
 
 from __future__ import annotations
 
+import asyncio
 import collections
 import json
 import os
@@ -14,6 +15,7 @@ import re
 import shutil
 import subprocess
 import sys
+import threading
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -32,7 +34,15 @@ from summaryd.client import SummaryWriter
 from summaryd.server.bucket import Bucket, PreconditionFailedError
 from summaryd.server.leases import LeaseHeldError, LeaseLostError, RunLeases
 from summaryd.server.segment_sessions import ATTRIBUTE, MAX_SESSIONS, decode, session_tag
-from summaryd.server.segments import SealPolicy, SegmentIndex, SegmentShipper, parse_segment, segment_key
+from summaryd.server.segments import (
+    SealPolicy,
+    SegmentIndex,
+    SegmentShipper,
+    parse_segment,
+    release_uploaded,
+    segment_key,
+)
+from summaryd.v1 import wire
 
 pytestmark = pytest.mark.objstore
 
@@ -156,6 +166,53 @@ async def test_each_segment_names_its_sessions_and_ends_rather_than_name_too_man
     assert [await index.held("run", session, "") for session in (sessions[0], sessions[1], "unknown")] == [100, 2, 0]
     assert await index.held("run", sessions[1], keys[1]) == 0  # segments before the bound are not read
     assert await index.end_key("run") == segment_key("run", name, 10 * len(batches))
+
+
+class _SlowToGiveBack(ThreadPoolExecutor):
+    """One I/O thread whose hole punching (giving an uploaded range's disk blocks back) waits for `go`: a disk
+    slow at that instant, which no real disk makes on demand (the one fault this test fakes)."""
+
+    def __init__(self) -> None:
+        super().__init__(1)
+        self.punching, self.go = threading.Event(), threading.Event()
+
+    def submit(self, fn: Any, /, *args: Any, **kwargs: Any) -> Any:
+        if fn is release_uploaded:
+
+            def slow() -> Any:
+                self.punching.set()
+                self.go.wait(30)
+                return fn(*args, **kwargs)
+
+            return super().submit(slow)
+        return super().submit(fn, *args, **kwargs)
+
+
+async def test_a_shipper_stopped_while_giving_back_an_uploaded_range_does_not_upload_it_again(
+    tmp_path: Path, logdir_url: str
+) -> None:
+    """Shutdown stops the background uploader and drains: stopped between a segment's put and its bookkeeping,
+    the drain read the range again from the blocks given back (zeros) and replaced the good segment with them."""
+    bucket = Bucket(logdir_url)
+    name = "events.out.tfevents.1700000000.host.1.1"
+    staged = tmp_path / "staging" / "run" / name
+    staged.parent.mkdir(parents=True)
+    records = wire.frame_all([Event(step=step, wall_time=1.0).SerializeToString() for step in range(2000)])
+    staged.write_bytes(records)
+    with _SlowToGiveBack() as executor:
+        shipper = SegmentShipper(bucket, str(tmp_path / "staging"), SealPolicy(), executor)
+        shipper.appended("run", name, len(records))
+        shipper.closed("run", name, len(records))
+        shipper.start()
+        await asyncio.get_running_loop().run_in_executor(None, executor.punching.wait, 30)
+        draining = asyncio.ensure_future(shipper.drain())  # shutdown: stop the uploader, then upload what is left
+        await asyncio.sleep(0.2)
+        executor.go.set()
+        await draining
+    assert shipper.counters.objects == 1
+    (info,) = await bucket.list("run/")
+    uploaded = await bucket.get(info.key)
+    assert uploaded is not None and uploaded[0] == records
 
 
 def count_segments(policy: SealPolicy, seconds: int, every: float) -> int:

@@ -368,11 +368,12 @@ class SegmentShipper:
                 raise BucketError(f"run {staged.run_dir}: uploading {key} failed: {exc}") from exc
             log.warning("run %s: uploading %s failed (kept staged, retrying): %s", staged.run_dir, key, exc)
             return False
-        with contextlib.suppress(OSError):
-            await loop.run_in_executor(self._executor, release_uploaded, path, start, end)
         self.counters.count(end - start)
         if self.counters.objects == _EXIT_AFTER_UPLOADS:
             os._exit(70)
+        # Counted as uploaded before the next await: a cancellation (the shipper stopped at shutdown) must not
+        # land between the put and this, or the drain would upload the range again from the blocks given back
+        # below, which read as zeros, over the good segment of the same key.
         staged.uploaded = end
         staged.boundaries = [boundary for boundary in staged.boundaries if boundary[0] > end]
         staged.segments += 1
@@ -382,6 +383,8 @@ class SegmentShipper:
         self._progress = asyncio.Event()
         if self.on_uploaded is not None:
             self.on_uploaded(staged.run_dir, staged.name, end)
+        with contextlib.suppress(OSError):
+            await loop.run_in_executor(self._executor, release_uploaded, path, start, end)
         return True
 
     def _stub(self, staged: StagedFile) -> None:
