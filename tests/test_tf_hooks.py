@@ -33,7 +33,7 @@ from tensorboard.compat.proto.summary_pb2 import Summary
 from tensorboard.context import RequestContext
 
 import summaryd.client
-from _support import Daemon, event_files, read_events, unused_port
+from _support import Daemon, event_files, read_events, start_daemon, unused_port
 from summaryd.client import MonitoredLoop, SummaryWriter, SummaryWriterCache, create_global_step
 from summaryd.client import hooks as hooks_module
 
@@ -535,9 +535,12 @@ if task == 0:
 """
 
 
-def test_chief_and_non_chief_land_in_their_own_worker_runs(daemon: Daemon, tmp_path: Path) -> None:
+def test_chief_and_non_chief_land_in_their_own_worker_runs(daemons: list[Daemon], tmp_path: Path) -> None:
     """Two worker processes of one TF cluster, chief then non-chief, write `multi/worker-0` and `multi/worker-1`,
     and TensorBoard's data provider serves both runs."""
+    # The workers' own runs only: a daemon that does not add the cross-worker aggregates beside them.
+    daemon = start_daemon(tmp_path, "--no-aggregate")
+    daemons.append(daemon)
     cluster = {"worker": [f"127.0.0.1:{unused_port()}", f"127.0.0.1:{unused_port()}"]}
     procs: list[subprocess.Popen[str]] = []
 
