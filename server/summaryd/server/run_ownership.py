@@ -123,10 +123,9 @@ class RunOwnership:
                 settling.append(self._background(self._settle(run_dir, settled)))
             if count > 1 or settling:
                 self._held[run_dir] = (lease, count - 1)
-                if count > 1:
-                    self._settling[run_dir] = settling
-                else:
-                    self._background(self._release_when(run_dir, settling))
+                self._settling[run_dir] = settling  # kept until the release: a later leaver waits for them too
+                if count == 1:
+                    self._background(self._release_when(run_dir))
                 return
             del self._held[run_dir]
             await self._release(lease)
@@ -144,12 +143,18 @@ class RunOwnership:
         except Exception:
             log.exception("run %s: waiting for a session's last upload failed; its lease goes without it", run_dir)
 
-    async def _release_when(self, run_dir: str, settling: list[asyncio.Task[None]]) -> None:
-        await asyncio.gather(*settling)
+    def _unsettled(self, run_dir: str) -> list[asyncio.Task[None]]:
+        return [task for task in self._settling.get(run_dir, []) if not task.done()]
+
+    async def _release_when(self, run_dir: str) -> None:
+        while pending := self._unsettled(run_dir):
+            await asyncio.gather(*pending)
         async with self._lock:
             held = self._held.get(run_dir)
-            if held is None or held[1] > 0:  # lost meanwhile, or a session took the run up again
+            # Lost meanwhile, taken up again, or left again with uploads of its own (their release follows them).
+            if held is None or held[1] > 0 or self._unsettled(run_dir):
                 return
+            self._settling.pop(run_dir, None)
             del self._held[run_dir]
             await self._release(held[0])
 
@@ -164,7 +169,7 @@ class RunOwnership:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
         async with self._lock:
-            held, self._held = list(self._held.values()), {}
+            held, self._held, self._settling = list(self._held.values()), {}, {}
             for lease, _ in held:
                 await self._release(lease)
 
