@@ -14,10 +14,10 @@ import struct
 from collections.abc import Iterator, Sequence
 from typing import overload
 
-import google_crc32c
 import numpy as np
 from numpy.typing import NDArray
 
+from summaryd.server.crc_columns import column_crcs, linear_crc, varying_bytes
 from summaryd.server.errors import EventError
 from summaryd.server.limits import DEFAULT, Limits
 from summaryd.v1 import summaryd_pb2 as pb
@@ -29,7 +29,6 @@ _FLOAT = struct.Struct("<f")
 _WALL_TIME_TAG = b"\x09"  # Event.wall_time: field 1, 64-bit
 _STEP_TAG = b"\x10"  # Event.step: field 2, varint
 _U64 = (1 << 64) - 1
-_U32 = 0xFFFFFFFF
 
 
 def _varint(value: int) -> bytes:
@@ -187,89 +186,155 @@ class ScalarRecords(Sequence[bytes]):
         return problems
 
 
-_VARINT = np.arange(10)  # an int64's varint has up to 10 bytes
-_VARINT_SHIFTS = (_VARINT * 7).astype(np.uint64)
-_VARINT_STEPS = np.array([1 << (7 * k) for k in range(1, 10)], dtype=np.uint64)  # each adds a varint byte
-_STEP_SLOT = np.arange(11)  # the step's key and varint
+_VARINT_SHIFTS = np.arange(0, 70, 7, dtype=np.uint64)  # an int64's varint has up to 10 bytes of 7 bits
+_VARINT_BOUNDS = np.array([1 << (7 * k) for k in range(1, 10)], dtype=np.uint64)  # each adds a varint byte
+_BYTE_SHIFTS = np.arange(0, 64, 8, dtype=np.uint64)
+_FEW_RUNS = 256  # scalars per run of one shape, on average, above which runs are built one by one in order
 
 
 class _Layout:
-    """A batch's framed records, built for the whole batch at once as rows of fixed-width slots.
+    """A batch's framed records, built as dense byte matrices, one per group of records of one shape.
 
-    A framed scalar record is `header | wall_time field | step field | tag template | value | footer`. Each
-    record is a row of a byte matrix with one slot per part, as wide as the widest that part gets in the batch;
-    every part is written for all rows by a column assignment, a mask says which bytes of each slot a record
-    uses, and the masked matrix read in row order is the records' bytes back to back. Only the CRC-32C of each
-    record is a call per record (google-crc32c has no batch API), on its data read straight from its row
-    (`_crcs`), before the footers are written and the matrix is read out once.
+    A framed scalar record is `header | wall_time field | step field | tag template | value | footer`. Records
+    of one shape (wall time written or not, the step's varint size, the template's size) have the same layout,
+    so a group of them is an (n, record size) byte matrix whose every part is written for all its rows by one
+    column assignment and whose bytes, read in row order, are the records back to back. A group's CRCs are
+    one google-crc32c call and a table gather per byte column that varies in it (`crc_columns`). A batch has
+    few shapes and they come in runs (steps cross a varint size rarely): each run is a group and the blob is the
+    runs joined; when shapes interleave (tags of several sizes), records are grouped by shape and each group's
+    rows are put back at their records' offsets in the blob.
     """
 
     def __init__(
         self, tags: list[str], tag_index: NDArray[np.int64], steps: NDArray[np.uint64], wall: NDArray[np.float64]
     ) -> None:
-        templates = [_template(tag) for tag in tags]
-        sizes = np.fromiter(map(len, templates), dtype=np.int64, count=len(templates))
-        widest = int(sizes.max())
-        table = np.zeros((len(templates), widest), dtype=np.uint8)
-        for row, template in enumerate(templates):
-            table[row, : len(template)] = np.frombuffer(template, dtype=np.uint8)
-        self._table, self._tag_index = table, tag_index
-        self._template_size = sizes[tag_index]
+        self._templates = [_template(tag) for tag in tags]
+        sizes = np.fromiter(map(len, self._templates), dtype=np.int64, count=len(self._templates))
+        self._tag_index = tag_index
         self._has_wall = wall.view(np.uint64) != 0  # only +0.0 is left out, -0.0 is written
-        varint = 1 + (steps[:, None] >= _VARINT_STEPS).sum(axis=1)
+        varint = 1 + np.searchsorted(_VARINT_BOUNDS, steps, side="right")
         self._varint = np.where(steps == 0, 0, varint)
-        self._step_size = np.where(steps == 0, 0, 1 + varint)
-        self.lengths: NDArray[np.int64] = self._has_wall * 9 + self._step_size + self._template_size + 4
+        template_size = sizes[tag_index] if len(sizes) > 1 else np.full(len(steps), sizes[0])
+        self.lengths: NDArray[np.int64] = self._has_wall * 9 + (self._varint + 1) * (steps != 0) + template_size + 4
+        self._shapes = (template_size * 16 + self._varint) * 2 + self._has_wall
 
     def framed(self, steps: NDArray[np.uint64], wall: NDArray[np.float64], values: NDArray[np.float32]) -> bytes:
         """The records framed as one blob."""
-        count = len(self.lengths)
-        widest = self._table.shape[1]
-        rows = np.zeros((count, 12 + 9 + 11 + widest + 4 + 4), dtype=np.uint8)
-        used = np.ones(rows.shape, dtype=np.bool_)
-        # A batch's records come in few lengths: one cached header each, looked up by length.
-        sizes = np.flatnonzero(np.bincount(self.lengths))
-        headers = np.zeros((int(sizes[-1]) + 1, 12), dtype=np.uint8)
-        headers[sizes] = np.frombuffer(b"".join(header(size) for size in sizes.tolist()), dtype=np.uint8).reshape(
-            -1, 12
+        columns = (self._tag_index, steps, wall.astype("<f8", copy=False), values.astype("<f4", copy=False))
+        shapes = self._shapes
+        edges = np.flatnonzero(shapes[1:] != shapes[:-1]) + 1
+        if len(edges) * _FEW_RUNS < len(shapes):
+            bounds = [0, *edges.tolist(), len(shapes)]
+            return b"".join(
+                self._group(bounds[run], *(column[bounds[run] : bounds[run + 1]] for column in columns)).tobytes()
+                for run in range(len(bounds) - 1)
+            )
+        ends = np.cumsum(self.lengths + 16)
+        blob = np.empty(int(ends[-1]), dtype=np.uint8)
+        order = np.argsort(shapes, kind="stable")
+        firsts = np.flatnonzero(np.diff(shapes[order], prepend=-1))
+        for group in np.split(order, firsts[1:]):
+            records = self._group(int(group[0]), *(column[group] for column in columns))
+            blob[(ends[group] - records.shape[1])[:, None] + np.arange(records.shape[1])] = records
+        return blob.tobytes()
+
+    def _group(
+        self,
+        first: int,
+        tag_index: NDArray[np.int64],
+        steps: NDArray[np.uint64],
+        wall: NDArray[np.float64],
+        values: NDArray[np.float32],
+    ) -> NDArray[np.uint8]:
+        """The framed records of one shape (that of the batch's record `first`), one per row.
+
+        Every row starts as the group's first record (one bytes repetition); the fields that differ between
+        rows are then written over it, each as one unaligned integer per row."""
+        count, length, varint = len(steps), int(self.lengths[first]), int(self._varint[first])
+        has_wall = bool(self._has_wall[first])
+        template = self._templates[int(tag_index[0])]
+        record = (
+            (_WALL_TIME_TAG + wall[:1].tobytes() if has_wall else b"")
+            + _step_field(int(steps[0].view(np.int64)))
+            + template
+            + values[:1].tobytes()
         )
-        rows[:, :12] = headers[self.lengths]
-        rows[:, 12] = 0x09  # Event.wall_time: field 1, 64-bit
-        rows[:, 13:21] = wall.astype("<f8").view(np.uint8).reshape(-1, 8)
-        used[:, 12:21] = self._has_wall[:, None]
-        rows[:, 21] = 0x10  # Event.step: field 2, varint
-        varint = ((steps[:, None] >> _VARINT_SHIFTS) & np.uint64(0x7F)).astype(np.uint8)
-        varint |= ((self._varint - 1)[:, None] > _VARINT).view(np.uint8) << 7  # every byte but the last continues
-        rows[:, 22:32] = varint
-        used[:, 21:32] = self._step_size[:, None] > _STEP_SLOT
-        rows[:, 32 : 32 + widest] = self._table[self._tag_index]
-        used[:, 32 : 32 + widest] = np.arange(widest) < self._template_size[:, None]
-        rows[:, 32 + widest : 36 + widest] = values.astype("<f4").view(np.uint8).reshape(-1, 4)
-        footer = 36 + widest
-        crcs = self._crcs(rows[:, 12:footer], used[:, 12:footer])
-        masked = (((crcs >> np.uint64(15)) | (crcs << np.uint64(17))) + np.uint64(_MASK_DELTA)) & np.uint64(_U32)
-        rows[:, footer:] = masked.astype("<u4").view(np.uint8).reshape(-1, 4)
-        return rows[used].tobytes()
-
-    def _crcs(self, data: NDArray[np.uint8], used: NDArray[np.bool_]) -> NDArray[np.uint64]:
-        """The CRC-32C of each record's data (its used bytes of `data`), one call per record.
-
-        Records of one shape (wall time or not, the step's and the template's sizes) use the same bytes of their
-        row: those columns of their rows, read as one fixed-size value each, are their data as `bytes` objects
-        without a slice per record. A batch has few shapes."""
-        shapes = self._has_wall * 1_000_000 + self._step_size * 1_000 + self._template_size
-        if (shapes == shapes[0]).all():  # the usual batch: one shape, no grouping
-            return self._shape_crcs(data, used[0])
-        crcs = np.empty(len(shapes), dtype=np.uint64)
-        kinds, first, which = np.unique(shapes, return_index=True, return_inverse=True)
-        for kind in range(len(kinds)):
-            rows = np.flatnonzero(which == kind)
-            crcs[rows] = self._shape_crcs(data[rows], used[first[kind]])
-        return crcs
+        size = 12 + length + 4
+        rows = np.frombuffer(bytearray(header(length) + record + bytes(4)) * count, dtype=np.uint8).reshape(count, size)
+        varying: list[int] = []  # the data's columns that may differ between rows
+        at = 9 if has_wall else 0  # where the step's field starts in the data
+        wall_bytes = varying_bytes(wall.view("<u8"), 8) if has_wall else []
+        if wall_bytes:
+            _field(rows, 13, "<u8")[:] = wall.view("<u8")
+            varying += [1 + piece for piece in wall_bytes]
+        step_pieces = varying_bytes(steps, varint, bits=7)
+        if step_pieces:
+            self._write_varint(rows, 13 + at, varint, steps)
+            varying += [at + 1 + piece for piece in step_pieces]
+        if len(self._templates) > 1:
+            self._write_templates(rows, 8 + length - len(template), template, tag_index)
+        value_bytes = varying_bytes(values.view("<u4"), 4)
+        if value_bytes:
+            _field(rows, 8 + length, "<u4")[:] = values.view("<u4")
+            varying += [length - 4 + piece for piece in value_bytes]
+        crcs = column_crcs(rows[:, 12 : 12 + length], varying)
+        if len(self._templates) > 1 and (tag_index != tag_index[0]).any():
+            # Templates of one size but other tags: their bytes' share of the CRC, against the first row's.
+            terms = self._template_terms()
+            crcs ^= terms[tag_index] ^ terms[tag_index[0]]
+        masked = ((crcs >> np.uint32(15)) | (crcs << np.uint32(17))) + np.uint32(_MASK_DELTA)
+        _field(rows, 12 + length, "<u4")[:] = masked
+        return rows
 
     @staticmethod
-    def _shape_crcs(data: NDArray[np.uint8], used: NDArray[np.bool_]) -> NDArray[np.uint64]:
-        """The CRC-32C of rows of one shape, whose data is the bytes `used` marks in each row."""
-        columns = np.flatnonzero(used)
-        records = np.ascontiguousarray(data[:, columns]).view(f"V{len(columns)}").ravel().tolist()
-        return np.fromiter(map(google_crc32c.value, records), dtype=np.uint64, count=len(records))
+    def _write_varint(rows: NDArray[np.uint8], offset: int, size: int, steps: NDArray[np.uint64]) -> None:
+        """Write each row's step as a varint of `size` bytes at `offset` (the bytes after it keep the first row's)."""
+        pieces = (steps[:, None] >> _VARINT_SHIFTS[:size]) & np.uint64(0x7F)
+        pieces[:, :-1] |= np.uint64(0x80)  # every byte but the last continues
+        if size > 8:  # steps of 2**56 and beyond, negative ones: rare, byte by byte
+            rows[:, offset : offset + size] = pieces.astype(np.uint8)
+            return
+        # One little-endian word per row: the varint's bytes, then the first row's bytes that follow it.
+        words = np.bitwise_or.reduce(pieces << _BYTE_SHIFTS[:size], axis=1)
+        after = rows[0, offset + size : offset + 8].tobytes()
+        words |= np.uint64(int.from_bytes(after, "little") << (8 * size))
+        _field(rows, offset, "<u8")[:] = words
+
+    def _write_templates(self, rows: NDArray[np.uint8], offset: int, template: bytes, tag_index: NDArray[np.int64]) -> None:
+        """Write each row's tag template at `offset` (all are `len(template)` bytes), 8 bytes a word.
+
+        Only the span where the group's templates differ is written; a last word running past the template
+        carries the first row's bytes there."""
+        table = self._template_table(len(template))
+        used = table[np.unique(tag_index)]
+        differ = np.flatnonzero((used != used[0]).any(axis=0))
+        if not differ.size:
+            return
+        padded = np.empty((len(table), len(template) + 8), dtype=np.uint8)
+        padded[:, : len(template)] = table
+        padded[:, len(template) :] = rows[0, offset + len(template) : offset + len(template) + 8]
+        for start in range(int(differ[0]), int(differ[-1]) + 1, 8):
+            words = np.ascontiguousarray(padded[:, start : start + 8]).view("<u8").ravel()
+            _field(rows, offset + start, "<u8")[:] = words[tag_index]
+
+    def _template_table(self, size: int) -> NDArray[np.uint8]:
+        """The templates' bytes, one row per tag (zeros for tags whose template is not `size` bytes)."""
+        table = np.zeros((len(self._templates), size), dtype=np.uint8)
+        for row, template in enumerate(self._templates):
+            if len(template) == size:
+                table[row] = np.frombuffer(template, dtype=np.uint8)
+        return table
+
+    def _template_terms(self) -> NDArray[np.uint32]:
+        """Each template's share of its record's CRC-32C (four bytes, the value's, follow it)."""
+        return np.array([_template_term(template) for template in self._templates], dtype=np.uint32)
+
+
+@functools.lru_cache(maxsize=65536)
+def _template_term(template: bytes) -> int:
+    return linear_crc(template + bytes(4))
+
+
+def _field(rows: NDArray[np.uint8], offset: int, dtype: str) -> NDArray[np.generic]:
+    """A view of one `dtype` value per row of `rows`, at byte `offset` of each row (unaligned as it may be)."""
+    return np.ndarray((len(rows),), dtype=dtype, buffer=rows, offset=offset, strides=(rows.shape[1],))
