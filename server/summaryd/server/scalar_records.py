@@ -142,14 +142,16 @@ class ScalarRecords(Sequence[bytes]):
         steps = np.asarray(columns.step, dtype=np.int64)[start:].view(np.uint64)
         values = np.asarray(columns.value, dtype=np.float32)[start:]
         layout = _Layout(tags, tag_index, steps, wall)
-        over = np.flatnonzero(layout.lengths > limits.max_event_bytes)
-        if over.size:
-            index = int(over[0])
-            raise EventError(
-                index,
-                f"is {int(layout.lengths[index])} bytes, over the limit of {limits.max_event_bytes} bytes "
-                "(--max-event-bytes)",
-            )
+        if layout.widest > limits.max_event_bytes:
+            lengths = layout.lengths()
+            over = np.flatnonzero(lengths > limits.max_event_bytes)
+            if over.size:
+                index = int(over[0])
+                raise EventError(
+                    index,
+                    f"is {int(lengths[index])} bytes, over the limit of {limits.max_event_bytes} bytes "
+                    "(--max-event-bytes)",
+                )
         return layout.framed(steps, wall, values)
 
     @staticmethod
@@ -187,8 +189,7 @@ class ScalarRecords(Sequence[bytes]):
 
 
 _VARINT_SHIFTS = np.arange(0, 70, 7, dtype=np.uint64)  # an int64's varint has up to 10 bytes of 7 bits
-_VARINT_BOUNDS = np.array([1 << (7 * k) for k in range(1, 10)], dtype=np.uint64)  # each adds a varint byte
-_BYTE_SHIFTS = np.arange(0, 64, 8, dtype=np.uint64)
+_VARINT_BOUNDS = np.array([1 << (7 * k) for k in range(10)], dtype=np.uint64)  # each adds a varint byte
 _FEW_RUNS = 256  # scalars per run of one shape, on average, above which runs are built one by one in order
 
 
@@ -197,26 +198,41 @@ class _Layout:
 
     A framed scalar record is `header | wall_time field | step field | tag template | value | footer`. Records
     of one shape (wall time written or not, the step's varint size, the template's size) have the same layout,
-    so a group of them is an (n, record size) byte matrix whose every part is written for all its rows by one
-    column assignment and whose bytes, read in row order, are the records back to back. A group's CRCs are
-    one google-crc32c call and a table gather per byte column that varies in it (`crc_columns`). A batch has
-    few shapes and they come in runs (steps cross a varint size rarely): each run is a group and the blob is the
-    runs joined; when shapes interleave (tags of several sizes), records are grouped by shape and each group's
-    rows are put back at their records' offsets in the blob.
+    so a group of them is an (n, record size) byte matrix: every row starts as the group's first record (one
+    bytes repetition), and the fields that differ between rows are written over it, each as one unaligned
+    integer per row; the matrix read in row order is the records back to back. A group's CRCs are one
+    google-crc32c call and a table gather per byte column that varies in it (`crc_columns`). A batch has few
+    shapes and they come in runs (steps cross a varint size rarely): each run is a group, built in place in the
+    blob; when shapes interleave (tags of several sizes), records are grouped by shape and each group's rows are
+    put at their records' offsets in the blob.
     """
 
     def __init__(
         self, tags: list[str], tag_index: NDArray[np.int64], steps: NDArray[np.uint64], wall: NDArray[np.float64]
     ) -> None:
         self._templates = [_template(tag) for tag in tags]
-        sizes = np.fromiter(map(len, self._templates), dtype=np.int64, count=len(self._templates))
         self._tag_index = tag_index
         self._has_wall = wall.view(np.uint64) != 0  # only +0.0 is left out, -0.0 is written
-        varint = 1 + np.searchsorted(_VARINT_BOUNDS, steps, side="right")
-        self._varint = np.where(steps == 0, 0, varint)
-        template_size = sizes[tag_index] if len(sizes) > 1 else np.full(len(steps), sizes[0])
-        self.lengths: NDArray[np.int64] = self._has_wall * 9 + (self._varint + 1) * (steps != 0) + template_size + 4
-        self._shapes = (template_size * 16 + self._varint) * 2 + self._has_wall
+        self._varint = np.searchsorted(_VARINT_BOUNDS, steps, side="right")  # 0 for step 0: no field
+        self._shapes = self._varint * 2 + self._has_wall
+        if len(tags) > 1:
+            sizes = np.fromiter(map(len, self._templates), dtype=np.int64, count=len(self._templates))
+            self._shapes += sizes[tag_index] * 32
+        self.widest = 9 + 11 + max(map(len, self._templates)) + 4
+        """The most bytes a record of this batch can have."""
+
+    def lengths(self) -> NDArray[np.int64]:
+        """Each record's size."""
+        sizes = np.fromiter(map(len, self._templates), dtype=np.int64, count=len(self._templates))
+        step_size = np.where(self._varint == 0, 0, self._varint + 1)
+        lengths: NDArray[np.int64] = self._has_wall * 9 + step_size + sizes[self._tag_index] + 4
+        return lengths
+
+    def _length(self, record: int) -> int:
+        """The size of record `record` (and every record of its shape)."""
+        varint = int(self._varint[record])
+        template = self._templates[int(self._tag_index[record])]
+        return 9 * bool(self._has_wall[record]) + (varint + 1 if varint else 0) + len(template) + 4
 
     def framed(self, steps: NDArray[np.uint64], wall: NDArray[np.float64], values: NDArray[np.float32]) -> bytes:
         """The records framed as one blob."""
@@ -225,32 +241,35 @@ class _Layout:
         edges = np.flatnonzero(shapes[1:] != shapes[:-1]) + 1
         if len(edges) * _FEW_RUNS < len(shapes):
             bounds = [0, *edges.tolist(), len(shapes)]
-            return b"".join(
-                self._group(bounds[run], *(column[bounds[run] : bounds[run + 1]] for column in columns)).tobytes()
-                for run in range(len(bounds) - 1)
-            )
-        ends = np.cumsum(self.lengths + 16)
-        blob = np.empty(int(ends[-1]), dtype=np.uint8)
+            sizes = [self._length(first) + 16 for first in bounds[:-1]]
+            blob = bytearray(sum(size * (stop - first) for size, first, stop in zip(sizes, bounds, bounds[1:])))
+            at = 0
+            for first, stop in zip(bounds, bounds[1:]):
+                at += self._group(first, blob, at, *(column[first:stop] for column in columns)).nbytes
+            return bytes(blob)
+        ends = np.cumsum(self.lengths() + 16)
+        out = np.empty(int(ends[-1]), dtype=np.uint8)
         order = np.argsort(shapes, kind="stable")
         firsts = np.flatnonzero(np.diff(shapes[order], prepend=-1))
         for group in np.split(order, firsts[1:]):
-            records = self._group(int(group[0]), *(column[group] for column in columns))
-            blob[(ends[group] - records.shape[1])[:, None] + np.arange(records.shape[1])] = records
-        return blob.tobytes()
+            buffer = bytearray((self._length(int(group[0])) + 16) * len(group))
+            records = self._group(int(group[0]), buffer, 0, *(column[group] for column in columns))
+            out[(ends[group] - records.shape[1])[:, None] + np.arange(records.shape[1])] = records
+        return out.tobytes()
 
     def _group(
         self,
         first: int,
+        blob: bytearray,
+        at: int,
         tag_index: NDArray[np.int64],
         steps: NDArray[np.uint64],
         wall: NDArray[np.float64],
         values: NDArray[np.float32],
     ) -> NDArray[np.uint8]:
-        """The framed records of one shape (that of the batch's record `first`), one per row.
-
-        Every row starts as the group's first record (one bytes repetition); the fields that differ between
-        rows are then written over it, each as one unaligned integer per row."""
-        count, length, varint = len(steps), int(self.lengths[first]), int(self._varint[first])
+        """The framed records of one shape (that of the batch's record `first`), one per row, built in `blob`
+        from byte `at` on."""
+        count, length, varint = len(steps), self._length(first), int(self._varint[first])
         has_wall = bool(self._has_wall[first])
         template = self._templates[int(tag_index[0])]
         record = (
@@ -260,17 +279,18 @@ class _Layout:
             + values[:1].tobytes()
         )
         size = 12 + length + 4
-        rows = np.frombuffer(bytearray(header(length) + record + bytes(4)) * count, dtype=np.uint8).reshape(count, size)
+        blob[at : at + size * count] = (header(length) + record + bytes(4)) * count
+        rows = np.frombuffer(blob, dtype=np.uint8, count=size * count, offset=at).reshape(count, size)
         varying: list[int] = []  # the data's columns that may differ between rows
-        at = 9 if has_wall else 0  # where the step's field starts in the data
+        step_at = 9 if has_wall else 0  # where the step's field starts in the data
         wall_bytes = varying_bytes(wall.view("<u8"), 8) if has_wall else []
         if wall_bytes:
             _field(rows, 13, "<u8")[:] = wall.view("<u8")
             varying += [1 + piece for piece in wall_bytes]
         step_pieces = varying_bytes(steps, varint, bits=7)
         if step_pieces:
-            self._write_varint(rows, 13 + at, varint, steps)
-            varying += [at + 1 + piece for piece in step_pieces]
+            self._write_varint(rows, 13 + step_at, varint, steps)
+            varying += [step_at + 1 + piece for piece in step_pieces]
         if len(self._templates) > 1:
             self._write_templates(rows, 8 + length - len(template), template, tag_index)
         value_bytes = varying_bytes(values.view("<u4"), 4)
@@ -289,15 +309,18 @@ class _Layout:
     @staticmethod
     def _write_varint(rows: NDArray[np.uint8], offset: int, size: int, steps: NDArray[np.uint64]) -> None:
         """Write each row's step as a varint of `size` bytes at `offset` (the bytes after it keep the first row's)."""
-        pieces = (steps[:, None] >> _VARINT_SHIFTS[:size]) & np.uint64(0x7F)
-        pieces[:, :-1] |= np.uint64(0x80)  # every byte but the last continues
         if size > 8:  # steps of 2**56 and beyond, negative ones: rare, byte by byte
+            pieces = (steps[:, None] >> _VARINT_SHIFTS[:size]) & np.uint64(0x7F)
+            pieces[:, :-1] |= np.uint64(0x80)  # every byte but the last continues
             rows[:, offset : offset + size] = pieces.astype(np.uint8)
             return
         # One little-endian word per row: the varint's bytes, then the first row's bytes that follow it.
-        words = np.bitwise_or.reduce(pieces << _BYTE_SHIFTS[:size], axis=1)
-        after = rows[0, offset + size : offset + 8].tobytes()
-        words |= np.uint64(int.from_bytes(after, "little") << (8 * size))
+        after = int.from_bytes(rows[0, offset + size : offset + 8].tobytes(), "little") << (8 * size)
+        continues = int.from_bytes(b"\x80" * (size - 1), "little")  # every byte but the last continues
+        words = steps & np.uint64(0x7F)
+        for piece in range(1, size):
+            words |= ((steps >> np.uint64(7 * piece)) & np.uint64(0x7F)) << np.uint64(8 * piece)
+        words |= np.uint64(after | continues)
         _field(rows, offset, "<u8")[:] = words
 
     def _write_templates(self, rows: NDArray[np.uint8], offset: int, template: bytes, tag_index: NDArray[np.int64]) -> None:
