@@ -21,7 +21,7 @@ from summaryd.server.crc_columns import column_crcs, linear_crc, varying_bytes
 from summaryd.server.errors import EventError
 from summaryd.server.limits import DEFAULT, Limits
 from summaryd.v1 import summaryd_pb2 as pb
-from summaryd.v1.wire import header
+from summaryd.v1.wire import frame, header
 
 _DOUBLE = struct.Struct("<d")
 _MASK_DELTA = 0xA282EAD8  # TFRecord's CRC mask (see `wire.masked_crc32c`)
@@ -160,9 +160,9 @@ class ScalarRecords(Sequence[bytes]):
     ) -> list[EventError]:
         """The first scalar failing each check (the caller raises the earliest)."""
         problems: list[EventError] = []
-        beyond = np.flatnonzero(tag_index >= len(tags))
-        if beyond.size:
-            index = int(beyond[0])
+        # Each check first answers "any?" in one reduction; only a failing one looks for its first scalar.
+        if int(tag_index.max()) >= len(tags):
+            index = int(np.flatnonzero(tag_index >= len(tags))[0])
             problems.append(
                 EventError(index, f"has tag_index {int(tag_index[index])}, beyond the batch's {len(tags)} tags")
             )
@@ -178,8 +178,10 @@ class ScalarRecords(Sequence[bytes]):
                         f"has a tag of {size} bytes, over the limit of {max_tag} bytes (--max-tag-bytes)",
                     )
                 )
+        if wall_times.min() >= 0.0 and wall_times.max() < np.inf:  # NaN fails both
+            return problems
         with np.errstate(invalid="ignore"):
-            bad = np.flatnonzero(~((wall_times >= 0.0) & (wall_times < np.inf)))  # NaN fails both
+            bad = np.flatnonzero(~((wall_times >= 0.0) & (wall_times < np.inf)))
         if bad.size:
             index = int(bad[0])
             problems.append(
@@ -279,8 +281,10 @@ class _Layout:
             + values[:1].tobytes()
         )
         size = 12 + length + 4
-        blob[at : at + size * count] = (header(length) + record + bytes(4)) * count
+        blob[at : at + size * count] = frame(record) if count == 1 else (header(length) + record + bytes(4)) * count
         rows = np.frombuffer(blob, dtype=np.uint8, count=size * count, offset=at).reshape(count, size)
+        if count == 1:  # a record alone in its shape (as step 0 is), framed as it is
+            return rows
         varying: list[int] = []  # the data's columns that may differ between rows
         step_at = 9 if has_wall else 0  # where the step's field starts in the data
         wall_bytes = varying_bytes(wall.view("<u8"), 8) if has_wall else []
