@@ -13,7 +13,20 @@ from summaryd.server.scalar_records import ScalarRecords
 from summaryd.v1 import summaryd_pb2 as pb
 from summaryd.v1.wire import frame_all
 
-TAGS = ["", "a", "loss", "acc1", "loss/train", "loss/valid", "é" * 40, "日本語/精度", "t" * 120, "u" * 127, "v" * 128, "w" * 300]
+TAGS = [
+    "",
+    "a",
+    "loss",
+    "acc1",
+    "loss/train",
+    "loss/valid",
+    "é" * 40,
+    "日本語/精度",
+    "t" * 120,
+    "u" * 127,
+    "v" * 128,
+    "w" * 300,
+]
 STEPS = [0, 1, 127, 128, 16383, 16384, (1 << 56) - 1, 1 << 56, (1 << 63) - 1, -1, -128, -(1 << 63)]
 VALUES = [0.0, -0.0, 1.0, -2.5, math.nan, math.inf, -math.inf, 1e-45, 3.4e38, 1e39, 123.456]
 WALL_TIMES = [0.0, -0.0, 1.0, 1.7e9, 2.0**52, 5e-324]

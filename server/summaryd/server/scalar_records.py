@@ -3,13 +3,15 @@
 A client's scalar event is `Event{wall_time, step, summary{value{tag, simple_value}}}`, serialized by protobuf in
 field order with proto3's rules: `wall_time` and `step` are left out when zero, `tag` when empty, and
 `simple_value` (a member of a oneof) is always written. Everything after `step` depends on the tag alone, so it
-is kept per tag (`_template`); a batch's records are built together with numpy (`_Layout`), and a record's
-own cost is one CRC-32C of its bytes.
+is kept per tag (`_template`). A batch's records are built together with numpy (`_Layout`): records of one
+shape as the rows of one byte matrix, their CRC-32Cs from the CRC's linearity (`crc_columns`), so that no
+Python runs per record.
 """
 
 from __future__ import annotations
 
 import functools
+import itertools
 import struct
 from collections.abc import Iterator, Sequence
 from typing import overload
@@ -123,8 +125,8 @@ class ScalarRecords(Sequence[bytes]):
     def framed(self, limits: Limits = DEFAULT) -> bytes:
         """Check every scalar and return the records framed as one blob, ready for one write.
 
-        The checks and the record bytes are numpy operations over the whole batch (see `_Layout`); per record,
-        only its CRC-32C is a call.
+        The checks, the record bytes and their CRC-32Cs are numpy operations over the whole batch (see
+        `_Layout`); nothing is a call per record.
 
         Raises:
             EventError: naming the first bad scalar (its index in this sequence) and what is wrong with it.
@@ -141,7 +143,7 @@ class ScalarRecords(Sequence[bytes]):
             raise min(problems, key=lambda problem: problem.index)
         steps = np.asarray(columns.step, dtype=np.int64)[start:].view(np.uint64)
         values = np.asarray(columns.value, dtype=np.float32)[start:]
-        layout = _Layout(tags, tag_index, steps, wall)
+        layout = _Layout(tags, tag_index, steps, wall, values)
         if layout.widest > limits.max_event_bytes:
             lengths = layout.lengths()
             over = np.flatnonzero(lengths > limits.max_event_bytes)
@@ -152,7 +154,7 @@ class ScalarRecords(Sequence[bytes]):
                     f"is {int(lengths[index])} bytes, over the limit of {limits.max_event_bytes} bytes "
                     "(--max-event-bytes)",
                 )
-        return layout.framed(steps, wall, values)
+        return layout.framed()
 
     @staticmethod
     def _problems(
@@ -192,7 +194,7 @@ class ScalarRecords(Sequence[bytes]):
 
 _VARINT_SHIFTS = np.arange(0, 70, 7, dtype=np.uint64)  # an int64's varint has up to 10 bytes of 7 bits
 _VARINT_BOUNDS = np.array([1 << (7 * k) for k in range(10)], dtype=np.uint64)  # each adds a varint byte
-_FEW_RUNS = 256  # scalars per run of one shape, on average, above which runs are built one by one in order
+_FEW_RUNS = 256  # scalars per run of one shape, on average, from which runs are built one by one in order
 
 
 class _Layout:
@@ -210,10 +212,16 @@ class _Layout:
     """
 
     def __init__(
-        self, tags: list[str], tag_index: NDArray[np.int64], steps: NDArray[np.uint64], wall: NDArray[np.float64]
+        self,
+        tags: list[str],
+        tag_index: NDArray[np.int64],
+        steps: NDArray[np.uint64],
+        wall: NDArray[np.float64],
+        values: NDArray[np.float32],
     ) -> None:
         self._templates = [_template(tag) for tag in tags]
-        self._tag_index = tag_index
+        self._tag_index, self._steps = tag_index, steps
+        self._wall, self._values = wall.astype("<f8", copy=False), values.astype("<f4", copy=False)
         self._has_wall = wall.view(np.uint64) != 0  # only +0.0 is left out, -0.0 is written
         self._varint = np.searchsorted(_VARINT_BOUNDS, steps, side="right")  # 0 for step 0: no field
         self._shapes = self._varint * 2 + self._has_wall
@@ -236,18 +244,17 @@ class _Layout:
         template = self._templates[int(self._tag_index[record])]
         return 9 * bool(self._has_wall[record]) + (varint + 1 if varint else 0) + len(template) + 4
 
-    def framed(self, steps: NDArray[np.uint64], wall: NDArray[np.float64], values: NDArray[np.float32]) -> bytes:
+    def framed(self) -> bytes:
         """The records framed as one blob."""
-        columns = (self._tag_index, steps, wall.astype("<f8", copy=False), values.astype("<f4", copy=False))
         shapes = self._shapes
         edges = np.flatnonzero(shapes[1:] != shapes[:-1]) + 1
         if len(edges) * _FEW_RUNS < len(shapes):
             bounds = [0, *edges.tolist(), len(shapes)]
-            sizes = [self._length(first) + 16 for first in bounds[:-1]]
-            blob = bytearray(sum(size * (stop - first) for size, first, stop in zip(sizes, bounds, bounds[1:])))
+            runs = list(itertools.pairwise(bounds))
+            blob = bytearray(sum((self._length(first) + 16) * (stop - first) for first, stop in runs))
             at = 0
-            for first, stop in zip(bounds, bounds[1:]):
-                at += self._group(first, blob, at, *(column[first:stop] for column in columns)).nbytes
+            for first, stop in runs:
+                at += self._group(first, slice(first, stop), blob, at).nbytes
             return bytes(blob)
         ends = np.cumsum(self.lengths() + 16)
         out = np.empty(int(ends[-1]), dtype=np.uint8)
@@ -255,22 +262,19 @@ class _Layout:
         firsts = np.flatnonzero(np.diff(shapes[order], prepend=-1))
         for group in np.split(order, firsts[1:]):
             buffer = bytearray((self._length(int(group[0])) + 16) * len(group))
-            records = self._group(int(group[0]), buffer, 0, *(column[group] for column in columns))
+            records = self._group(int(group[0]), group, buffer, 0)
             out[(ends[group] - records.shape[1])[:, None] + np.arange(records.shape[1])] = records
         return out.tobytes()
 
-    def _group(
-        self,
-        first: int,
-        blob: bytearray,
-        at: int,
-        tag_index: NDArray[np.int64],
-        steps: NDArray[np.uint64],
-        wall: NDArray[np.float64],
-        values: NDArray[np.float32],
-    ) -> NDArray[np.uint8]:
+    def _group(self, first: int, which: slice | NDArray[np.intp], blob: bytearray, at: int) -> NDArray[np.uint8]:
         """The framed records of one shape (that of the batch's record `first`), one per row, built in `blob`
-        from byte `at` on."""
+        from byte `at` on: the records `which` (a run of the batch or its records of that shape)."""
+        tag_index, steps, wall, values = (
+            self._tag_index[which],
+            self._steps[which],
+            self._wall[which],
+            self._values[which],
+        )
         count, length, varint = len(steps), self._length(first), int(self._varint[first])
         has_wall = bool(self._has_wall[first])
         template = self._templates[int(tag_index[0])]
@@ -327,7 +331,9 @@ class _Layout:
         words |= np.uint64(after | continues)
         _field(rows, offset, "<u8")[:] = words
 
-    def _write_templates(self, rows: NDArray[np.uint8], offset: int, template: bytes, tag_index: NDArray[np.int64]) -> None:
+    def _write_templates(
+        self, rows: NDArray[np.uint8], offset: int, template: bytes, tag_index: NDArray[np.int64]
+    ) -> None:
         """Write each row's tag template at `offset` (all are `len(template)` bytes), 8 bytes a word.
 
         Only the span where the group's templates differ is written; a last word running past the template
