@@ -13,6 +13,7 @@ from __future__ import annotations
 import functools
 import itertools
 import struct
+import threading
 from collections.abc import Iterator, Sequence
 from typing import overload
 
@@ -197,6 +198,29 @@ _VARINT_BOUNDS = np.array([1 << (7 * k) for k in range(10)], dtype=np.uint64)  #
 _FEW_RUNS = 256  # scalars per run of one shape, on average, from which runs are built one by one in order
 
 
+class _Scratch(threading.local):
+    """A thread's buffer for building blobs in, kept between batches: memory fresh from the system costs a page
+    fault per page on first touch, more than building the records in it."""
+
+    _KEPT_BYTES = 16 * 1024 * 1024  # a larger buffer is made for its batch alone
+
+    def __init__(self) -> None:
+        self._buffer = bytearray()
+
+    def buffer(self, size: int) -> bytearray:
+        """At least `size` bytes to write over (the views of the last batch's records may still hold the old
+        buffer: it is replaced, never resized)."""
+        if len(self._buffer) >= size:
+            return self._buffer
+        fresh = bytearray(size)
+        if size <= self._KEPT_BYTES:
+            self._buffer = fresh
+        return fresh
+
+
+_BLOBS, _GROUPS = _Scratch(), _Scratch()
+
+
 class _Layout:
     """A batch's framed records, built as dense byte matrices, one per group of records of one shape.
 
@@ -251,17 +275,19 @@ class _Layout:
         if len(edges) * _FEW_RUNS < len(shapes):
             bounds = [0, *edges.tolist(), len(shapes)]
             runs = list(itertools.pairwise(bounds))
-            blob = bytearray(sum((self._length(first) + 16) * (stop - first) for first, stop in runs))
+            total = sum((self._length(first) + 16) * (stop - first) for first, stop in runs)
+            blob = _BLOBS.buffer(total)
             at = 0
             for first, stop in runs:
                 at += self._group(first, slice(first, stop), blob, at).nbytes
-            return bytes(blob)
+            with memoryview(blob) as view:
+                return view[:total].tobytes()
         ends = np.cumsum(self.lengths() + 16)
-        out = np.empty(int(ends[-1]), dtype=np.uint8)
+        out = np.frombuffer(_BLOBS.buffer(int(ends[-1])), dtype=np.uint8, count=int(ends[-1]))
         order = np.argsort(shapes, kind="stable")
         firsts = np.flatnonzero(np.diff(shapes[order], prepend=-1))
         for group in np.split(order, firsts[1:]):
-            buffer = bytearray((self._length(int(group[0])) + 16) * len(group))
+            buffer = _GROUPS.buffer((self._length(int(group[0])) + 16) * len(group))
             records = self._group(int(group[0]), group, buffer, 0)
             out[(ends[group] - records.shape[1])[:, None] + np.arange(records.shape[1])] = records
         return out.tobytes()
