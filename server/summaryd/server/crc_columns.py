@@ -64,7 +64,7 @@ def column_crcs(records: NDArray[np.uint8], columns: list[int]) -> NDArray[np.ui
     constant: int = google_crc32c.value(first.tobytes())
     for column in columns:
         table = byte_table(length - 1 - column)
-        crcs ^= table[records[:, column]]
+        crcs ^= table.take(records[:, column])
         constant ^= int(table[first[column]])  # the first row's own byte, already in its CRC
     crcs ^= np.uint32(constant)
     return crcs
