@@ -231,8 +231,8 @@ class _Layout:
     integer per row; the matrix read in row order is the records back to back. A group's CRCs are one
     google-crc32c call and a table gather per byte column that varies in it (`crc_columns`). A batch has few
     shapes and they come in runs (steps cross a varint size rarely): each run is a group, built in place in the
-    blob; when shapes interleave (tags of several sizes), records are grouped by shape and each group's rows are
-    put at their records' offsets in the blob.
+    blob; when shapes interleave (tags of several sizes), records are grouped by shape, each group's rows are put
+    in their records' rows of a matrix as wide as the widest record, and the bytes each uses are read out.
     """
 
     def __init__(
@@ -282,15 +282,20 @@ class _Layout:
                 at += self._group(first, slice(first, stop), blob, at).nbytes
             with memoryview(blob) as view:
                 return view[:total].tobytes()
-        ends = np.cumsum(self.lengths() + 16)
-        out = np.frombuffer(_BLOBS.buffer(int(ends[-1])), dtype=np.uint8, count=int(ends[-1]))
+        # Shapes interleave: each group's rows go to its records' rows of a matrix as wide as the widest record,
+        # and the bytes each record uses, read in row order, are the blob.
+        sizes = self.lengths() + 16
+        count, widest = len(sizes), int(sizes.max())
+        padded = np.frombuffer(_BLOBS.buffer(count * widest), dtype=np.uint8, count=count * widest)
+        padded = padded.reshape(count, widest)
         order = np.argsort(shapes, kind="stable")
         firsts = np.flatnonzero(np.diff(shapes[order], prepend=-1))
         for group in np.split(order, firsts[1:]):
-            buffer = _GROUPS.buffer((self._length(int(group[0])) + 16) * len(group))
+            buffer = _GROUPS.buffer(int(sizes[group[0]]) * len(group))
             records = self._group(int(group[0]), group, buffer, 0)
-            out[(ends[group] - records.shape[1])[:, None] + np.arange(records.shape[1])] = records
-        return out.tobytes()
+            padded[group, : records.shape[1]] = records
+        used: NDArray[np.uint8] = padded[np.arange(widest) < sizes[:, None]]
+        return used.tobytes()
 
     def _group(self, first: int, which: slice | NDArray[np.intp], blob: bytearray, at: int) -> NDArray[np.uint8]:
         """The framed records of one shape (that of the batch's record `first`), one per row, built in `blob`
