@@ -244,6 +244,7 @@ class _Layout:
         values: NDArray[np.float32],
     ) -> None:
         self._templates = [_template(tag) for tag in tags]
+        self._words: dict[int, list[tuple[int, NDArray[np.generic]]]] = {}  # by template size
         self._tag_index, self._steps = tag_index, steps
         self._wall, self._values = wall.astype("<f8", copy=False), values.astype("<f4", copy=False)
         self._has_wall = wall.view(np.uint64) != 0  # only +0.0 is left out, -0.0 is written
@@ -330,8 +331,10 @@ class _Layout:
         if step_pieces:
             self._write_varint(rows, 13 + step_at, varint, steps)
             varying += [step_at + 1 + piece for piece in step_pieces]
-        if len(self._templates) > 1:
-            self._write_templates(rows, 8 + length - len(template), template, tag_index)
+        if len(self._templates) > 1:  # the first row's template is every row's: write the others' differences
+            offset = 8 + length - len(template)
+            for start, words in self._template_words(len(template)):
+                _field(rows, offset + start, words.dtype.str)[:] = words.take(tag_index)
         value_bytes = varying_bytes(values.view("<u4"), 4)
         if value_bytes:
             _field(rows, 8 + length, "<u4")[:] = values.view("<u4")
@@ -339,8 +342,8 @@ class _Layout:
         crcs = column_crcs(rows[:, 12 : 12 + length], varying)
         if len(self._templates) > 1 and (tag_index != tag_index[0]).any():
             # Templates of one size but other tags: their bytes' share of the CRC, against the first row's.
-            terms = self._template_terms()
-            crcs ^= terms[tag_index] ^ terms[tag_index[0]]
+            terms = np.fromiter(map(_template_term, self._templates), dtype=np.uint32, count=len(self._templates))
+            crcs ^= terms.take(tag_index) ^ terms[tag_index[0]]
         masked = ((crcs >> np.uint32(15)) | (crcs << np.uint32(17))) + np.uint32(_MASK_DELTA)
         _field(rows, 12 + length, "<u4")[:] = masked
         return rows
@@ -362,40 +365,29 @@ class _Layout:
         words |= np.uint64(after | continues)
         _field(rows, offset, "<u8")[:] = words
 
-    def _write_templates(
-        self, rows: NDArray[np.uint8], offset: int, template: bytes, tag_index: NDArray[np.int64]
-    ) -> None:
-        """Write each row's tag template at `offset` (all are `len(template)` bytes), 8 bytes a word.
-
-        Only the span where the group's templates differ is written; a last word running past the template
-        carries the first row's bytes there."""
-        table = self._template_table(len(template))
-        used = table[np.unique(tag_index)]
-        differ = np.flatnonzero((used != used[0]).any(axis=0))
-        if not differ.size:
-            return
-        padded = np.empty((len(table), len(template) + 8), dtype=np.uint8)
-        padded[:, : len(template)] = table
-        padded[:, len(template) :] = rows[0, offset + len(template) : offset + len(template) + 8]
-        for start in range(int(differ[0]), int(differ[-1]) + 1, 8):
-            words = np.ascontiguousarray(padded[:, start : start + 8]).view("<u8").ravel()
-            _field(rows, offset + start, "<u8")[:] = words[tag_index]
-
-    def _template_table(self, size: int) -> NDArray[np.uint8]:
-        """The templates' bytes, one row per tag (zeros for tags whose template is not `size` bytes)."""
-        table = np.zeros((len(self._templates), size), dtype=np.uint8)
-        for row, template in enumerate(self._templates):
-            if len(template) == size:
-                table[row] = np.frombuffer(template, dtype=np.uint8)
-        return table
-
-    def _template_terms(self) -> NDArray[np.uint32]:
-        """Each template's share of its record's CRC-32C (four bytes, the value's, follow it)."""
-        return np.array([_template_term(template) for template in self._templates], dtype=np.uint32)
+    def _template_words(self, size: int) -> list[tuple[int, NDArray[np.generic]]]:
+        """Where the templates of `size` bytes differ between tags, as words to write over a record's first
+        template: `(offset in the template, each tag's 8 bytes there)`, the last one ending at the template's end."""
+        if size not in self._words:
+            table = np.zeros((len(self._templates), size), dtype=np.uint8)
+            rows = [row for row, template in enumerate(self._templates) if len(template) == size]
+            table[rows] = np.frombuffer(b"".join(self._templates[row] for row in rows), dtype=np.uint8).reshape(
+                len(rows), size
+            )
+            differ = np.flatnonzero((table[rows] != table[rows[0]]).any(axis=0)).tolist()
+            # Two tags' templates of one size are 8 bytes or more (under 8 is the empty tag's alone).
+            starts = range(differ[0], differ[-1] + 1, 8) if differ else range(0)
+            pieces: list[tuple[int, NDArray[np.generic]]] = [
+                (start, np.ascontiguousarray(table[:, start : start + 8]).view("<u8").ravel())
+                for start in (min(start, size - 8) for start in starts)
+            ]
+            self._words[size] = pieces
+        return self._words[size]
 
 
 @functools.lru_cache(maxsize=65536)
 def _template_term(template: bytes) -> int:
+    """A tag template's share of its record's CRC-32C (four bytes, the value's, follow it)."""
     return linear_crc(template + bytes(4))
 
 
