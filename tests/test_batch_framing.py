@@ -3,11 +3,14 @@ and checking event by event give."""
 
 from __future__ import annotations
 
+import math
 import random
+import struct
 
 import pytest
 from tensorboard.compat.proto.event_pb2 import Event, SessionLog
 from tensorboard.compat.proto.summary_pb2 import Summary
+from tensorboard.compat.proto.tensor_pb2 import TensorProto
 
 from summaryd.server.errors import EventError
 from summaryd.server.event_check import check_and_frame
@@ -56,6 +59,33 @@ def test_the_first_bad_event_is_named_as_it_is_alone(kind: str) -> None:
     assert alone.value.index == 0
     assert in_batch.value.index == len(MIXED)
     assert str(in_batch.value).split(" ", 5)[5] == str(alone.value).split(" ", 5)[5]
+
+
+def _nested_to_the_depth_limit() -> bytes:
+    """An event that parses alone with not one level to spare: one level deeper, inside a batch, it does not."""
+    tensor = TensorProto(dtype=21)  # DT_VARIANT
+    tensor.variant_val.add(type_name="leaf")
+    for _ in range(48):
+        outer = TensorProto(dtype=21)
+        outer.variant_val.add().tensors.append(tensor)
+        tensor = outer
+    data = Event(wall_time=1.0, summary=Summary(value=[Summary.Value(tag="deep", tensor=tensor)])).SerializeToString()
+    Event.FromString(data)  # the event itself is good
+    return data
+
+
+UNDECIDED = {
+    # The whole-batch parse nests every event one level deeper than a parse of the event alone.
+    "nested to the depth limit": _nested_to_the_depth_limit(),
+    # Field 1 (wall_time) sent length-delimited: not a wall time to `Event`, packed NaNs to a repeated double.
+    "wall_time field packed": GOOD + b"\x0a\x08" + struct.pack("<d", math.nan),
+}
+
+
+@pytest.mark.parametrize("kind", sorted(UNDECIDED))
+def test_a_good_event_the_whole_batch_checks_cannot_decide_is_written_as_it_came(kind: str) -> None:
+    batch = [*MIXED, UNDECIDED[kind], GOOD]
+    assert check_and_frame(batch, LIMITS) == frame_all(batch)
 
 
 def test_random_scalar_columns_and_their_tails_frame_as_the_serialized_events() -> None:

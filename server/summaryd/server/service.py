@@ -170,40 +170,54 @@ class SummariesService(pb_grpc.SummariesServicer):
         task = asyncio.current_task()
         assert task is not None
         session: Session | None = None
+        requests = aiter(request_iterator)
+        limit = self.limits.stream_idle_timeout
+        clock = asyncio.get_running_loop().time
+        # One timeout for the stream, armed only while it waits for the client's next message: a timeout
+        # object per message would cost a timer and two context switches of its own on every batch.
+        idle = asyncio.timeout(None)
         try:
             async with _answered(context):
-                while True:
-                    self._idle_streams.add(task)
-                    try:
-                        async with asyncio.timeout(self.limits.stream_idle_timeout):
-                            request = await anext(aiter(request_iterator), None)
-                    except TimeoutError:
-                        await context.abort(
-                            grpc.StatusCode.DEADLINE_EXCEEDED,
-                            f"the write stream sent nothing for {self.limits.stream_idle_timeout:g}s, the limit "
-                            "(--stream-idle-timeout); send heartbeats (empty batches) or reconnect",
-                        )
-                    finally:
-                        self._idle_streams.discard(task)
-                    if request is None:
-                        return
-                    if session is None:
-                        await self._authorize_session(request.session_id, context)
-                        session = await self._live_session(request.session_id, context)
-                        session.attach(task)
-                    else:
-                        if request.session_id and request.session_id != session.session_id:
-                            await context.abort(
-                                grpc.StatusCode.INVALID_ARGUMENT,
-                                "a write stream carries one session; open another stream",
+                try:
+                    async with idle:
+                        while True:
+                            self._idle_streams.add(task)
+                            idle.reschedule(clock() + limit)
+                            try:
+                                request = await anext(requests, None)
+                            finally:
+                                if not idle.expired():  # an expired timeout may not be changed
+                                    idle.reschedule(None)
+                                self._idle_streams.discard(task)
+                            if request is None:
+                                return
+                            if session is None:
+                                await self._authorize_session(request.session_id, context)
+                                session = await self._live_session(request.session_id, context)
+                                session.attach(task)
+                            else:
+                                if request.session_id and request.session_id != session.session_id:
+                                    await context.abort(
+                                        grpc.StatusCode.INVALID_ARGUMENT,
+                                        "a write stream carries one session; open another stream",
+                                    )
+                                # Every batch: a token removed or narrowed by a re-read token file stops here.
+                                await self._authorize_run(session.run.run_dir, context)
+                            await self._check_batch(request, context)
+                            acked = await self.lifecycle.write(session, request.first_sequence, _batch_events(request))
+                            yield pb.WriteAck(
+                                acked_sequence=acked, durable_sequence=self.lifecycle.durable(session.session_id)
                             )
-                        # Every batch: a token removed or narrowed by a re-read token file stops here.
-                        await self._authorize_run(session.run.run_dir, context)
-                    await self._check_batch(request, context)
-                    acked = await self.lifecycle.write(session, request.first_sequence, _batch_events(request))
-                    yield pb.WriteAck(acked_sequence=acked, durable_sequence=self.lifecycle.durable(session.session_id))
-                    if self._draining:
-                        return
+                            if self._draining:
+                                return
+                except TimeoutError:
+                    if not idle.expired():
+                        raise
+                    await context.abort(
+                        grpc.StatusCode.DEADLINE_EXCEEDED,
+                        f"the write stream sent nothing for {limit:g}s, the limit (--stream-idle-timeout); send "
+                        "heartbeats (empty batches) or reconnect",
+                    )
         finally:
             log.debug("write stream of session %s ended", session.session_id if session else "?")
             if session is not None:
