@@ -12,7 +12,7 @@ from summaryd.client._options import ClientOptions
 from summaryd.client._sender._batch_log import BatchLog
 from summaryd.client._sender._columns import ScalarRun
 from summaryd.client._sender._connection import Connection
-from summaryd.client._sender._items import Batch, Queued
+from summaryd.client._sender._items import FAST_ITEM_BYTES, Batch, Queued
 from summaryd.client._sender._ledger import Ledger
 from summaryd.client._sender._queue import QueuedEvents
 from summaryd.client._sender._spiller import Spiller
@@ -55,6 +55,7 @@ class SenderLoop:
         self._spiller = spiller
         self._connection = connection
         self._encoder = EventEncoder()
+        self._refill_below = options.max_queue_bytes // FAST_ITEM_BYTES // 2
         self._thread: threading.Thread | None = None
         self.started = False
         """Whether the thread was started: a plain attribute, since the caller's hot path reads it."""
@@ -180,6 +181,7 @@ class SenderLoop:
             return None
         with self._cond:
             batch = self._batches.append(events, nbytes)
+            self._refill()
             self._cond.notify_all()
         return batch
 
@@ -195,8 +197,15 @@ class SenderLoop:
         nbytes = sum(map(itemgetter(-1), items))
         with self._cond:
             batch = self._batches.append([], nbytes, scalars)
+            self._refill()
             self._cond.notify_all()
         return batch
+
+    def _refill(self) -> None:
+        """Holding the lock: once callers used up half their room to append without the lock, measure the room
+        again (acknowledgements freed some), so that they rarely take the lock for it."""
+        if self._queue.fast_room() < self._refill_below:
+            self._queue.open_fast(self._batches.memory_bytes, self._options.max_queue_bytes, self._status.accepting)
 
     def _drop_too_large(self, events: list[bytes]) -> None:
         """Events over the daemon's limits: no resend could deliver them (counted as rejected, and logged)."""
