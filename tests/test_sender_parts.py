@@ -5,12 +5,14 @@ and real faults are the business of the `test_faults_*` files."""
 
 from __future__ import annotations
 
+import sys
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 import pytest
+from tensorboard.compat.proto.event_pb2 import Event
 
 from summaryd.client._batch_fit import DaemonLimits
 from summaryd.client._encoder import EventEncoder
@@ -563,3 +565,117 @@ def test_column_batches_spilled_reach_the_daemon_from_the_spool(
     report = sender.close()
     assert report.ok and report.delivered == 41 and report.spooled == 0
     assert fake.events() == [event(0), *expected]
+
+
+# ---- the caller's lock-free append, raced ------------------------------------------------------------------------
+# Small events are appended without the lock while the memory bound leaves room (`EventQueue`). A tiny switch
+# interval makes the GIL change threads between nearly any two bytecodes, so that the races are run, not assumed.
+
+
+@pytest.fixture
+def switching() -> Iterator[None]:
+    previous = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)
+    yield
+    sys.setswitchinterval(previous)
+
+
+def _log_from_threads(sender: Sender, threads: int, calls: int, during: Callable[[], None]) -> list[list[bool]]:
+    """`threads` threads each enqueue `calls` scalars of their own tag while `during()` runs on this thread; what
+    each call returned."""
+    outcomes: list[list[bool]] = [[] for _ in range(threads)]
+    begun = threading.Barrier(threads + 1)
+
+    def log(which: int) -> None:
+        begun.wait()
+        out = outcomes[which]
+        for step in range(calls):
+            out.append(sender.enqueue((f"thread-{which}", 0.5, step, 1.0, 32)))
+
+    workers = [threading.Thread(target=log, args=(which,)) for which in range(threads)]
+    for worker in workers:
+        worker.start()
+    begun.wait()
+    while not any(outcomes):  # the threads are logging before `during` starts
+        threading.Event().wait(0.001)
+    during()
+    for worker in workers:
+        worker.join()
+    return outcomes
+
+
+def _delivered_steps(fake: FakeDaemon) -> dict[str, list[int]]:
+    steps: dict[str, list[int]] = {}
+    for data in fake.events():
+        event = Event.FromString(data)
+        steps.setdefault(event.summary.value[0].tag, []).append(event.step)
+    return steps
+
+
+def _accepted_steps(outcomes: list[list[bool]]) -> dict[str, list[int]]:
+    return {f"thread-{which}": [s for s, ok in enumerate(out) if ok] for which, out in enumerate(outcomes) if any(out)}
+
+
+@pytest.mark.parametrize("columns", [True, False])
+def test_threads_logging_while_close_runs_have_every_event_counted_once(
+    make_sender: Callable[..., Sender], fake: FakeDaemon, switching: None, columns: bool
+) -> None:
+    fake.columns = columns
+    sender = make_sender(max_batch_events=64)
+    outcomes = _log_from_threads(sender, 4, 5000, sender.close)
+    accepted, refused = sum(map(sum, outcomes)), sum(len(out) - sum(out) for out in outcomes)
+    assert accepted and refused, "the close ran while the threads logged"
+    report = sender.report()  # after every thread ended: the events appended after close() returned count too
+    assert report.delivered == accepted and report.undelivered == 0
+    assert report.dropped == {"closed": refused}
+    assert _delivered_steps(fake) == _accepted_steps(outcomes), "each accepted event delivered once, in order"
+
+
+def test_events_logged_across_close_go_to_the_successor_or_are_counted_refused(
+    make_sender: Callable[..., Sender], fake: FakeDaemon, tmp_path: Path, switching: None
+) -> None:
+    sender = make_sender()
+    other = FakeDaemon()
+    successor = Sender("run", options=options(tmp_path), transport=lambda _: FakeTransport(other))
+    sender.hand_over_after_close(lambda: successor)
+    outcomes = _log_from_threads(sender, 3, 5000, sender.close)
+    later = successor.close()
+    report = sender.report()
+    total = sum(map(len, outcomes))
+    assert report.undelivered == 0 and later.undelivered == 0
+    assert report.delivered + later.delivered + report.dropped.get("closed", 0) == total
+    assert sum(map(sum, outcomes)) == report.delivered + later.delivered
+    assert later.delivered, "events logged after close() returned went to the successor"
+    assert len(fake.events()) == report.delivered and len(other.events()) == later.delivered
+
+
+def test_flush_waits_for_every_event_appended_before_it_while_others_log(
+    make_sender: Callable[..., Sender], fake: FakeDaemon, switching: None
+) -> None:
+    fake.columns = True
+    sender = make_sender(max_batch_events=64)
+    mine = 0
+
+    def flush_rounds() -> None:
+        nonlocal mine
+        for _ in range(20):
+            for _ in range(300):
+                assert sender.enqueue(("main", 0.5, mine, 1.0, 32))
+                mine += 1
+            sender.flush(timeout=30)
+            assert len(_delivered_steps(fake)["main"]) == mine
+
+    outcomes = _log_from_threads(sender, 2, 20000, flush_rounds)
+    report = sender.close()
+    assert report.delivered == mine + sum(map(sum, outcomes)) and report.undelivered == 0
+
+
+def test_the_memory_bound_holds_exactly_for_events_appended_without_the_lock(
+    make_sender: Callable[..., Sender], fake: FakeDaemon
+) -> None:
+    fake.away = True  # nothing leaves the queue
+    # Room for 546 events of 30 bytes: the first ones are appended without the lock, the last ones under it.
+    sender = make_sender(overflow="drop_oldest", spool=False, max_queue_bytes=16_384)
+    assert all(sender.enqueue(("loss", 0.5, step, 1.0, 30)) for step in range(2000))
+    report = sender.close(timeout=0.2)
+    assert report.dropped == {"queue_full": 2000 - 546, "timeout": 546}

@@ -141,7 +141,7 @@ class SenderLoop:
                     if not self._connection.streaming or self._batches.in_flight >= options.max_in_flight:
                         return
                     lingering = time.monotonic() - self._queue.queued_at < options.linger_secs
-                    small = len(self._queue) < options.max_batch_events and self._queue.nbytes < options.max_batch_bytes
+                    small = len(self._queue) < options.max_batch_events and self._queue.under(options.max_batch_bytes)
                     if lingering and small and not self._status.closing:
                         return
             batch = self.number()

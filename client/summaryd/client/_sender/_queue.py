@@ -23,6 +23,9 @@ class QueuedEvents(Protocol):
     def nbytes(self) -> int:
         """Estimated bytes of the queued events."""
 
+    def under(self, nbytes: int) -> bool:
+        """Whether the queued events take fewer than `nbytes` (estimated)."""
+
     @property
     def queued_at(self) -> float:
         """When the oldest event of the next batch arrived (what linger counts from)."""

@@ -53,6 +53,7 @@ class EventQueue:
         self.taken = 0  # events taken off the queue (into batches, dropped, or given up): accepted - queued
         self._counted = 0
         self._counted_bytes = 0
+        self._large_bytes = 0  # of events over FAST_ITEM_BYTES queued (under the lock) since the last count
         self.queued_at = 0.0  # when the oldest event of the next batch arrived (what linger counts from)
         self.room_wanted = 0  # bytes a caller waits to queue (policies spill and block)
         self.fast_until = 0  # callers append without the lock while fewer events are queued (0: never)
@@ -75,11 +76,21 @@ class EventQueue:
             # does not move them (only lock holders take from the left).
             self._counted_bytes += sum(map(_SIZE, map(items.__getitem__, range(self._counted, end))))
             self._counted = end
+            self._large_bytes = 0
         return self._counted_bytes
 
+    def under(self, nbytes: int) -> bool:
+        """Whether the queued events take fewer than `nbytes`: decided from an upper bound when it can be
+        (those counted, and `FAST_ITEM_BYTES` for each appended since, plus the larger ones), so that the
+        sender's checks of the budget do not count every event the caller appends."""
+        bound = self._counted_bytes + (len(self.items) - self._counted) * FAST_ITEM_BYTES + self._large_bytes
+        return bound < nbytes or self.nbytes < nbytes
+
     def append(self, item: Queued) -> None:
-        """Queue `item` as the caller does (`Sender.enqueue`)."""
+        """Queue `item` holding the lock (`Sender.enqueue` appends a small one without it)."""
         self.items.append(item)
+        if item[-1] > FAST_ITEM_BYTES:
+            self._large_bytes += item[-1]
 
     def _popped(self, count: int, nbytes: int) -> None:
         """`count` events of `nbytes` were taken from the left."""
@@ -182,7 +193,7 @@ class EventQueue:
     def over_budget(self, held_bytes: int, max_queue_bytes: int, nbytes: int = 0) -> bool:
         """Whether the queue and the batches in memory (`held_bytes`), with `nbytes` more (or the room a caller
         waits for), are over the memory bound."""
-        return self.nbytes + held_bytes + max(nbytes, self.room_wanted) > max_queue_bytes
+        return not self.under(max_queue_bytes - held_bytes - max(nbytes, self.room_wanted) + 1)
 
 
 _NOT_SCALAR = (4, 2)
@@ -446,7 +457,7 @@ class Sender:
                 now = time.monotonic()
                 batches.nothing_pending(now)
                 queue.queued_at = now
-            items.append(item)
+            queue.append(item)
             if not wake:
                 wake = (
                     len(items) == self._max_batch_events
