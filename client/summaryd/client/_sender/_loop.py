@@ -65,24 +65,25 @@ class SenderLoop:
 
     def join(self, timeout: float) -> bool:
         """Wait for the thread to end; whether it did."""
-        if self._thread is not None:
+        if self._thread is not None and self._thread.ident is not None:  # None: it never started
             self._thread.join(timeout)
         return not self.alive()
 
     def start(self) -> None:
+        _process.register_multiprocessing_exit()
         with self._cond:
             if self._thread is not None:
                 return
             self._thread = threading.Thread(
                 target=self._run, name=f"summaryd-sender[{self._identity.run}]", daemon=True
             )
-            self.started = True
-        _process.register_multiprocessing_exit()
-        try:
-            self._thread.start()
-        except RuntimeError:  # the interpreter is shutting down
-            with self._cond:
+            # Started holding the lock (its loop waits for it): a close() on another thread that sees `started`
+            # then finds the thread running, never one about to start.
+            try:
+                self._thread.start()
+            except RuntimeError:  # the interpreter is shutting down
                 self._status.fail("the sender thread could not start (interpreter exiting)")
+            self.started = True
 
     def _run(self) -> None:
         try:
