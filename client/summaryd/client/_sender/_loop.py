@@ -131,31 +131,36 @@ class SenderLoop:
             self._wake.clear()
 
     def _take_batches(self) -> None:
-        """Number queued events into batches: as many as may be in flight, and all of them when spilling."""
+        """Number queued events into batches, as many as may be in flight. Not when spilling: the spiller then
+        spills the batches in memory first and numbers the queue after them (`Spiller.spill`), so that the
+        spilled batches stay a prefix of the log."""
         options = self._options
         while True:
             with self._cond:
-                if not self._queue:
+                if not self._queue or self._spiller.must_spill():
                     return
-                spilling = self._spiller.must_spill()
-                if not spilling:
-                    if not self._connection.streaming or self._batches.in_flight >= options.max_in_flight:
+                if not self._connection.streaming:
+                    # Full batches are numbered even so: their columns hold what the queue's tuples held, and the
+                    # tuples freed give the caller's next ones memory it has touched already (fresh memory costs
+                    # the caller's thread a page fault every few dozen events while the daemon is away).
+                    if len(self._queue) < options.max_batch_events:
                         return
-                    lingering = time.monotonic() - self._queue.queued_at < options.linger_secs
-                    small = len(self._queue) < options.max_batch_events and self._queue.under(options.max_batch_bytes)
-                    if lingering and small and not self._status.closing:
-                        return
-            batch = self.number()
-            if batch is None:
+                elif self._batches.in_flight >= options.max_in_flight:
+                    return
+                lingering = time.monotonic() - self._queue.queued_at < options.linger_secs
+                small = len(self._queue) < options.max_batch_events and self._queue.under(options.max_batch_bytes)
+                if lingering and small and not self._status.closing:
+                    return
+            if self.number() is None:
                 return
-            if spilling:
-                self._spiller.spill_batch(batch)
 
     def number(self) -> Batch | None:
         """Number the next queued events as one batch (the send cuts it to the daemon's limits, `_batch_fit`);
         an event no message may carry is dropped first."""
         options = self._options
-        columns = self._connection.limits.takes_scalar_columns
+        # Before any daemon answered, scalars are numbered as columns too: the send encodes them for a daemon that
+        # does not take columns.
+        columns = self._connection.limits.takes_scalar_columns or not self._connection.answered
         if columns:
             batch = self._number_scalars()
             if batch is not None:
