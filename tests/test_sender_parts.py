@@ -47,6 +47,7 @@ class FakeDaemon:
         self.closed = False
         self.streams: list[FakeStream] = []
         self.columns = False  # takes scalar columns (what it says when a session opens)
+        self.max_batch_events = 0  # the most events it takes in one batch (0: not stated)
         self.column_batches = 0
         self.durable_acks = False  # a daemon on a bucket: its acks say how far the events are uploaded
         self.durable = 0
@@ -133,7 +134,7 @@ class FakeTransport:
         if daemon.away:
             return FakeOpening(None, TransportError("away", "UNAVAILABLE: connection refused"))
         daemon.sessions_opened += 1
-        limits = DaemonLimits(takes_scalar_columns=daemon.columns)
+        limits = DaemonLimits(max_batch_events=daemon.max_batch_events, takes_scalar_columns=daemon.columns)
         return FakeOpening(Opened("run", daemon.last, 0, limits, durable_acks=daemon.durable_acks), None)
 
     def open_stream(
@@ -679,3 +680,22 @@ def test_the_memory_bound_holds_exactly_for_events_appended_without_the_lock(
     assert all(sender.enqueue(("loss", 0.5, step, 1.0, 30)) for step in range(2000))
     report = sender.close(timeout=0.2)
     assert report.dropped == {"queue_full": 2000 - 546, "timeout": 546}
+
+
+def test_a_backed_up_queue_of_scalars_goes_in_larger_batches_up_to_what_the_daemon_takes(
+    make_sender: Callable[..., Sender], fake: FakeDaemon
+) -> None:
+    fake.columns, fake.max_batch_events = True, 20
+    sender = make_sender(max_batch_events=4, max_in_flight=1)
+    assert sender.enqueue(scalar(0))
+    sender.flush(timeout=30)
+    fake.hold_acks = True  # one batch in flight, unacknowledged: the rest of the queue waits
+    encoder = EventEncoder()
+    assert all(sender.enqueue(scalar(i)) for i in range(1, 201))
+    fake.hold_acks = False
+    fake.streams[-1].cut()  # the stream reconnects; what waited is numbered now, in larger batches
+    report = sender.close()
+    assert report.delivered == 201 and report.undelivered == 0
+    assert fake.events() == [encoder.scalar(scalar(i)) for i in range(201)]
+    sizes = [count for stream in fake.streams for _, count in stream.writes]
+    assert max(sizes) == 20, "a backed-up queue: batches of up to the daemon's most, not max_batch_events"

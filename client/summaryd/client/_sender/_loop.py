@@ -20,6 +20,10 @@ from summaryd.client._sender._status import Status, log
 from summaryd.client._spool import SpoolIdentity
 
 
+_BACKED_UP_BATCHES = 8
+"""A backed-up queue's scalars go in batches of up to this many times `max_batch_events`."""
+
+
 class SenderLoop:
     """One named daemon thread per sender, started on the first event; it does all the work but queueing:
     numbers events into the batch log, has the connection send them, the spiller spill them, and ends once
@@ -195,8 +199,15 @@ class SenderLoop:
         """Number the run of scalars at the head of the queue as one batch of columns: no event is built here,
         the daemon builds them (a batch holds one kind, so events keep their order across kinds)."""
         options = self._options
+        most = options.max_batch_events
         with self._cond:
-            items = self._queue.take_scalars(options.max_batch_events, options.max_batch_bytes)
+            queued = len(self._queue)
+            if queued > most:
+                # Backed up (the caller outran this thread): fewer, larger batches, up to what the daemon takes in
+                # one (its CPU per scalar falls by 10-25 % from 1,000- to 8,000-scalar batches), within
+                # `max_batch_bytes` as always.
+                most = min(queued, most * _BACKED_UP_BATCHES, self._connection.limits.max_batch_events or most)
+            items = self._queue.take_scalars(most, options.max_batch_bytes)
         if not items:
             return None
         scalars = ScalarRun.of(items)
