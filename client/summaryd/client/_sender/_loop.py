@@ -19,7 +19,6 @@ from summaryd.client._sender._spiller import Spiller
 from summaryd.client._sender._status import Status, log
 from summaryd.client._spool import SpoolIdentity
 
-
 _BACKED_UP_BATCHES = 8
 """A backed-up queue's scalars go in batches of up to this many times `max_batch_events`."""
 
