@@ -32,13 +32,15 @@ class ScalarRun:
     def of(cls, items: Sequence[tuple[Any, ...]]) -> ScalarRun:
         # One C-level pass per column (`itemgetter`); cheaper than transposing the tuples with `zip(*items)`.
         tags = list(map(_TAG, items))
-        table = dict.fromkeys(tags, 0)
-        if len(table) == 1:  # the usual batch: one tag
-            tag_index: Sequence[int] = [0] * len(tags)
+        tag_index: Sequence[int]
+        if tags and tags.count(tags[0]) == len(tags):  # the usual batch, one tag: `count` compares in C, no hash
+            names: tuple[str, ...] = (tags[0],)
+            tag_index = [0] * len(tags)
         else:
-            table = {tag: index for index, tag in enumerate(table)}
+            table = {tag: index for index, tag in enumerate(dict.fromkeys(tags))}
+            names = tuple(table)
             tag_index = list(map(table.__getitem__, tags))
-        return cls(tuple(table), tag_index, list(map(_VALUE, items)), list(map(_STEP, items)), list(map(_WALL, items)))
+        return cls(names, tag_index, list(map(_VALUE, items)), list(map(_STEP, items)), list(map(_WALL, items)))
 
     def __len__(self) -> int:
         return len(self.steps)
