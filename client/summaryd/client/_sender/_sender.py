@@ -384,9 +384,9 @@ class Sender:
         """Queue `(source, estimated bytes)`, or the plain values of an event the sender thread builds (see
         `_encoder`). As `submit` otherwise."""
         # The caller's hot path: a small event while there is room is one append, without the lock (why that is
-        # safe: `EventQueue`, and DESIGN.md); the rest takes the lock (`_enqueue_locked`).
-        if self._pid != _process.pid:  # forked: see `_process`
-            self.forget_parent_after_fork()
+        # safe: `EventQueue`, and DESIGN.md); the rest takes the lock (`_enqueue_locked`). No fork check here: in
+        # a forked child every registered sender starts afresh (`_process`), with `fast_until` 0, and a closed one
+        # has it 0 too, so a child's first event always takes the locked path, which checks.
         queue = self._queue
         items = queue.items
         if len(items) >= queue.fast_until or item[-1] > FAST_ITEM_BYTES:
@@ -426,6 +426,8 @@ class Sender:
     def _enqueue_locked(self, item: Queued) -> bool:
         """`enqueue` under the lock: a large event, no room for more without a look at the budget, or no
         sender thread yet. Applies the overflow policy, wakes the sender and opens the lock-free path again."""
+        if self._pid != _process.pid:  # forked: see `_process`
+            self.forget_parent_after_fork()
         queue = self._queue
         with self._lock:
             status = self._status
