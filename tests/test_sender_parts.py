@@ -699,3 +699,20 @@ def test_a_backed_up_queue_of_scalars_goes_in_larger_batches_up_to_what_the_daem
     assert fake.events() == [encoder.scalar(scalar(i)) for i in range(201)]
     sizes = [count for stream in fake.streams for _, count in stream.writes]
     assert max(sizes) == 20, "a backed-up queue: batches of up to the daemon's most, not max_batch_events"
+
+
+def test_a_run_of_scalars_is_cut_at_max_batch_bytes_and_the_rest_keeps_its_place(
+    make_sender: Callable[..., Sender], fake: FakeDaemon
+) -> None:
+    fake.columns = True
+    sender = make_sender(max_batch_bytes=70)  # two scalars of 30 bytes, and the one that crosses it
+    sender.submit(event(0), 12)
+    sender.flush(timeout=30)
+    fake.hold_acks = fake.lose_writes = True  # nothing leaves until all of it is queued
+    expected = logged(sender, 40)  # runs of four scalars, then a serialized event
+    fake.hold_acks = fake.lose_writes = False
+    fake.streams[-1].cut()
+    report = sender.close()
+    assert report.delivered == 41 and report.undelivered == 0
+    assert fake.events() == [event(0), *expected]
+    assert max(count for stream in fake.streams for _, count in stream.writes) <= 3

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import threading
 import time
-from operator import itemgetter
 
 from summaryd.client import _process
 from summaryd.client._encoder import EventEncoder
@@ -206,11 +205,10 @@ class SenderLoop:
                 # one (its CPU per scalar falls by 10-25 % from 1,000- to 8,000-scalar batches), within
                 # `max_batch_bytes` as always.
                 most = min(queued, most * _BACKED_UP_BATCHES, self._connection.limits.max_batch_events or most)
-            items = self._queue.take_scalars(most, options.max_batch_bytes)
+            items, nbytes = self._queue.take_scalars(most, options.max_batch_bytes)
         if not items:
             return None
         scalars = ScalarRun.of(items)
-        nbytes = sum(map(itemgetter(-1), items))
         with self._cond:
             batch = self._batches.append([], nbytes, scalars)
             self._refill()

@@ -35,8 +35,8 @@ class QueuedEvents(Protocol):
     def take_run(self, max_events: int, max_bytes: int, scalars_apart: bool = False) -> list[Queued]:
         """Pop the next events of a batch (see `EventQueue.take_run`)."""
 
-    def take_scalars(self, max_events: int, max_bytes: int) -> list[Queued]:
-        """Pop the next run of plain scalars, for a batch of columns."""
+    def take_scalars(self, max_events: int, max_bytes: int) -> tuple[list[Queued], int]:
+        """Pop the next run of plain scalars, for a batch of columns, and their estimated bytes."""
 
     def open_fast(self, held_bytes: int, max_queue_bytes: int, accepting: bool) -> None:
         """Let callers append small events without the lock while they fit (see `EventQueue`)."""

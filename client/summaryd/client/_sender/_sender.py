@@ -137,9 +137,9 @@ class EventQueue:
         self.queued_at = time.monotonic()
         return items
 
-    def take_scalars(self, max_events: int, max_bytes: int) -> list[Queued]:
+    def take_scalars(self, max_events: int, max_bytes: int) -> tuple[list[Queued], int]:
         """Pop the run of scalars at the head of the queue (at most `max_events`, about `max_bytes`: the event
-        that crosses it is the last taken).
+        that crosses it is the last taken), and their estimated bytes.
 
         Every step is a C-level pass over the run (no Python per event). The events are popped first and those
         past the run put back on the left: no iterator over the deque, which a caller's append would invalidate.
@@ -151,17 +151,22 @@ class EventQueue:
         for other in _NOT_SCALAR:  # the first event of another kind ends the run
             if other in lengths:
                 count = min(count, lengths.index(other))
-        if count:
-            ends = list(accumulate(map(_SIZE, head[:count])))
-            count = min(count, bisect_left(ends, max_bytes) + 1)
         if count < len(head):
             queue.extendleft(reversed(head[count:]))
             del head[count:]
         if not count:
-            return []
-        self._popped(count, ends[count - 1])
+            return head, 0
+        nbytes = sum(map(_SIZE, head))
+        if nbytes > max_bytes:  # rare: cut where the sizes cross `max_bytes`
+            ends = list(accumulate(map(_SIZE, head)))
+            cut = bisect_left(ends, max_bytes) + 1
+            if cut < count:
+                queue.extendleft(reversed(head[cut:]))  # before the other kinds put back above
+                del head[cut:]
+                count, nbytes = cut, ends[cut - 1]
+        self._popped(count, nbytes)
         self.queued_at = time.monotonic()
-        return head
+        return head, nbytes
 
     def drop_oldest(self) -> None:
         self._popped(1, self.items.popleft()[-1])
