@@ -26,6 +26,7 @@ from summaryd.client._sender._spiller import Spiller
 from summaryd.client._sender._status import Status
 from summaryd.client._sender._transport import Ack, Hello, Opened, TransportError
 from summaryd.client._spool import SpoolIdentity
+from summaryd.v1 import summaryd_pb2 as pb
 
 # ---- a daemon in memory, and the transport to it ------------------------------------------------------------
 
@@ -716,3 +717,21 @@ def test_a_run_of_scalars_is_cut_at_max_batch_bytes_and_the_rest_keeps_its_place
     assert report.delivered == 41 and report.undelivered == 0
     assert fake.events() == [event(0), *expected]
     assert max(count for stream in fake.streams for _, count in stream.writes) <= 3
+
+
+def test_scalars_numbered_while_the_daemon_is_away_wait_packed_and_arrive_unchanged(
+    make_sender: Callable[..., Sender], fake: FakeDaemon
+) -> None:
+    fake.away, fake.columns = True, True  # no daemon answered yet: full batches are numbered as columns, packed
+    sender = make_sender(max_batch_events=8)
+    assert all(sender.enqueue(scalar(i)) for i in range(1, 41))
+    fake.away = False
+    report = sender.close()
+    encoder = EventEncoder()
+    assert report.delivered == 40 and report.undelivered == 0
+    assert fake.events() == [encoder.scalar(scalar(i)) for i in range(1, 41)]
+    assert fake.column_batches
+    run = ScalarRun.of([scalar(i) for i in range(1, 9)])
+    packed = run.packed()
+    assert not isinstance(packed.values, list), "packed into arrays"
+    assert packed.fill(pb.ScalarColumns()) == run.fill(pb.ScalarColumns()) and packed.encoded() == run.encoded()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from array import array
 from collections.abc import Sequence
 from dataclasses import dataclass
 from operator import itemgetter
@@ -44,6 +45,18 @@ class ScalarRun:
 
     def __len__(self) -> int:
         return len(self.steps)
+
+    def packed(self) -> ScalarRun:
+        """The same columns in packed arrays, for a batch that waits (no stream open): a few bytes a scalar
+        instead of its objects, which go back to the allocator for the caller's next ones. Itself when a step is
+        beyond int64 (then the daemon refuses that scalar, as it would anyway)."""
+        try:
+            steps = array("q", self.steps)
+        except OverflowError:
+            return self
+        return ScalarRun(
+            self.tags, array("L", self.tag_index), array("d", self.values), steps, array("d", self.wall_times)
+        )
 
     def fill(self, columns: pb.ScalarColumns) -> pb.ScalarColumns:
         """Extend `columns` (empty: the write request's own field, which saves copying a message into it) with

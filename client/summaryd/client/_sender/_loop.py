@@ -209,6 +209,8 @@ class SenderLoop:
         if not items:
             return None
         scalars = ScalarRun.of(items)
+        if not self._connection.streaming:  # it waits for the daemon: its objects are freed for the caller's reuse
+            scalars = scalars.packed()
         with self._cond:
             batch = self._batches.append([], nbytes, scalars)
             self._refill()
