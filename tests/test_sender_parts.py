@@ -5,12 +5,14 @@ and real faults are the business of the `test_faults_*` files."""
 
 from __future__ import annotations
 
+import sys
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 import pytest
+from tensorboard.compat.proto.event_pb2 import Event
 
 from summaryd.client._batch_fit import DaemonLimits
 from summaryd.client._encoder import EventEncoder
@@ -24,6 +26,7 @@ from summaryd.client._sender._spiller import Spiller
 from summaryd.client._sender._status import Status
 from summaryd.client._sender._transport import Ack, Hello, Opened, TransportError
 from summaryd.client._spool import SpoolIdentity
+from summaryd.v1 import summaryd_pb2 as pb
 
 # ---- a daemon in memory, and the transport to it ------------------------------------------------------------
 
@@ -45,6 +48,7 @@ class FakeDaemon:
         self.closed = False
         self.streams: list[FakeStream] = []
         self.columns = False  # takes scalar columns (what it says when a session opens)
+        self.max_batch_events = 0  # the most events it takes in one batch (0: not stated)
         self.column_batches = 0
         self.durable_acks = False  # a daemon on a bucket: its acks say how far the events are uploaded
         self.durable = 0
@@ -131,7 +135,7 @@ class FakeTransport:
         if daemon.away:
             return FakeOpening(None, TransportError("away", "UNAVAILABLE: connection refused"))
         daemon.sessions_opened += 1
-        limits = DaemonLimits(takes_scalar_columns=daemon.columns)
+        limits = DaemonLimits(max_batch_events=daemon.max_batch_events, takes_scalar_columns=daemon.columns)
         return FakeOpening(Opened("run", daemon.last, 0, limits, durable_acks=daemon.durable_acks), None)
 
     def open_stream(
@@ -563,3 +567,171 @@ def test_column_batches_spilled_reach_the_daemon_from_the_spool(
     report = sender.close()
     assert report.ok and report.delivered == 41 and report.spooled == 0
     assert fake.events() == [event(0), *expected]
+
+
+# ---- the caller's lock-free append, raced ------------------------------------------------------------------------
+# Small events are appended without the lock while the memory bound leaves room (`EventQueue`). A tiny switch
+# interval makes the GIL change threads between nearly any two bytecodes, so that the races are run, not assumed.
+
+
+@pytest.fixture
+def switching() -> Iterator[None]:
+    previous = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)
+    yield
+    sys.setswitchinterval(previous)
+
+
+def _log_from_threads(sender: Sender, threads: int, calls: int, during: Callable[[], None]) -> list[list[bool]]:
+    """`threads` threads each enqueue `calls` scalars of their own tag while `during()` runs on this thread; what
+    each call returned."""
+    outcomes: list[list[bool]] = [[] for _ in range(threads)]
+    begun = threading.Barrier(threads + 1)
+
+    def log(which: int) -> None:
+        begun.wait()
+        out = outcomes[which]
+        for step in range(calls):
+            out.append(sender.enqueue((f"thread-{which}", 0.5, step, 1.0, 32)))
+
+    workers = [threading.Thread(target=log, args=(which,)) for which in range(threads)]
+    for worker in workers:
+        worker.start()
+    begun.wait()
+    while not any(outcomes):  # the threads are logging before `during` starts
+        threading.Event().wait(0.001)
+    during()
+    for worker in workers:
+        worker.join()
+    return outcomes
+
+
+def _delivered_steps(fake: FakeDaemon) -> dict[str, list[int]]:
+    steps: dict[str, list[int]] = {}
+    for data in fake.events():
+        event = Event.FromString(data)
+        steps.setdefault(event.summary.value[0].tag, []).append(event.step)
+    return steps
+
+
+def _accepted_steps(outcomes: list[list[bool]]) -> dict[str, list[int]]:
+    return {f"thread-{which}": [s for s, ok in enumerate(out) if ok] for which, out in enumerate(outcomes) if any(out)}
+
+
+@pytest.mark.parametrize("columns", [True, False])
+def test_threads_logging_while_close_runs_have_every_event_counted_once(
+    make_sender: Callable[..., Sender], fake: FakeDaemon, switching: None, columns: bool
+) -> None:
+    fake.columns = columns
+    sender = make_sender(max_batch_events=64)
+    outcomes = _log_from_threads(sender, 4, 5000, sender.close)
+    accepted, refused = sum(map(sum, outcomes)), sum(len(out) - sum(out) for out in outcomes)
+    assert accepted and refused, "the close ran while the threads logged"
+    report = sender.report()  # after every thread ended: the events appended after close() returned count too
+    assert report.delivered == accepted and report.undelivered == 0
+    assert report.dropped == {"closed": refused}
+    assert _delivered_steps(fake) == _accepted_steps(outcomes), "each accepted event delivered once, in order"
+
+
+def test_events_logged_across_close_go_to_the_successor_or_are_counted_refused(
+    make_sender: Callable[..., Sender], fake: FakeDaemon, tmp_path: Path, switching: None
+) -> None:
+    sender = make_sender()
+    other = FakeDaemon()
+    successor = Sender("run", options=options(tmp_path), transport=lambda _: FakeTransport(other))
+    sender.hand_over_after_close(lambda: successor)
+    outcomes = _log_from_threads(sender, 3, 5000, sender.close)
+    later = successor.close()
+    report = sender.report()
+    total = sum(map(len, outcomes))
+    assert report.undelivered == 0 and later.undelivered == 0
+    assert report.delivered + later.delivered + report.dropped.get("closed", 0) == total
+    assert sum(map(sum, outcomes)) == report.delivered + later.delivered
+    assert later.delivered, "events logged after close() returned went to the successor"
+    assert len(fake.events()) == report.delivered and len(other.events()) == later.delivered
+
+
+def test_flush_waits_for_every_event_appended_before_it_while_others_log(
+    make_sender: Callable[..., Sender], fake: FakeDaemon, switching: None
+) -> None:
+    fake.columns = True
+    sender = make_sender(max_batch_events=64)
+    mine = 0
+
+    def flush_rounds() -> None:
+        nonlocal mine
+        for _ in range(20):
+            for _ in range(300):
+                assert sender.enqueue(("main", 0.5, mine, 1.0, 32))
+                mine += 1
+            sender.flush(timeout=30)
+            assert len(_delivered_steps(fake)["main"]) == mine
+
+    outcomes = _log_from_threads(sender, 2, 20000, flush_rounds)
+    report = sender.close()
+    assert report.delivered == mine + sum(map(sum, outcomes)) and report.undelivered == 0
+
+
+def test_the_memory_bound_holds_exactly_for_events_appended_without_the_lock(
+    make_sender: Callable[..., Sender], fake: FakeDaemon
+) -> None:
+    fake.away = True  # nothing leaves the queue
+    # Room for 546 events of 30 bytes: the first ones are appended without the lock, the last ones under it.
+    sender = make_sender(overflow="drop_oldest", spool=False, max_queue_bytes=16_384)
+    assert all(sender.enqueue(("loss", 0.5, step, 1.0, 30)) for step in range(2000))
+    report = sender.close(timeout=0.2)
+    assert report.dropped == {"queue_full": 2000 - 546, "timeout": 546}
+
+
+def test_a_backed_up_queue_of_scalars_goes_in_larger_batches_up_to_what_the_daemon_takes(
+    make_sender: Callable[..., Sender], fake: FakeDaemon
+) -> None:
+    fake.columns, fake.max_batch_events = True, 20
+    sender = make_sender(max_batch_events=4, max_in_flight=1)
+    assert sender.enqueue(scalar(0))
+    sender.flush(timeout=30)
+    fake.hold_acks = True  # one batch in flight, unacknowledged: the rest of the queue waits
+    encoder = EventEncoder()
+    assert all(sender.enqueue(scalar(i)) for i in range(1, 201))
+    fake.hold_acks = False
+    fake.streams[-1].cut()  # the stream reconnects; what waited is numbered now, in larger batches
+    report = sender.close()
+    assert report.delivered == 201 and report.undelivered == 0
+    assert fake.events() == [encoder.scalar(scalar(i)) for i in range(201)]
+    sizes = [count for stream in fake.streams for _, count in stream.writes]
+    assert max(sizes) == 20, "a backed-up queue: batches of up to the daemon's most, not max_batch_events"
+
+
+def test_a_run_of_scalars_is_cut_at_max_batch_bytes_and_the_rest_keeps_its_place(
+    make_sender: Callable[..., Sender], fake: FakeDaemon
+) -> None:
+    fake.columns = True
+    sender = make_sender(max_batch_bytes=70)  # two scalars of 30 bytes, and the one that crosses it
+    sender.submit(event(0), 12)
+    sender.flush(timeout=30)
+    fake.hold_acks = fake.lose_writes = True  # nothing leaves until all of it is queued
+    expected = logged(sender, 40)  # runs of four scalars, then a serialized event
+    fake.hold_acks = fake.lose_writes = False
+    fake.streams[-1].cut()
+    report = sender.close()
+    assert report.delivered == 41 and report.undelivered == 0
+    assert fake.events() == [event(0), *expected]
+    assert max(count for stream in fake.streams for _, count in stream.writes) <= 3
+
+
+def test_scalars_numbered_while_the_daemon_is_away_wait_packed_and_arrive_unchanged(
+    make_sender: Callable[..., Sender], fake: FakeDaemon
+) -> None:
+    fake.away, fake.columns = True, True  # no daemon answered yet: full batches are numbered as columns, packed
+    sender = make_sender(max_batch_events=8)
+    assert all(sender.enqueue(scalar(i)) for i in range(1, 41))
+    fake.away = False
+    report = sender.close()
+    encoder = EventEncoder()
+    assert report.delivered == 40 and report.undelivered == 0
+    assert fake.events() == [encoder.scalar(scalar(i)) for i in range(1, 41)]
+    assert fake.column_batches
+    run = ScalarRun.of([scalar(i) for i in range(1, 9)])
+    packed = run.packed()
+    assert not isinstance(packed.values, list), "packed into arrays"
+    assert packed.fill(pb.ScalarColumns()) == run.fill(pb.ScalarColumns()) and packed.encoded() == run.encoded()

@@ -320,7 +320,8 @@ class SummaryWriter:
     ) -> None:
         """Log one scalar (`new_style`: as a tensor; `double_precision`: a float64 one); the caller pays for a
         float conversion and a queue append."""
-        value = scalar_value if type(scalar_value) is float else _torch.to_float(scalar_value)
+        # `x.__class__ is int` is an attribute read; `type(x)` and `int(x)` are calls, which cost this path most.
+        value = scalar_value if scalar_value.__class__ is float else _torch.to_float(scalar_value)
         if new_style or double_precision:
             build = functools.partial(
                 _builders().scalar, tag, value, new_style=new_style, double_precision=double_precision
@@ -331,8 +332,9 @@ class SummaryWriter:
         if type(tag) is not str:
             tag = _encoder.checked_tag(tag)
         wall_time = time.time() if walltime is None else float(walltime)
-        step = 0 if global_step is None else int(global_step)
-        self._sender.enqueue((tag, value, step, wall_time, _encoder.SCALAR_OVERHEAD_BYTES + len(tag)))
+        if global_step.__class__ is not int:
+            global_step = 0 if global_step is None else int(global_step)
+        self._sender.enqueue((tag, value, global_step, wall_time, _encoder.SCALAR_OVERHEAD_BYTES + len(tag)))
 
     def add_scalars(
         self,

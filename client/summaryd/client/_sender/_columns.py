@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from array import array
 from collections.abc import Sequence
 from dataclasses import dataclass
 from operator import itemgetter
@@ -32,16 +33,30 @@ class ScalarRun:
     def of(cls, items: Sequence[tuple[Any, ...]]) -> ScalarRun:
         # One C-level pass per column (`itemgetter`); cheaper than transposing the tuples with `zip(*items)`.
         tags = list(map(_TAG, items))
-        table = dict.fromkeys(tags, 0)
-        if len(table) == 1:  # the usual batch: one tag
-            tag_index: Sequence[int] = [0] * len(tags)
+        tag_index: Sequence[int]
+        if tags and tags.count(tags[0]) == len(tags):  # the usual batch, one tag: `count` compares in C, no hash
+            names: tuple[str, ...] = (tags[0],)
+            tag_index = [0] * len(tags)
         else:
-            table = {tag: index for index, tag in enumerate(table)}
+            table = {tag: index for index, tag in enumerate(dict.fromkeys(tags))}
+            names = tuple(table)
             tag_index = list(map(table.__getitem__, tags))
-        return cls(tuple(table), tag_index, list(map(_VALUE, items)), list(map(_STEP, items)), list(map(_WALL, items)))
+        return cls(names, tag_index, list(map(_VALUE, items)), list(map(_STEP, items)), list(map(_WALL, items)))
 
     def __len__(self) -> int:
         return len(self.steps)
+
+    def packed(self) -> ScalarRun:
+        """The same columns in packed arrays, for a batch that waits (no stream open): a few bytes a scalar
+        instead of its objects, which go back to the allocator for the caller's next ones. Itself when a step is
+        beyond int64 (then the daemon refuses that scalar, as it would anyway)."""
+        try:
+            steps = array("q", self.steps)
+        except OverflowError:
+            return self
+        return ScalarRun(
+            self.tags, array("L", self.tag_index), array("d", self.values), steps, array("d", self.wall_times)
+        )
 
     def fill(self, columns: pb.ScalarColumns) -> pb.ScalarColumns:
         """Extend `columns` (empty: the write request's own field, which saves copying a message into it) with

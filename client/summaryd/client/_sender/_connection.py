@@ -52,6 +52,7 @@ class Connection:
         self.connect_failed = False
         self._lease = float("inf")
         self.limits = DaemonLimits()
+        self.answered = False  # a daemon opened the session once: `limits` are its own
         self._last_sent = 0.0
         self.run_dir: str | None = None
 
@@ -91,6 +92,7 @@ class Connection:
         self.run_dir = answer.run_dir
         self._lease = answer.lease_seconds or float("inf")
         self.limits = answer.limits
+        self.answered = True
         with self._cond:
             self._batches.resumed(answer.last_sequence, answer.durable_acks)
         self.on_ack(Ack(answer.last_sequence, answer.durable_sequence))

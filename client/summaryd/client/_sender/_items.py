@@ -15,6 +15,10 @@ EventSource = bytes | Callable[[], bytes]
 # that the sender thread turns into an event (see `_encoder`).
 Queued = tuple[EventSource, int] | tuple[bytes, int, float, int] | tuple[str, float, int, float, int]
 
+FAST_ITEM_BYTES = 256
+"""The largest event (estimated bytes) a caller queues without the lock: a scalar or a small summary. Larger
+ones take the lock and are counted exactly against the memory bound."""
+
 SCALAR_ITEM = 5
 """The length of a queued scalar's tuple (what tells it from the other queued kinds)."""
 

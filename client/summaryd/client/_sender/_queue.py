@@ -13,7 +13,7 @@ from summaryd.client._sender._items import Queued
 
 class QueuedEvents(Protocol):
     """The events the caller queued and the sender has not yet taken into batches. Every call holds the
-    sender's lock."""
+    sender's lock (callers append without it: only the sender's side takes events off)."""
 
     @property
     def accepted(self) -> int:
@@ -22,6 +22,9 @@ class QueuedEvents(Protocol):
     @property
     def nbytes(self) -> int:
         """Estimated bytes of the queued events."""
+
+    def under(self, nbytes: int) -> bool:
+        """Whether the queued events take fewer than `nbytes` (estimated)."""
 
     @property
     def queued_at(self) -> float:
@@ -32,8 +35,14 @@ class QueuedEvents(Protocol):
     def take_run(self, max_events: int, max_bytes: int, scalars_apart: bool = False) -> list[Queued]:
         """Pop the next events of a batch (see `EventQueue.take_run`)."""
 
-    def take_scalars(self, max_events: int, max_bytes: int) -> list[Queued]:
-        """Pop the next run of plain scalars, for a batch of columns."""
+    def take_scalars(self, max_events: int, max_bytes: int) -> tuple[list[Queued], int]:
+        """Pop the next run of plain scalars, for a batch of columns, and their estimated bytes."""
+
+    def open_fast(self, held_bytes: int, max_queue_bytes: int, accepting: bool) -> None:
+        """Let callers append small events without the lock while they fit (see `EventQueue`)."""
+
+    def fast_room(self) -> int:
+        """How many more small events callers may append without the lock."""
 
     def clear(self) -> int:
         """Forget every queued event; how many there were."""

@@ -10,7 +10,7 @@ import uuid
 from bisect import bisect_left
 from collections import deque
 from collections.abc import Callable
-from itertools import accumulate, islice, repeat, starmap
+from itertools import accumulate, repeat, starmap
 from operator import itemgetter
 from typing import Any
 
@@ -19,7 +19,7 @@ from summaryd.client._options import ClientOptions, carried_or_made
 from summaryd.client._sender._batch_log import BatchLog
 from summaryd.client._sender._connection import Connection
 from summaryd.client._sender._grpc_transport import GrpcTransport
-from summaryd.client._sender._items import SCALAR_ITEM, EventSource, Queued, size_known
+from summaryd.client._sender._items import FAST_ITEM_BYTES, SCALAR_ITEM, EventSource, Queued, size_known
 from summaryd.client._sender._ledger import Ledger
 from summaryd.client._sender._loop import SenderLoop
 from summaryd.client._sender._report import DeliveryReport
@@ -31,33 +31,95 @@ from summaryd.v1.runpath import run_dir_parts
 
 
 class EventQueue:
-    """A deque of queued events, their estimated bytes and how many it ever accepted. Every call holds the
-    sender's lock. It lives in this file because the caller's hot path (`Sender.enqueue`) appends to it inline:
-    a method call there would cost each logged event about a tenth more."""
+    """A deque of queued events, which callers append to without a lock while there is room (`fast_until`),
+    and what the sender's side knows of it. Everything but `Sender.enqueue`'s append and its reads of
+    `items` and `fast_until` holds the sender's lock.
+
+    Why the lock-free append is safe (the GIL may switch threads between any two bytecodes; `deque.append`,
+    `popleft`, `extendleft`, `len` and an index are each one C call, so they are atomic):
+    - Only holders of the lock take events off, and only from the left; callers only append on the right. So
+      under the lock the positions of the queued events are stable, and `accepted = taken + len(items)` (read
+      under the lock) counts every event appended so far exactly once, without the caller counting anything.
+    - Bytes are counted lazily, under the lock: `_counted` leading events are in `_counted_bytes`; those appended
+      since are summed by index (no iterator, which an append would invalidate) when someone needs the figure.
+    - `fast_until` is a count the callers compare `len(items)` with: it leaves room for `fast_until - len`
+      more events of at most `FAST_ITEM_BYTES` each within the memory bound. Callers read it and append in two
+      steps, so threads racing there may each put one event past it: the bound holds to within one event per
+      logging thread.
+    """
 
     def __init__(self) -> None:
         self.items: deque[Queued] = deque()
-        self.nbytes = 0
+        self.taken = 0  # events taken off the queue (into batches, dropped, or given up): accepted - queued
+        self._counted = 0
+        self._counted_bytes = 0
+        self._large_bytes = 0  # of events over FAST_ITEM_BYTES queued (under the lock) since the last count
         self.queued_at = 0.0  # when the oldest event of the next batch arrived (what linger counts from)
         self.room_wanted = 0  # bytes a caller waits to queue (policies spill and block)
-        self.accepted = 0  # events ever queued: what the sender owes the caller an account of
+        self.fast_until = 0  # callers append without the lock while fewer events are queued (0: never)
 
     def __len__(self) -> int:
         return len(self.items)
 
-    def append(self, item: Queued, now: float | None = None) -> None:
-        """Accept `item` (`Sender.enqueue` does the same inline); `now` when it starts a new batch (the linger
-        clock)."""
-        if now is not None:
-            self.queued_at = now
+    @property
+    def accepted(self) -> int:
+        """Events ever queued: what the sender owes the caller an account of."""
+        return self.taken + len(self.items)
+
+    @property
+    def nbytes(self) -> int:
+        """Estimated bytes of the queued events."""
+        items = self.items
+        end = len(items)
+        if end > self._counted:
+            # One C-level pass by index over the events appended since the last count: an append meanwhile
+            # does not move them (only lock holders take from the left).
+            self._counted_bytes += sum(map(_SIZE, map(items.__getitem__, range(self._counted, end))))
+            self._counted = end
+            self._large_bytes = 0
+        return self._counted_bytes
+
+    def under(self, nbytes: int) -> bool:
+        """Whether the queued events take fewer than `nbytes`: decided from an upper bound when it can be
+        (those counted, and `FAST_ITEM_BYTES` for each appended since, plus the larger ones), so that the
+        sender's checks of the budget do not count every event the caller appends."""
+        bound = self._counted_bytes + (len(self.items) - self._counted) * FAST_ITEM_BYTES + self._large_bytes
+        return bound < nbytes or self.nbytes < nbytes
+
+    def append(self, item: Queued) -> None:
+        """Queue `item` holding the lock (`Sender.enqueue` appends a small one without it)."""
         self.items.append(item)
-        self.accepted += 1
-        self.nbytes += item[-1]
+        if item[-1] > FAST_ITEM_BYTES:
+            self._large_bytes += item[-1]
+
+    def _popped(self, count: int, nbytes: int) -> None:
+        """`count` events of `nbytes` were taken from the left."""
+        self.taken += count
+        self.fast_until -= count  # fewer queued, the same room: callers may queue as many more as before
+        if count >= self._counted:
+            self._counted = self._counted_bytes = 0
+        else:
+            self._counted -= count
+            self._counted_bytes -= nbytes
+
+    def open_fast(self, held_bytes: int, max_queue_bytes: int, accepting: bool) -> None:
+        """Let callers append without the lock while the queue, `held_bytes` and small events stay within the
+        memory bound (none while a caller waits for room, or when the sender no longer accepts events)."""
+        queued = self.nbytes
+        room = max_queue_bytes - held_bytes - queued
+        if not accepting or self.room_wanted or room < FAST_ITEM_BYTES:
+            self.fast_until = 0
+        else:
+            self.fast_until = self._counted + room // FAST_ITEM_BYTES
+
+    def fast_room(self) -> int:
+        """How many more small events callers may append without the lock."""
+        return self.fast_until - len(self.items)
 
     def take_run(self, max_events: int, max_bytes: int, scalars_apart: bool = False) -> list[Queued]:
-        """Pop the next events of a batch: a run of those whose size is known, so that the lock the caller also
-        takes is taken once per run, not per event; a function alone, since only encoding it tells its size.
-        `scalars_apart`: stop before a scalar (they go as columns, `take_scalars`)."""
+        """Pop the next events of a batch: a run of those whose size is known, so that the lock is taken once
+        per run, not per event; a function alone, since only encoding it tells its size. `scalars_apart`: stop
+        before a scalar (they go as columns, `take_scalars`)."""
         queue = self.items
         if not queue or (scalars_apart and len(queue[0]) == SCALAR_ITEM):
             return []
@@ -71,53 +133,79 @@ class EventQueue:
                     break
                 items.append(queue.popleft())
                 room -= head[-1]
-        self.nbytes -= max_bytes - room
+        self._popped(len(items), max_bytes - room)
         self.queued_at = time.monotonic()
         return items
 
-    def take_scalars(self, max_events: int, max_bytes: int) -> list[Queued]:
+    def take_scalars(self, max_events: int, max_bytes: int) -> tuple[list[Queued], int]:
         """Pop the run of scalars at the head of the queue (at most `max_events`, about `max_bytes`: the event
-        that crosses it is the last taken).
+        that crosses it is the last taken), and their estimated bytes.
 
-        Every step is a C-level pass over the run (no Python per event), since it runs under the lock the caller
-        also takes."""
+        Every step is a C-level pass over the run (no Python per event). The events are popped first and those
+        past the run put back on the left: no iterator over the deque, which a caller's append would invalidate.
+        """
         queue = self.items
-        head = list(islice(queue, max_events))
+        head = list(starmap(queue.popleft, repeat((), min(max_events, len(queue)))))
         lengths = list(map(len, head))
         count = len(head)
         for other in _NOT_SCALAR:  # the first event of another kind ends the run
             if other in lengths:
                 count = min(count, lengths.index(other))
+        if count < len(head):
+            queue.extendleft(reversed(head[count:]))
+            del head[count:]
         if not count:
-            return []
-        ends = list(accumulate(map(itemgetter(-1), head[:count])))
-        count = min(count, bisect_left(ends, max_bytes) + 1)
-        self.nbytes -= ends[count - 1]
+            return head, 0
+        nbytes = sum(map(_SIZE, head))
+        if nbytes > max_bytes:  # rare: cut where the sizes cross `max_bytes`
+            ends = list(accumulate(map(_SIZE, head)))
+            cut = bisect_left(ends, max_bytes) + 1
+            if cut < count:
+                queue.extendleft(reversed(head[cut:]))  # before the other kinds put back above
+                del head[cut:]
+                count, nbytes = cut, ends[cut - 1]
+        self._popped(count, nbytes)
         self.queued_at = time.monotonic()
-        return list(starmap(queue.popleft, repeat((), count)))
+        return head, nbytes
 
     def drop_oldest(self) -> None:
-        self.nbytes -= self.items.popleft()[-1]
+        self._popped(1, self.items.popleft()[-1])
 
     def clear(self) -> int:
         """Forget every queued event; how many there were."""
         count = len(self.items)
-        self.items.clear()
-        self.nbytes = 0
+        for _ in starmap(self.items.popleft, repeat((), count)):
+            pass
+        self._popped(count, 0)
         return count
 
+    def take_back(self, item: Queued) -> bool:
+        """Take `item` (or one equal to it) back off the queue, if no one took it yet: a caller that appended it
+        while the sender stopped accepting refuses it instead."""
+        try:
+            self.items.remove(item)
+        except ValueError:
+            return False
+        return True
+
     def want_room(self, nbytes: int) -> None:
-        """A caller waits to queue `nbytes` (0: no longer): the budget counts them already."""
+        """A caller waits to queue `nbytes` (0: no longer): the budget counts them already, and the other callers
+        queue under the lock meanwhile."""
         self.room_wanted = nbytes
+        if nbytes:
+            self.fast_until = 0
 
     def over_budget(self, held_bytes: int, max_queue_bytes: int, nbytes: int = 0) -> bool:
         """Whether the queue and the batches in memory (`held_bytes`), with `nbytes` more (or the room a caller
         waits for), are over the memory bound."""
-        return self.nbytes + held_bytes + max(nbytes, self.room_wanted) > max_queue_bytes
+        return not self.under(max_queue_bytes - held_bytes - max(nbytes, self.room_wanted) + 1)
 
 
 _NOT_SCALAR = (4, 2)
 """The lengths of the other queued kinds' tuples (see `_items.Queued`)."""
+
+_SIZE = itemgetter(-1)
+"""A queued event's estimated bytes."""
 
 # Share of `close(timeout)` kept for spooling what the daemon did not acknowledge (at most a second).
 _SPOOL_RESERVE = 0.2
@@ -300,12 +388,52 @@ class Sender:
     def enqueue(self, item: Queued) -> bool:
         """Queue `(source, estimated bytes)`, or the plain values of an event the sender thread builds (see
         `_encoder`). As `submit` otherwise."""
-        # The caller's hot path: every call here is inlined where it could be (a Python call costs the caller
-        # most right after its thread slept, the usual case in training).
+        # The caller's hot path: a small event while there is room is one append, without the lock (why that is
+        # safe: `EventQueue`, and DESIGN.md); the rest takes the lock (`_enqueue_locked`). No fork check here: in
+        # a forked child every registered sender starts afresh (`_process`), with `fast_until` 0, and a closed one
+        # has it 0 too, so a child's first event always takes the locked path, which checks.
+        queue = self._queue
+        items = queue.items
+        if len(items) >= queue.fast_until or item[-1] > FAST_ITEM_BYTES:
+            return self._enqueue_locked(item)
+        items.append(item)
+        # Read after the append: a sender that stops accepting sets this first, then drains the queue under the
+        # lock; an event appended after its last look is taken back here, never left behind uncounted.
+        if not self._status.accepting:
+            return self._appended_while_closed(item)
+        queued = len(items)
+        if queued == 1:  # the first of a batch: the linger clock starts, the sender may be asleep
+            self._first_queued()
+        elif queued == self._max_batch_events:  # a full batch: once, not at every event after it
+            self._wake.set()
+        return True
+
+    def _first_queued(self) -> None:
+        with self._lock:
+            now = time.monotonic()
+            self._batches.nothing_pending(now)
+            self._queue.queued_at = now
+        self._wake.set()
+
+    def _appended_while_closed(self, item: Queued) -> bool:
+        """`item` was appended while the sender stopped accepting events: take it back and refuse it (or hand it
+        to the successor), unless the sender took it already (then it is accounted like any other)."""
+        with self._lock:
+            if not self._queue.take_back(item):
+                return True
+            status = self._status
+            successor = self._successor if status.closed else None
+            if successor is None:
+                self._ledger.refuse("closed" if status.closing else "rejected")
+                return False
+        return successor().enqueue(item)
+
+    def _enqueue_locked(self, item: Queued) -> bool:
+        """`enqueue` under the lock: a large event, no room for more without a look at the budget, or no
+        sender thread yet. Applies the overflow policy, wakes the sender and opens the lock-free path again."""
         if self._pid != _process.pid:  # forked: see `_process`
             self.forget_parent_after_fork()
         queue = self._queue
-        # The condition's own lock, taken directly: `with self._cond` would add a Python-level call.
         with self._lock:
             status = self._status
             if not status.accepting:
@@ -336,18 +464,17 @@ class Sender:
                 now = time.monotonic()
                 batches.nothing_pending(now)
                 queue.queued_at = now
-            items.append(item)
-            queue.accepted += 1
-            queue.nbytes = queued
-            # Wake it once as a batch fills up, not at every event after: a caller that outruns the sender
-            # would otherwise pay for a wake-up (and a fight for the GIL) per event.
+            queue.append(item)
             if not wake:
                 wake = (
                     len(items) == self._max_batch_events
                     or before < self._max_batch_bytes <= queued
                     or before + held <= limit < queued + held
                 )
-        if not self._loop.started:
+            started = self._loop.started
+            if started:  # the sender thread is there to take what callers append without the lock
+                queue.open_fast(held, limit, status.accepting)
+        if not started:
             self._loop.start()
         elif wake:
             self._wake.set()
@@ -437,6 +564,7 @@ class Sender:
         """Stop taking events and start delivering the rest; `close()` waits for it."""
         with self._cond:
             self._status.begin_close(deadline)
+            self._queue.fast_until = 0  # callers take the lock again, and see that it no longer accepts
             self._cond.notify_all()
         self._wake.set()
 
@@ -476,6 +604,9 @@ class Sender:
         ledger = self._ledger
         with self._cond:
             self._status.finish_close()
+            # Events still queued are taken off (counted as accepted, settled below): a caller that appended one
+            # after the sender's last look then finds it gone, and does not count it again (`_appended_while_closed`).
+            self._queue.clear()
             undelivered = ledger.unsettled
             unsafe = undelivered - ledger.spooled
             if unsafe > 0:
