@@ -48,12 +48,18 @@ class CeilingResult:
     bytes: int
 
 
+_TICK = 1e-5
+"""Seconds between two scalars' wall times: each scalar has its own clock reading, as a client's do."""
+
+
 def scalar_batch(size: int) -> list[bytes]:
     """`size` serialized scalar events, as the client sends them."""
     now = time.time()
     return [
         Event(
-            wall_time=now, step=step, summary=Summary(value=[Summary.Value(tag="loss", simple_value=step * 0.001)])
+            wall_time=now + step * _TICK,
+            step=step,
+            summary=Summary(value=[Summary.Value(tag="loss", simple_value=step * 0.001)]),
         ).SerializeToString()
         for step in range(size)
     ]
@@ -65,7 +71,7 @@ def scalar_columns(size: int, wall_time: float) -> pb.ScalarColumns:
         tags=["loss"],
         tag_index=[0] * size,
         step=range(size),
-        wall_time=[wall_time] * size,
+        wall_time=[wall_time + step * _TICK for step in range(size)],
         value=[step * 0.001 for step in range(size)],
     )
 

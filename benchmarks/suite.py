@@ -31,6 +31,7 @@ from benchmarks.ceiling import CeilingParams
 from benchmarks.object_storage import object_storage
 from benchmarks.sections import close_latency, many_sessions, memory, payloads, process_cpu, visibility
 from benchmarks.throughput import ThroughputParams
+from summaryd.client._sender._loop import BACKED_UP_BATCHES
 
 SECTIONS = (
     "caller",
@@ -231,8 +232,14 @@ def ceiling(run: Run) -> str:
         def one(label: str, round_: int) -> dict[str, Any]:
             if label in (FEED, COLUMNS):
                 name = f"ceiling-{slug(label)}-{round_}"
+                # Columns go as a backed-up client's sender sends them: `BACKED_UP_BATCHES` batches' worth at once.
+                grow = BACKED_UP_BATCHES if label == COLUMNS else 1
                 params = CeilingParams(
-                    daemon.address, plan.ceiling_batches, plan.batch_events, run=name, columns=label == COLUMNS
+                    daemon.address,
+                    plan.ceiling_batches // grow,
+                    plan.batch_events * grow,
+                    run=name,
+                    columns=label == COLUMNS,
                 )
                 try:
                     result = run_trial("daemon_feed", asdict(params), run.workdir, _CEILING_TIMEOUT)
@@ -266,8 +273,10 @@ def ceiling(run: Run) -> str:
     run.targets.append(Target("daemon, scalar columns vs raw framing", columns_rate / raw_rate, 1.0, True))
     run.targets.append(Target("daemon, scalar columns (scalars/s)", columns_rate, 1_000_000, True, unit="/s"))
     about = (
-        f"The same pre-serialized scalar events in batches of {plan.batch_events:,}; the same scalars as columns "
-        "(`WriteRequest.scalars`, the daemon builds the records). Daemon: one process streams `WriteRequest`s "
+        f"The same pre-serialized scalar events in batches of {plan.batch_events:,}, each with its own wall time; "
+        f"the same scalars as columns (`WriteRequest.scalars`, the daemon builds the records) in batches of "
+        f"{plan.batch_events * BACKED_UP_BATCHES:,}, as a client's sender sends a backed-up queue's scalars. "
+        "Daemon: one process streams `WriteRequest`s "
         "with the generated stub on one `Write` stream after `OpenSession`, timed until the last "
         "ack and `CloseSession` (fsync) returned. Raw framing: `summaryd.v1.wire.frame_all` per "
         f"batch, one `os.write` each, then fsync. {plan.ceiling_repeats} trials per contender; median (min-max)."

@@ -18,7 +18,7 @@ from summaryd.client._sender._spiller import Spiller
 from summaryd.client._sender._status import Status, log
 from summaryd.client._spool import SpoolIdentity
 
-_BACKED_UP_BATCHES = 8
+BACKED_UP_BATCHES = 8
 """A backed-up queue's scalars go in batches of up to this many times `max_batch_events`."""
 
 
@@ -204,7 +204,7 @@ class SenderLoop:
                 # Backed up (the caller outran this thread): fewer, larger batches, up to what the daemon takes in
                 # one (its CPU per scalar falls by 10-25 % from 1,000- to 8,000-scalar batches), within
                 # `max_batch_bytes` as always.
-                most = min(queued, most * _BACKED_UP_BATCHES, self._connection.limits.max_batch_events or most)
+                most = min(queued, most * BACKED_UP_BATCHES, self._connection.limits.max_batch_events or most)
             items, nbytes = self._queue.take_scalars(most, options.max_batch_bytes)
         if not items:
             return None
