@@ -112,7 +112,8 @@ def test_histograms_are_bucketed_on_the_sender_thread(
     with _writer(daemon) as writer:
         writer.add_histogram("warm-up", torch.randn(10), 0)
         assert writer.flush().delivered == 1
-        small_calls = calls_on_this_thread(lambda: writer.add_histogram("weights", values[:10], 1))
+        # Both over the size queued without the lock (`FAST_ITEM_BYTES`): the same path, whatever the size.
+        small_calls = calls_on_this_thread(lambda: writer.add_histogram("weights", values[:100], 1))
         assert writer.flush().delivered == 2  # the large one meets an empty queue too
         large_calls = calls_on_this_thread(lambda: writer.add_histogram("weights", values, 2))
         values.zero_()  # the caller may change its tensor right away: the copy taken at the call is logged
