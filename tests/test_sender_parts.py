@@ -582,17 +582,24 @@ def switching() -> Iterator[None]:
     sys.setswitchinterval(previous)
 
 
-def _log_from_threads(sender: Sender, threads: int, calls: int, during: Callable[[], None]) -> list[list[bool]]:
-    """`threads` threads each enqueue `calls` scalars of their own tag while `during()` runs on this thread; what
-    each call returned."""
+def _log_from_threads(
+    sender: Sender, threads: int, calls: int, during: Callable[[], None], after: int = 0
+) -> list[list[bool]]:
+    """`threads` threads each enqueue `calls` scalars of their own tag while `during()` runs on this thread, and
+    `after` more once it returned; what each call returned."""
     outcomes: list[list[bool]] = [[] for _ in range(threads)]
     begun = threading.Barrier(threads + 1)
+    returned = threading.Event()
 
     def log(which: int) -> None:
         begun.wait()
         out = outcomes[which]
         for step in range(calls):
             out.append(sender.enqueue((f"thread-{which}", 0.5, step, 1.0, 32)))
+        if after:
+            returned.wait()
+            for step in range(calls, calls + after):
+                out.append(sender.enqueue((f"thread-{which}", 0.5, step, 1.0, 32)))
 
     workers = [threading.Thread(target=log, args=(which,)) for which in range(threads)]
     for worker in workers:
@@ -601,6 +608,7 @@ def _log_from_threads(sender: Sender, threads: int, calls: int, during: Callable
     while not any(outcomes):  # the threads are logging before `during` starts
         threading.Event().wait(0.001)
     during()
+    returned.set()
     for worker in workers:
         worker.join()
     return outcomes
@@ -640,7 +648,8 @@ def test_events_logged_across_close_go_to_the_successor_or_are_counted_refused(
     other = FakeDaemon()
     successor = Sender("run", options=options(tmp_path), transport=lambda _: FakeTransport(other))
     sender.hand_over_after_close(lambda: successor)
-    outcomes = _log_from_threads(sender, 3, 5000, sender.close)
+    # Some of each thread's events are logged after close() returned, whenever the threads' first 5,000 end.
+    outcomes = _log_from_threads(sender, 3, 5000, sender.close, after=200)
     later = successor.close()
     report = sender.report()
     total = sum(map(len, outcomes))

@@ -10,7 +10,7 @@ import uuid
 from bisect import bisect_left
 from collections import deque
 from collections.abc import Callable
-from itertools import accumulate, repeat, starmap
+from itertools import accumulate, islice, repeat, starmap
 from operator import itemgetter
 from typing import Any
 
@@ -72,9 +72,11 @@ class EventQueue:
         items = self.items
         end = len(items)
         if end > self._counted:
-            # One C-level pass by index over the events appended since the last count: an append meanwhile
-            # does not move them (only lock holders take from the left).
-            self._counted_bytes += sum(map(_SIZE, map(items.__getitem__, range(self._counted, end))))
+            # One C-level pass over the events appended since the last count. No Python code runs inside it, so
+            # this thread keeps the GIL throughout and no caller can append under the iterator. (Not by index:
+            # a deque's `items[i]` walks its blocks from the nearer end, so a count by index over a long queue
+            # cost time quadratic in its length.)
+            self._counted_bytes += sum(map(_SIZE, islice(items, self._counted, end)))
             self._counted = end
             self._large_bytes = 0
         return self._counted_bytes
