@@ -24,7 +24,7 @@ from summaryd.server.crc_columns import column_crcs, linear_crc, varying_bytes
 from summaryd.server.errors import EventError
 from summaryd.server.limits import DEFAULT, Limits
 from summaryd.v1 import summaryd_pb2 as pb
-from summaryd.v1.wire import footer, frame, header
+from summaryd.v1.wire import frame, frame_all, header
 
 _DOUBLE = struct.Struct("<d")
 _MASK_DELTA = 0xA282EAD8  # TFRecord's CRC mask (see `wire.masked_crc32c`)
@@ -113,15 +113,17 @@ class ScalarRecords(Sequence[bytes]):
 
     def _records(self, start: int, stop: int) -> Iterator[bytes]:
         columns = self._columns
-        tags = columns.tags
+        templates = [_template(tag) for tag in columns.tags]
         float_pack = _FLOAT.pack
-        for i in range(start, stop):
-            yield (
-                _wall_time_field(columns.wall_time[i])
-                + _step_field(columns.step[i])
-                + _template(tags[columns.tag_index[i]])
-                + float_pack(columns.value[i])
-            )
+        # The columns sliced into lists first: indexing a repeated field per element costs more than the record.
+        for wall_time, step, which, value in zip(
+            columns.wall_time[start:stop],
+            columns.step[start:stop],
+            columns.tag_index[start:stop],
+            columns.value[start:stop],
+            strict=True,
+        ):
+            yield _wall_time_field(wall_time) + _step_field(step) + templates[which] + float_pack(value)
 
     def framed(self, limits: Limits = DEFAULT) -> bytes:
         """Check every scalar and return the records framed as one blob, ready for one write.
@@ -176,24 +178,10 @@ class ScalarRecords(Sequence[bytes]):
             and any(len(tag.encode()) > limits.max_tag_bytes for tag in tags)
         ):
             return None
-        templates = [_template(tag) for tag in tags]
-        max_event_bytes = limits.max_event_bytes
-        double_pack, float_pack, step_field, no_wall = _DOUBLE.pack, _FLOAT.pack, _step_field, _NO_WALL_TIME
-        parts: list[bytes] = []
-        for wall_time, step, which, value in zip(
-            wall_times, columns.step[start:], tag_index, columns.value[start:], strict=True
-        ):
-            packed = double_pack(wall_time)
-            data = (
-                (b"" if packed == no_wall else _WALL_TIME_TAG + packed)
-                + step_field(step)
-                + templates[which]
-                + float_pack(value)
-            )
-            if len(data) > max_event_bytes:
-                return None
-            parts += (header(len(data)), data, footer(data))
-        return b"".join(parts)
+        records = list(self._records(start, len(columns.step)))
+        if max(map(len, records)) > limits.max_event_bytes:
+            return None
+        return frame_all(records)
 
     @staticmethod
     def _problems(
@@ -235,7 +223,6 @@ _VARINT_SHIFTS = np.arange(0, 70, 7, dtype=np.uint64)  # an int64's varint has u
 _VARINT_BOUNDS = np.array([1 << (7 * k) for k in range(10)], dtype=np.uint64)  # each adds a varint byte
 _FEW_SCALARS = 128  # up to which a batch's records are built one by one (`ScalarRecords._framed_each`)
 _INFINITY = float("inf")
-_NO_WALL_TIME = bytes(8)  # +0.0, the one wall time protobuf leaves out
 _FEW_RUNS = 256  # scalars per run of one shape, on average, from which runs are built one by one in order
 
 
