@@ -5,7 +5,7 @@ from __future__ import annotations
 import ipaddress
 import json
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from summaryd.v1.wire import DEFAULT_ADDRESS, DEFAULT_PORT
@@ -40,6 +40,45 @@ def resolve_addresses(address: str | None, environ: Mapping[str, str] = os.envir
         except ValueError as exc:
             raise ValueError(f"SUMMARYD_ADDRESS: {exc}") from None
     return (DEFAULT_ADDRESS,)
+
+
+def resolve_redirect_allow(
+    allow: str | Sequence[str] | None, environ: Mapping[str, str] = os.environ
+) -> tuple[str, ...]:
+    """The daemons beyond the configured ones that a redirect may lead to: the argument (a comma-separated
+    string, or a sequence of addresses), else `SUMMARYD_REDIRECT_ALLOW`, else none; each in the forms of
+    `parse_address`.
+
+    Raises:
+        ValueError: an address is not one the client can dial; the message says what to give.
+    """
+    if allow is None:
+        allow = environ.get("SUMMARYD_REDIRECT_ALLOW", "")
+        if allow.strip(" ,"):
+            try:
+                return parse_addresses(allow)
+            except ValueError as exc:
+                raise ValueError(f"SUMMARYD_REDIRECT_ALLOW: {exc}") from None
+    if not isinstance(allow, str):
+        allow = ",".join(allow)
+    return parse_addresses(allow) if allow.strip(" ,") else ()
+
+
+def address_key(address: str) -> str:
+    """What identifies a daemon address (one `parse_address` returned) when two are compared: the host without
+    case, an IP address in its canonical form, the port. Nothing is resolved: `localhost`, `127.0.0.1` and a
+    host's name are three addresses; a Unix socket is its path exactly as given."""
+    if address.startswith(("unix:", "unix-abstract:")):
+        return address
+    host, _, port = address.rpartition(":")
+    host = host[1:-1] if host.startswith("[") else host
+    name, percent, zone = host.partition("%")
+    try:
+        name = ipaddress.ip_address(name).compressed
+    except ValueError:
+        name = name.lower()
+    host = f"{name}{percent}{zone}"
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
 def parse_addresses(addresses: str) -> tuple[str, ...]:

@@ -28,13 +28,16 @@ from summaryd.client._shipper import Shipper, ship_until
 BOOTSTRAP = str(Path(__file__).with_name("_bootstrap"))
 
 
-def child_environment(environ: Mapping[str, str], address: str, run_root: str, report_path: str) -> dict[str, str]:
+def child_environment(
+    environ: Mapping[str, str], address: str, run_root: str, report_path: str, redirect_allow: str = ""
+) -> dict[str, str]:
     """The child's environment: ours, with the bootstrap first on `PYTHONPATH` and summaryd's settings."""
     path = [BOOTSTRAP, *(p for p in environ.get("PYTHONPATH", "").split(os.pathsep) if p and p != BOOTSTRAP)]
     return {
         **environ,
         "PYTHONPATH": os.pathsep.join(path),
         "SUMMARYD_ADDRESS": address,
+        "SUMMARYD_REDIRECT_ALLOW": redirect_allow,
         RUN_ROOT_ENV: run_root,
         REPORT_ENV: report_path,
     }
@@ -64,11 +67,13 @@ def run_command(
     ship_dir: Path | None = None,
     state_path: Path | None = None,
     channel_settings: ChannelSettings | None = None,
+    redirect_allow: str = "",
     out: TextIO = sys.stderr,
 ) -> int:
     """Run `command` patched; return its exit code (128 + signal number when a signal ended it).
 
     SIGINT and SIGTERM are passed on to the child; the shipper (with `ship_dir`) drains after the child ends.
+    The writers and the shipper follow a redirect only to `address` or `redirect_allow` (comma-separated).
     """
     shipping = f", shipping {ship_dir}" if ship_dir is not None else ""
     print(f"summaryd run: daemon {address}, run root {run_root or '.'}{shipping}: {' '.join(command)}", file=out)
@@ -79,13 +84,16 @@ def run_command(
             ship_dir,
             run_root or ship_dir.name,
             address=address,
+            redirect_allow=redirect_allow,
             channel_settings=channel_settings,
             state_path=state_path,
         )
         thread = ship_until(stop, shipper)
     with tempfile.TemporaryDirectory(prefix="summaryd-run-") as scratch:
         report_path = Path(scratch) / "reports.jsonl"
-        child = subprocess.Popen(command, env=child_environment(os.environ, address, run_root, str(report_path)))
+        child = subprocess.Popen(
+            command, env=child_environment(os.environ, address, run_root, str(report_path), redirect_allow)
+        )
 
         def forward(signum: int, _frame: FrameType | None) -> None:
             child.send_signal(signum)

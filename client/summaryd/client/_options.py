@@ -9,13 +9,13 @@ writer was made with.
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
 from summaryd.client._channel import ChannelSettings
-from summaryd.client._environment import resolve_addresses
+from summaryd.client._environment import resolve_addresses, resolve_redirect_allow
 from summaryd.client._spool import default_root
 
 Overflow = Literal["spill", "drop_oldest", "block"]
@@ -27,6 +27,7 @@ class ClientOptions:
     """How a client reaches its daemon and what it may hold meanwhile (see `make` for each field's meaning).
 
     `addresses` are the daemons to try, in turn: the sender moves to the next when one cannot be reached.
+    A daemon's redirect is followed only to one of them or of `redirect_allow`.
     """
 
     addresses: tuple[str, ...]
@@ -45,6 +46,7 @@ class ClientOptions:
     backoff_secs: tuple[float, float] = (0.05, 2.0)
     overflow: Overflow = "spill"
     block_secs: float | None = None
+    redirect_allow: tuple[str, ...] = ()
 
     @property
     def address(self) -> str:
@@ -74,9 +76,11 @@ class ClientOptions:
         backoff_secs: tuple[float, float] = (0.05, 2.0),
         overflow: Overflow = "spill",
         block_secs: float | None = None,
+        redirect_allow: str | Sequence[str] | None = None,
         environ: Mapping[str, str] = os.environ,
     ) -> ClientOptions:
-        """Arguments win; else `SUMMARYD_ADDRESS`, `SUMMARYD_TOKEN`, `SUMMARYD_TLS*`, `SUMMARYD_SPOOL_DIR`.
+        """Arguments win; else `SUMMARYD_ADDRESS`, `SUMMARYD_TOKEN`, `SUMMARYD_TLS*`, `SUMMARYD_SPOOL_DIR`,
+        `SUMMARYD_REDIRECT_ALLOW`.
 
         Args:
             address: `host:port` of the daemon (`host` alone: port 6065), or several separated by commas
@@ -99,6 +103,9 @@ class ClientOptions:
             overflow: what happens when memory runs over `max_queue_bytes`: `spill` the oldest events to the
                 spool (the default; nothing is lost while the local disk takes it), `drop_oldest` queued events,
                 or `block` the caller until there is room (at most `block_secs`, then the new event is dropped).
+            redirect_allow: daemons beyond `address` that a daemon may send the client to (the owner of a run
+                on a bucket logdir), comma-separated or a list; default `SUMMARYD_REDIRECT_ALLOW`, else none. A redirect
+                to any other address is not followed (the token and certificate go only where the user said).
             environ: the environment to read (the process's own by default).
 
         Raises:
@@ -127,6 +134,7 @@ class ClientOptions:
             # Without a spool there is nowhere to spill to: the oldest queued events make room instead.
             overflow=overflow if spool or overflow != "spill" else "drop_oldest",
             block_secs=block_secs,
+            redirect_allow=resolve_redirect_allow(redirect_allow, environ),
         )
 
 

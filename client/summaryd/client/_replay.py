@@ -14,8 +14,9 @@ same run. A files spool without events is replayed alone the same way.
 Once the daemon has confirmed everything (the session is closed, its file synced), the spool is removed, unless
 `keep` asks to leave it (a later replay of a kept spool sends nothing). The daemons are the ones given, else
 `SUMMARYD_ADDRESS`, else the one the spool's process was logging to; the result says which. Of several, one
-that is away gives way to the next, and one that names the run's owner sends the replay there
-(`_failover.DaemonChannel`): each attempt resumes the session, so none doubles an event.
+that is away gives way to the next, and one that names the run's owner sends the replay there when the owner
+is one of them or of `redirect_allow` (`_failover.DaemonChannel`; a redirect elsewhere is refused and the
+spool kept): each attempt resumes the session, so none doubles an event.
 """
 
 from __future__ import annotations
@@ -36,8 +37,9 @@ import grpc
 
 from summaryd.client._batch_fit import DaemonLimits
 from summaryd.client._channel import ChannelSettings
-from summaryd.client._environment import parse_addresses
+from summaryd.client._environment import parse_addresses, resolve_redirect_allow
 from summaryd.client._failover import DaemonChannel
+from summaryd.client._sender._targets import RedirectRefusedError
 from summaryd.client._spool import (
     FILES_FORMAT,
     FILES_SUFFIX,
@@ -144,16 +146,19 @@ def replay(
     timeout: float = 30.0,
     *,
     keep: bool = False,
+    redirect_allow: str | None = None,
     environ: dict[str, str] | os._Environ[str] = os.environ,
 ) -> list[ReplayResult]:
     """Replay every spool at `path` (a spool, or a spool root) to `address`, else `SUMMARYD_ADDRESS`, else the
-    address each spool records; remove each spool the daemon confirmed whole unless `keep`.
+    address each spool records; remove each spool the daemon confirmed whole unless `keep`. A redirect is
+    followed to those addresses and `redirect_allow` (else `SUMMARYD_REDIRECT_ALLOW`) only.
 
     Raises:
-        ValueError: `address` (or `SUMMARYD_ADDRESS`) is not a daemon address, or the token and TLS variables
-            do not go together.
+        ValueError: `address` (or `SUMMARYD_ADDRESS`, `redirect_allow`) is not a daemon address, or the token
+            and TLS variables do not go together.
     """
     settings = ChannelSettings.from_environment(environ=environ)
+    allow = resolve_redirect_allow(redirect_allow, environ)
     if address:
         target: tuple[str, str] | None = (",".join(parse_addresses(address)), "--address")
     elif environ.get("SUMMARYD_ADDRESS"):
@@ -163,7 +168,10 @@ def replay(
             raise ValueError(f"SUMMARYD_ADDRESS: {exc}") from None
     else:
         target = None
-    return [replay_spool(spool, target, timeout, keep=keep, settings=settings) for spool in find_spools(path)]
+    return [
+        replay_spool(spool, target, timeout, keep=keep, settings=settings, redirect_allow=allow)
+        for spool in find_spools(path)
+    ]
 
 
 def replay_spool(
@@ -173,9 +181,11 @@ def replay_spool(
     *,
     keep: bool = False,
     settings: ChannelSettings,
+    redirect_allow: tuple[str, ...] = (),
 ) -> ReplayResult:
     """Deliver one spool to `target` (comma-separated addresses and where they came from; default: the daemon its
-    process was logging to) with `settings` (token and TLS, made once by the caller); then remove it unless `keep`."""
+    process was logging to) with `settings` (token and TLS, made once by the caller), following redirects to
+    those addresses and `redirect_allow` only; then remove it unless `keep`."""
     if _goes_with_events(directory):
         directory = _events_of(directory)
     result = ReplayResult(str(directory))
@@ -188,9 +198,9 @@ def replay_spool(
         return result
     try:
         if directory.name.endswith(FILES_SUFFIX):
-            _replay_files_alone(directory, timeout, result, settings)
+            _replay_files_alone(directory, timeout, result, _Daemons(settings, redirect_allow))
         else:
-            _replay_locked(directory, timeout, result, settings)
+            _replay_locked(directory, timeout, result, _Daemons(settings, redirect_allow))
         if not keep and result.synced:
             _remove(files_spool_of(directory))
             _remove(directory)
@@ -199,6 +209,8 @@ def replay_spool(
         result.error = f"unreadable spool: {exc}"
     except grpc.RpcError as exc:
         result.error = f"{exc.code().name}: {exc.details()}"
+    except RedirectRefusedError as exc:
+        result.error = str(exc)
     finally:
         os.close(lock_fd)
     return result
@@ -216,19 +228,27 @@ def _address(result: ReplayResult, manifest: dict[str, Any]) -> None:
         result.address, result.address_from = str(manifest["address"]), RECORDED
 
 
-def _replay_locked(directory: Path, timeout: float, result: ReplayResult, settings: ChannelSettings) -> None:
+@dataclass(frozen=True)
+class _Daemons:
+    """How to reach the daemons: token and TLS, and the addresses beyond the spool's that a redirect may reach."""
+
+    settings: ChannelSettings
+    redirect_allow: tuple[str, ...]
+
+
+def _replay_locked(directory: Path, timeout: float, result: ReplayResult, reach: _Daemons) -> None:
     files_spool = files_spool_of(directory)
     if not (files_spool / MANIFEST).is_file():
-        _replay_events(directory, timeout, result, settings)
+        _replay_events(directory, timeout, result, reach)
         return
     files_lock = lock(files_spool)  # its process may still be writing it
     try:
-        _replay_events(directory, timeout, result, settings)
+        _replay_events(directory, timeout, result, reach)
     finally:
         os.close(files_lock)
 
 
-def _replay_events(directory: Path, timeout: float, result: ReplayResult, settings: ChannelSettings) -> None:
+def _replay_events(directory: Path, timeout: float, result: ReplayResult, reach: _Daemons) -> None:
     manifest = _manifest(directory, FORMAT)
     records = list(whole_records((directory / manifest["file"]).read_bytes()))
     events = records[1:]  # after the file_version record
@@ -259,7 +279,7 @@ def _replay_events(directory: Path, timeout: float, result: ReplayResult, settin
             result.files = _upload(stub, manifest, result.session_id, files_spool, files, timeout)
         stub.CloseSession(pb.CloseSessionRequest(session_id=result.session_id), timeout=timeout)
 
-    _on_a_daemon(result, settings, deliver)
+    _on_a_daemon(result, reach, deliver)
     result.held = len(events) - result.sent
     result.synced = True
     manifest["delivered_through"] = result.last_sequence
@@ -267,7 +287,7 @@ def _replay_events(directory: Path, timeout: float, result: ReplayResult, settin
     write_manifest(directory, manifest)
 
 
-def _replay_files_alone(directory: Path, timeout: float, result: ReplayResult, settings: ChannelSettings) -> None:
+def _replay_files_alone(directory: Path, timeout: float, result: ReplayResult, reach: _Daemons) -> None:
     """A files spool whose session has no events spool: upload into that session (resumed, then closed), or
     into a new one of the same run when it was closed."""
     manifest = _manifest(directory, FILES_FORMAT)
@@ -290,15 +310,13 @@ def _replay_files_alone(directory: Path, timeout: float, result: ReplayResult, s
         if session_id is not None:
             stub.CloseSession(pb.CloseSessionRequest(session_id=session_id), timeout=timeout)
 
-    _on_a_daemon(result, settings, deliver)
+    _on_a_daemon(result, reach, deliver)
     result.synced = True
 
 
-def _on_a_daemon(
-    result: ReplayResult, settings: ChannelSettings, deliver: Callable[[pb_grpc.SummariesStub], None]
-) -> None:
+def _on_a_daemon(result: ReplayResult, reach: _Daemons, deliver: Callable[[pb_grpc.SummariesStub], None]) -> None:
     """`deliver` to the first of the result's daemons that takes it; the result names that one."""
-    daemons = DaemonChannel(parse_addresses(result.address), settings)
+    daemons = DaemonChannel(parse_addresses(result.address), reach.settings, reach.redirect_allow)
     try:
         daemons.call(deliver)
     finally:

@@ -27,9 +27,10 @@ from google.protobuf.message import DecodeError
 from tensorboard.compat.proto.event_pb2 import Event
 
 from summaryd.client._channel import ChannelSettings
-from summaryd.client._environment import resolve_addresses
+from summaryd.client._environment import resolve_addresses, resolve_redirect_allow
 from summaryd.client._failover import DaemonChannel
 from summaryd.client._sender._grpc_transport import refused_sequence
+from summaryd.client._sender._targets import RedirectRefusedError
 from summaryd.client._ship_state import Checkpoint, FileCursor
 from summaryd.v1 import summaryd_pb2 as pb
 from summaryd.v1.runpath import run_dir_parts
@@ -128,7 +129,10 @@ class Shipper:
         directory: where something writes event files.
         run: the run path the directory maps to under the daemon's logdir.
         address: daemon addresses, comma-separated (default `SUMMARYD_ADDRESS`, else `localhost:6065`); one
-            that is away gives way to the next, one that names the run's owner sends the shipper there.
+            that is away gives way to the next, one that names the run's owner sends the shipper there (when it
+            is one of these or of `redirect_allow`).
+        redirect_allow: daemons beyond `address` a redirect may lead to, comma-separated (default
+            `SUMMARYD_REDIRECT_ALLOW`, else none); a redirect elsewhere is refused.
         channel_settings: token and TLS (default from `SUMMARYD_TOKEN`, `SUMMARYD_TLS_*`).
         state_path: the checkpoint (default `<directory>/.summaryd-ship.json`).
         rpc_timeout: deadline of each call.
@@ -141,6 +145,7 @@ class Shipper:
         run: str,
         *,
         address: str | None = None,
+        redirect_allow: str | None = None,
         channel_settings: ChannelSettings | None = None,
         state_path: Path | None = None,
         rpc_timeout: float = 10.0,
@@ -150,7 +155,9 @@ class Shipper:
         self.directory = directory
         self.run = run.strip("/")
         self._daemons = DaemonChannel(
-            resolve_addresses(address), channel_settings or ChannelSettings.from_environment()
+            resolve_addresses(address),
+            channel_settings or ChannelSettings.from_environment(),
+            resolve_redirect_allow(redirect_allow),
         )
         self.state_path = state_path or directory / STATE_NAME
         self.rpc_timeout = rpc_timeout
@@ -370,6 +377,7 @@ class Shipper:
 
         Raises:
             grpc.RpcError: the daemon is away or refused a call (what it acknowledged stays checkpointed).
+            RedirectRefusedError: a daemon sent the shipper to an address it was not given.
         """
         self._ship_pass_anywhere()
         self.close()
@@ -383,8 +391,9 @@ class Shipper:
     def follow(self, stop: threading.Event, poll_secs: float = 0.5) -> ShipTotals:
         """Ship new records every `poll_secs` until `stop` is set, then ship what is left and close.
 
-        A daemon that is away is asked again on the next pass (with backoff); nothing is lost meanwhile, the
-        files are the buffer.
+        A daemon that is away, or that sends the shipper to an address it was not given (a lease in the
+        bucket that names no daemon of the user's), is asked again on the next pass (with backoff); nothing is
+        lost meanwhile, the files are the buffer.
         """
         backoff = poll_secs
         failing = False
@@ -405,6 +414,12 @@ class Shipper:
                 failing, backoff = True, min(backoff * 2, 5.0)
                 if stopping:
                     self.totals.error = f"{exc.code().name}: {exc.details()}"
+                    return self.totals
+            except RedirectRefusedError as exc:  # warned about by the channel, at a limited rate
+                self._opened.clear()
+                failing, backoff = True, min(backoff * 2, 5.0)
+                if stopping:
+                    self.totals.error = str(exc)
                     return self.totals
             if stopping:
                 break

@@ -135,6 +135,7 @@ def _build_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.Argumen
         help=f"daemon HOST:PORT, or several comma-separated, tried in turn (default {ENV_PREFIX}ADDRESS, else the "
         "address the client was logging to)",
     )
+    _add_redirect_flag(replay)
     replay.add_argument("--timeout", type=float, default=30.0, help="seconds each call may take")
     replay.add_argument("--json", action="store_true", help="print one JSON object per spool")
     replay.add_argument("--keep", action="store_true", help="keep a delivered spool (replaying it again sends nothing)")
@@ -159,6 +160,7 @@ def _add_zero_code_parsers(commands: Any, subs: dict[str, argparse.ArgumentParse
         usage="summaryd run [--address A] [--run-root R] [--ship DIR] -- COMMAND [ARG ...]",
     )
     run.add_argument("--address", default=None, help=address_help)
+    _add_redirect_flag(run)
     run.add_argument(
         "--run-root",
         default=None,
@@ -183,9 +185,20 @@ def _add_zero_code_parsers(commands: Any, subs: dict[str, argparse.ArgumentParse
     ship.add_argument("--run", required=True, help="run path DIR maps to under the daemon's logdir")
     ship.add_argument("--once", action="store_true", help="ship what is there now, then exit")
     ship.add_argument("--address", default=None, help=f"{address_help}; several comma-separated are tried in turn")
+    _add_redirect_flag(ship)
     ship.add_argument("--state", default=None, metavar="FILE", help="checkpoint file (default DIR/.summaryd-ship.json)")
     ship.add_argument("--poll", type=float, default=0.5, metavar="SECS", help="seconds between looks at DIR")
     ship.add_argument("--timeout", type=float, default=10.0, help="seconds each call to the daemon may take")
+
+
+def _add_redirect_flag(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--redirect-allow",
+        default=None,
+        metavar="A,B",
+        help=f"daemons beyond --address that a daemon may send this client to (a bucket logdir's run owner), "
+        f"comma-separated (env {ENV_PREFIX}REDIRECT_ALLOW); a redirect to any other address is not followed",
+    )
 
 
 def _add_channel_flags(parser: argparse.ArgumentParser) -> None:
@@ -333,7 +346,9 @@ def _replay(args: argparse.Namespace, sub: argparse.ArgumentParser) -> int:
     from summaryd.client._replay import replay
 
     try:
-        results = replay(Path(args.path), args.address, args.timeout, keep=args.keep)
+        results = replay(
+            Path(args.path), args.address, args.timeout, keep=args.keep, redirect_allow=args.redirect_allow
+        )
     except ValueError as exc:
         sub.error(str(exc))
     if not results:
@@ -347,7 +362,7 @@ def _replay(args: argparse.Namespace, sub: argparse.ArgumentParser) -> int:
 def _run(args: argparse.Namespace, sub: argparse.ArgumentParser) -> int:
     from pathlib import Path
 
-    from summaryd.client._environment import resolve_addresses
+    from summaryd.client._environment import resolve_addresses, resolve_redirect_allow
     from summaryd.client._launch import run_command
 
     command = args.argv[1:] if args.argv[:1] == ["--"] else args.argv
@@ -356,12 +371,15 @@ def _run(args: argparse.Namespace, sub: argparse.ArgumentParser) -> int:
     try:
         # Every address, in order: the command's writers and the shipper fail over between them.
         address = ",".join(resolve_addresses(args.address))
+        redirect_allow = ",".join(resolve_redirect_allow(args.redirect_allow))
     except ValueError as exc:
         sub.error(str(exc))
     run_root = args.run_root if args.run_root is not None else os.environ.get(ENV_PREFIX + "RUN_ROOT", "")
     ship_dir = Path(args.ship) if args.ship else None
     state = Path(args.state) if args.state else None
-    return run_command(command, address=address, run_root=run_root, ship_dir=ship_dir, state_path=state)
+    return run_command(
+        command, address=address, run_root=run_root, ship_dir=ship_dir, state_path=state, redirect_allow=redirect_allow
+    )
 
 
 def _ship(args: argparse.Namespace, sub: argparse.ArgumentParser) -> int:
@@ -371,6 +389,7 @@ def _ship(args: argparse.Namespace, sub: argparse.ArgumentParser) -> int:
 
     import grpc
 
+    from summaryd.client._sender._targets import RedirectRefusedError
     from summaryd.client._shipper import ShipError, Shipper
 
     directory = Path(args.directory)
@@ -385,6 +404,7 @@ def _ship(args: argparse.Namespace, sub: argparse.ArgumentParser) -> int:
             directory,
             args.run,
             address=args.address,
+            redirect_allow=args.redirect_allow,
             state_path=Path(args.state) if args.state else None,
             rpc_timeout=args.timeout,
             progress=progress if args.once and sys.stderr.isatty() else None,
@@ -413,7 +433,7 @@ def _ship(args: argparse.Namespace, sub: argparse.ArgumentParser) -> int:
             f"{code.name if code else 'ERROR'}: {exc.details() if isinstance(exc, grpc.Call) else exc}"
         )
         totals = shipper.totals
-    except ShipError as exc:
+    except (ShipError, RedirectRefusedError) as exc:
         shipper.totals.stopped_by(str(exc))
         totals = shipper.totals
     print(f"summaryd ship: {totals.describe()}", file=sys.stderr)

@@ -116,6 +116,13 @@ class Config:
         "--listen address with the port bound; this host's name when listening on every address, 0.0.0.0 or [::])",
         "HOST:PORT",
     )
+    peers: str = _option(
+        "",
+        "with a bucket --logdir: the --advertise addresses of every daemon of the prefix, comma-separated; a run's "
+        "lease naming any other address is taken for a forgery and its clients are sent nowhere (default: any "
+        "HOST:PORT a lease names)",
+        "A,B",
+    )
     run_lease: float = _option(
         30.0,
         "with a bucket --logdir: seconds a daemon's claim on a run lasts unless renewed (every third of it); "
@@ -199,6 +206,9 @@ class Config:
             raise ValueError("--straggler-secs must be positive")
         if self.advertise and not _is_host_port(self.advertise):
             raise ValueError(f"--advertise {self.advertise!r} needs HOST:PORT, e.g. node-3.example:{DEFAULT_PORT}")
+        for peer in self.peer_addresses or ():
+            if not _is_host_port(peer):
+                raise ValueError(f"--peers: {peer!r} needs HOST:PORT, e.g. node-3.example:{DEFAULT_PORT}")
         if self.log_level.lower() not in LOG_LEVELS:
             raise ValueError(f"--log-level {self.log_level!r}: use one of {', '.join(LOG_LEVELS)}")
         if self.log_format not in ("text", "json"):
@@ -240,6 +250,12 @@ class Config:
                 "token nor TLS: serve them on loopback (e.g. 127.0.0.1:9090) behind a proxy, or give --insecure "
                 "to accept that"
             )
+
+    @property
+    def peer_addresses(self) -> tuple[str, ...] | None:
+        """The daemons of `--peers` (None without them: any HOST:PORT a lease names is followed)."""
+        peers = tuple(p.strip() for p in self.peers.split(",") if p.strip())
+        return peers or None
 
     def advertised(self, port: int) -> str:
         """The address other daemons send this daemon's clients to, listening on `port`: `--advertise`, else

@@ -16,6 +16,7 @@ __all__ = [
     "DiskFullError",
     "EventError",
     "LimitError",
+    "OwnerUnknownError",
     "ResumeRefusedError",
     "RunMismatchError",
     "RunOwnedElsewhereError",
@@ -108,6 +109,17 @@ class RunOwnedElsewhereError(Exception):
     @property
     def trailing_metadata(self) -> tuple[tuple[str, str], ...]:
         return ((OWNER_ADDRESS_KEY, self.address),)
+
+
+class OwnerUnknownError(Exception):
+    """The run's lease names an address that is not a daemon's (`--peers`); UNAVAILABLE, naming no address: the
+    client tries again later, or its next daemon, and is sent nowhere."""
+
+    def __init__(self, run_dir: str) -> None:
+        super().__init__(
+            f"run {run_dir!r} is leased to an address that is not one of this daemon's peers; not sending you "
+            "there: try again later or another daemon"
+        )
 
 
 class ResumeRefusedError(Exception):

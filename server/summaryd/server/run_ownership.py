@@ -3,11 +3,14 @@
 A run's lease is for the run its clients name, all its workers (`leased_run`): a job's workers, and the
 aggregates of them, are written by one daemon. A session opening on a run this daemon does not write yet takes
 the run's lease first (`leases.RunLeases`); another daemon's live lease refuses it with `RunOwnedElsewhereError`,
-naming where the client belongs. Every session holding the run counts; when the last one leaves (its file
-closed) and what every session of the run staged is uploaded, the lease is released so that another daemon need
-not wait for it to expire. While held, leases are renewed in the background at a third of their duration. A
-lease found taken over at renewal (another daemon judged this one gone) is dropped, logged, and reported to
-`on_lost`, which ends the run's live sessions here: their clients open them again and are sent to the new owner.
+naming where the client belongs, when that address is a daemon's: one of `--peers` (with them), or at least a
+HOST:PORT (without); a lease naming any other address (a document written by someone who can write the bucket
+but is no daemon of it) refuses the session as `OwnerUnknownError`, naming nothing. Every session holding the
+run counts; when the last one leaves (its file closed) and what every session of the run staged is uploaded,
+the lease is released so that another daemon need not wait for it to expire. While held, leases are renewed
+in the background at a third of their duration. A lease found taken over at renewal (another daemon judged
+this one gone) is dropped, logged, and reported to `on_lost`, which ends the run's live sessions here: their
+clients open them again and are sent to the new owner.
 """
 
 from __future__ import annotations
@@ -20,11 +23,14 @@ import os
 import uuid
 from collections.abc import Awaitable, Callable
 
+from summaryd.client._environment import address_key, parse_address
 from summaryd.server.bucket import BucketError
-from summaryd.server.errors import RunOwnedElsewhereError
+from summaryd.server.errors import OwnerUnknownError, RunOwnedElsewhereError
 from summaryd.server.leases import Lease, LeaseHeldError, LeaseLostError, RunLeases
+from summaryd.server.logs import Throttle
 
 log = logging.getLogger(__name__)
+_unknown_owners = Throttle(log)
 
 HOLDER_FILE = "daemon-id"
 
@@ -58,11 +64,23 @@ def leased_run(run_dir: str, worker: str) -> str:
     return run_dir[: -len(worker) - 1] if worker and run_dir.endswith("/" + worker) else run_dir
 
 
-class RunOwnership:
-    """The leases of the runs this daemon writes, counted by the sessions that hold each run."""
+def daemon_address_key(address: str) -> str | None:
+    """`address` as compared (`address_key`) when it is a HOST:PORT a daemon could advertise, else None."""
+    try:
+        parsed = parse_address(address)
+    except ValueError:
+        return None
+    return None if parsed.startswith("unix") else address_key(parsed)
 
-    def __init__(self, leases: RunLeases) -> None:
+
+class RunOwnership:
+    """The leases of the runs this daemon writes, counted by the sessions that hold each run; other daemons'
+    clients are sent to `peers` only (any HOST:PORT when None)."""
+
+    def __init__(self, leases: RunLeases, peers: tuple[str, ...] | None = None) -> None:
         self.leases = leases
+        keys = () if peers is None else (daemon_address_key(a) for a in (*peers, leases.address))
+        self._peers = None if peers is None else frozenset(key for key in keys if key is not None)
         # Told (outside the lease lock) of each run whose lease was taken over; set by the session lifecycle.
         self.on_lost: Callable[[str], Awaitable[None]] | None = None
         self._held: dict[str, tuple[Lease, int]] = {}
@@ -102,11 +120,28 @@ class RunOwnership:
             try:
                 lease = await self.leases.acquire(run_dir)
             except LeaseHeldError as exc:
-                raise RunOwnedElsewhereError(run_dir, exc.address or exc.holder) from None
+                raise self._refusal(exc) from None
             except (BucketError, LeaseLostError) as exc:
                 raise OSError(errno.EIO, f"the run's lease could not be taken: {exc}") from exc
             self._held[run_dir] = (lease, 1)
             log.info("run %s: lease taken (until %.0f)", run_dir, lease.expires)
+
+    def _refusal(self, held: LeaseHeldError) -> Exception:
+        """Send the client to the lease's daemon, unless its address is none a daemon of this prefix has."""
+        key = daemon_address_key(held.address)
+        if key is not None and (self._peers is None or key in self._peers):
+            return RunOwnedElsewhereError(held.run_dir, held.address)
+        why = "not a HOST:PORT" if key is None else "not one of --peers"
+        _unknown_owners.warning(
+            "unknown owner",
+            "run %s: its live lease (holder %r) names the address %r, %s: its clients are not sent there (a lease "
+            "written by something that is no daemon of this prefix, or a daemon missing from --peers)",
+            held.run_dir,
+            held.holder[:64],
+            held.address[:200],
+            why,
+        )
+        return OwnerUnknownError(held.run_dir)
 
     async def let_go(self, run_dir: str, settled: Callable[[], Awaitable[None]] | None = None) -> None:
         """Count one session fewer on `run_dir`, whose staged bytes are uploaded once `settled()` returns. The

@@ -220,7 +220,7 @@ class Server:
             raise StartupError(f"cannot write the daemon's id in {config.state_path}: {_reason(exc)}") from None
         assert self.port is not None, "the port is bound first"
         address = config.advertised(self.port)
-        ownership = RunOwnership(RunLeases(bucket, holder, address, config.run_lease))
+        ownership = RunOwnership(RunLeases(bucket, holder, address, config.run_lease), config.peer_addresses)
         ownership.start()
         log.info("run leases held as %s, clients of other daemons sent to %s", holder, address)
         return ownership

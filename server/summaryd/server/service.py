@@ -25,6 +25,7 @@ from summaryd.server.errors import (
     BatchRefusedError,
     DiskFullError,
     LimitError,
+    OwnerUnknownError,
     ResumeRefusedError,
     RunMismatchError,
     RunOwnedElsewhereError,
@@ -73,6 +74,7 @@ STATUS: dict[type[Exception], grpc.StatusCode] = {
     # Try again: resume the session, or wait for the disk.
     SessionReleasedError: grpc.StatusCode.UNAVAILABLE,
     StorageError: grpc.StatusCode.UNAVAILABLE,
+    OwnerUnknownError: grpc.StatusCode.UNAVAILABLE,
 }
 """The status of each error the inner layers raise (the most specific class listed wins)."""
 

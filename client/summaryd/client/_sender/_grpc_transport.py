@@ -3,8 +3,10 @@ otherwise.
 
 Of several daemons (`ClientOptions.addresses`) it talks to one at a time: a session that cannot be opened
 because the daemon is away moves it to the next, and a daemon that refuses the session because another daemon
-writes the run (FAILED_PRECONDITION with `OWNER_ADDRESS_KEY`) moves it there. Either way the sender opens the
-same session again at once (the `away` it is told), resuming from what the daemon holds.
+writes the run (FAILED_PRECONDITION with `OWNER_ADDRESS_KEY`) moves it there, when that is an address the
+client was given (`DaemonTargets`); a redirect anywhere else is refused, reported, and the next configured
+daemon tried instead. Either way the sender opens the same session again at once (the `away` it is told),
+resuming from what the daemon holds.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from summaryd.client._batch_fit import DaemonLimits
 from summaryd.client._channel import open_channel
 from summaryd.client._options import ClientOptions
 from summaryd.client._sender._columns import ScalarRun
-from summaryd.client._sender._targets import DaemonTargets
+from summaryd.client._sender._targets import DaemonTargets, RedirectRefusedError
 from summaryd.client._sender._transport import Ack, ErrorKind, Hello, Opened, TransportError
 from summaryd.client._stream import WriteStream
 from summaryd.v1 import summaryd_pb2 as pb
@@ -154,7 +156,7 @@ class GrpcTransport:
 
     def __init__(self, options: ClientOptions) -> None:
         self._options = options
-        self._targets = DaemonTargets(options.addresses)
+        self._targets = DaemonTargets(options.addresses, options.redirect_allow)
         self._channel: grpc.Channel | None = None
         # The calls under way, which a forked child must never free (they belong to the parent's channel).
         self._opening: grpc.Future[pb.OpenSessionResponse] | None = None
@@ -176,7 +178,15 @@ class GrpcTransport:
         error, left = transport_error(exc), self._targets.current
         owner = owner_address(exc)
         if owner is not None:
-            if self._targets.redirect(owner):
+            try:
+                moved = self._targets.redirect(owner)
+            except RedirectRefusedError as refused:
+                # Reported (the connection warns at a limited rate, and it is the report's error while it
+                # explains what is not delivered); the configured daemons are tried on, this one again last.
+                if self._targets.move_on():
+                    self._drop_channel()
+                return TransportError("away", f"{refused}; trying {self._targets.current}")
+            if moved:
                 self._drop_channel()
             return TransportError("away", f"the daemon at {left} says the run is written by {owner}; moving there")
         if error.kind == "away" and self._targets.move_on():
