@@ -27,7 +27,7 @@ def test_an_address_list_is_parsed_from_the_argument_and_the_environment() -> No
 
 
 def test_targets_go_round_the_list_and_follow_a_redirect() -> None:
-    targets = DaemonTargets(("a:1", "b:1"))
+    targets = DaemonTargets(("a:1", "b:1"), redirect_allow=("owner:1",))
     assert targets.current == "a:1"
     assert targets.move_on() and targets.current == "b:1"
     assert targets.redirect("owner:1") and targets.current == "owner:1"

@@ -16,13 +16,16 @@ class RedirectRefusedError(Exception):
 
 class DaemonTargets:
     """The daemon of the moment among `addresses`; moves on when one cannot be reached, follows redirects to
-    an address of `addresses` or `redirect_allow` (compared by `address_key`) and to no other."""
+    an address of `addresses` or `redirect_allow` (compared by `address_key`, dialled as given there) and to no
+    other."""
 
     def __init__(self, addresses: tuple[str, ...], redirect_allow: tuple[str, ...] = ()) -> None:
         if not addresses:
             raise ValueError("no daemon address to talk to")
         self._addresses = addresses
-        self._allowed = frozenset(address_key(a) for a in (*addresses, *redirect_allow))
+        # Each address as the user gave it, by what identifies it: a redirect dials the user's form, never the
+        # daemon's.
+        self._allowed = {address_key(a): a for a in reversed((*addresses, *redirect_allow))}
         self._index = 0
         self.current = addresses[0]
 
@@ -39,18 +42,22 @@ class DaemonTargets:
         Raises:
             RedirectRefusedError: `address` is none the client was given (nothing changes).
         """
-        refusal = self.refusal(address)
-        if refusal is not None:
-            raise RedirectRefusedError(refusal)
-        return self._switch(parse_address(address))
+        given = self._given(address)
+        if given is None:
+            raise RedirectRefusedError(self.refusal(address) or "")
+        return self._switch(given)
+
+    def _given(self, address: str) -> str | None:
+        """`address` as the user gave it, when it is one of theirs."""
+        try:
+            return self._allowed.get(address_key(parse_address(address)))
+        except ValueError:
+            return None
 
     def refusal(self, address: str) -> str | None:
         """Why a redirect to `address` is not followed (None: it is one the client was given)."""
-        try:
-            if address_key(parse_address(address)) in self._allowed:
-                return None
-        except ValueError:
-            pass
+        if self._given(address) is not None:
+            return None
         return (
             f"the daemon at {self.current} sends this run's clients to {address[:200]!r}, which is neither one of "
             "the client's addresses nor in its redirect allow-list (redirect_allow, SUMMARYD_REDIRECT_ALLOW, "

@@ -1,0 +1,232 @@
+"""A redirect never carries a credential to an address nobody configured.
+
+A daemon of a bucket logdir names a run's owner (`OWNER_ADDRESS_KEY`) from the run's lease in the bucket, which
+anyone who can write the bucket can forge. Here a small real gRPC server on loopback stands in for a daemon that
+was fooled so: it answers `OpenSession` exactly as a daemon does when another holds the run's lease, naming a
+capture server, a real gRPC server on loopback that records the metadata of every call it gets. The writer,
+`summaryd ship` and `summaryd replay` must not follow it (nor send their token there), must say so, and must still
+follow a redirect to an address they were given. The same with a forged lease in a real bucket is in
+`test_redirect_objstore`.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Iterator
+from concurrent import futures
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pytest
+from test_client_checks import _leave_a_spool
+from test_ship import VERSION_RECORD, append, scalar
+
+from _support import Daemon, log_losses, steps_in, unused_port
+from summaryd.client import SummaryWriter
+from summaryd.client._environment import address_key, parse_address
+from summaryd.client._sender._targets import DaemonTargets, RedirectRefusedError
+from summaryd.server.cli import main
+from summaryd.v1 import summaryd_pb2 as pb
+from summaryd.v1 import summaryd_pb2_grpc as pb_grpc
+from summaryd.v1.wire import OWNER_ADDRESS_KEY
+
+TOKEN = "redirect-test-token-0123456789"
+
+
+class _Recorder(grpc.ServerInterceptor):  # type: ignore[misc]
+    """Records the method and metadata of every call before it is handled (whatever the method)."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, dict[str, str]]] = []
+        self._lock = threading.Lock()
+
+    def intercept_service(self, continuation: Any, details: Any) -> Any:
+        with self._lock:
+            self.calls.append((details.method, {k: str(v) for k, v in details.invocation_metadata}))
+        return continuation(details)
+
+    def tokens(self) -> list[str]:
+        with self._lock:
+            return [m["authorization"] for _, m in self.calls if "authorization" in m]
+
+
+class _Redirecting(pb_grpc.SummariesServicer):
+    """Answers every `OpenSession` as a daemon whose run another daemon's lease names: FAILED_PRECONDITION with
+    that address in the trailing metadata."""
+
+    def __init__(self, owner: str) -> None:
+        self.owner = owner
+
+    def OpenSession(self, request: pb.OpenSessionRequest, context: grpc.ServicerContext) -> pb.OpenSessionResponse:
+        context.set_trailing_metadata(((OWNER_ADDRESS_KEY, self.owner),))
+        context.abort(
+            grpc.StatusCode.FAILED_PRECONDITION,
+            f"run {request.run!r} is written by the daemon at {self.owner}; open the session there",
+        )
+        raise AssertionError("abort raises")
+
+
+class Loopback:
+    """A real gRPC server on a free loopback port, recording every call's metadata."""
+
+    def __init__(self, servicer: pb_grpc.SummariesServicer) -> None:
+        self.recorder = _Recorder()
+        self.server = grpc.server(futures.ThreadPoolExecutor(4), interceptors=[self.recorder])
+        pb_grpc.add_SummariesServicer_to_server(servicer, self.server)
+        self.address = f"127.0.0.1:{self.server.add_insecure_port('127.0.0.1:0')}"
+        self.server.start()
+
+    def stop(self) -> None:
+        self.server.stop(0).wait()
+
+
+@pytest.fixture
+def capture() -> Iterator[Loopback]:
+    """Where a forged lease points: a gRPC server that only records what reaches it (every call UNIMPLEMENTED)."""
+    server = Loopback(pb_grpc.SummariesServicer())
+    yield server
+    server.stop()
+
+
+def fooled_daemon(owner: str) -> Loopback:
+    """Stands in for a daemon fooled by a forged lease: it sends every session to `owner`."""
+    return Loopback(_Redirecting(owner))
+
+
+@pytest.fixture
+def fooled(capture: Loopback) -> Iterator[Loopback]:
+    server = fooled_daemon(capture.address)
+    yield server
+    server.stop()
+
+
+def test_addresses_are_the_same_only_when_they_surely_name_one_daemon() -> None:
+    same = [("Node-A.example", "node-a.example:6065"), ("[0:0::1]:7000", "[::1]:7000"), ("10.0.0.1", "10.0.0.1:6065")]
+    for left, right in same:
+        assert address_key(parse_address(left)) == address_key(parse_address(right))
+    # Nothing is resolved: a name and an address of it are two addresses, as are two ports.
+    differ = [("localhost:6065", "127.0.0.1:6065"), ("a:6065", "a:6066"), ("a.example", "a.example."), ("a", "b")]
+    for left, right in differ:
+        assert address_key(parse_address(left)) != address_key(parse_address(right))
+
+
+def test_targets_follow_a_redirect_only_to_an_address_they_were_given() -> None:
+    targets = DaemonTargets(("a:1", "b:1"), ("Owner:1",))
+    assert targets.redirect("owner:1") and targets.current == "Owner:1"  # allowed, dialled as given
+    assert targets.redirect("B:1") and targets.current == "b:1"  # one of the list
+    for forged in ("evil:1", "owner:2", "localhost:1", "http://owner:1", "", "x" * 10_000):
+        with pytest.raises(RedirectRefusedError, match="not followed, and no token or certificate sent there"):
+            targets.redirect(forged)
+        assert targets.current == "b:1"
+
+
+def test_a_writer_does_not_follow_a_redirect_to_an_address_it_was_not_given(
+    fooled: Loopback, capture: Loopback, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.WARNING, "summaryd.client")
+    writer = SummaryWriter("forged", address=fooled.address, token=TOKEN, backoff_secs=(0.05, 0.2))
+    log_losses(writer, range(10))
+    report = writer.close(timeout=2)
+    assert capture.recorder.calls == []  # no call at all, so no token and no client certificate
+    assert fooled.recorder.tokens() and set(fooled.recorder.tokens()) == {f"Bearer {TOKEN}"}  # its own daemon's
+    assert report.delivered == 0 and report.undelivered == 10
+    assert report.error is not None and f"sends this run's clients to '{capture.address}'" in report.error
+    assert "not followed" in report.error
+    refusals = [r for r in caplog.records if capture.address in r.getMessage()]
+    assert refusals and all("not followed" in r.getMessage() for r in refusals)
+    assert len(refusals) < 5  # rate-limited, though the writer asked again every 0.2 s
+
+
+def test_a_writer_follows_a_redirect_to_one_of_its_addresses_or_to_redirect_allow(daemon: Daemon) -> None:
+    owner = fooled_daemon(daemon.address)
+    try:
+        with SummaryWriter("allowed", address=owner.address, redirect_allow=daemon.address) as writer:
+            log_losses(writer, range(20))
+        with SummaryWriter("listed", address=f"{owner.address},{daemon.address}") as writer:
+            log_losses(writer, range(20))
+    finally:
+        owner.stop()
+    assert steps_in(daemon.logdir / "allowed") == list(range(20))
+    assert steps_in(daemon.logdir / "listed") == list(range(20))
+
+
+def test_summaryd_ship_does_not_follow_a_redirect_to_an_address_it_was_not_given(
+    tmp_path: Path,
+    fooled: Loopback,
+    capture: Loopback,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    monkeypatch.setenv("SUMMARYD_TOKEN", TOKEN)
+    append(tmp_path / "logs" / "events.out.tfevents.1.host", VERSION_RECORD, *(scalar(s) for s in range(5)))
+    code = main(["ship", str(tmp_path / "logs"), "--run", "shipped", "--once", "--address", fooled.address])
+    assert code == 1
+    assert capture.recorder.calls == []
+    assert set(fooled.recorder.tokens()) == {f"Bearer {TOKEN}"}
+    last = capsys.readouterr().err.strip().splitlines()[-1]
+    assert last.startswith("summaryd ship: delivered 0 records") and "not followed" in last and "Traceback" not in last
+
+
+def test_summaryd_ship_follows_a_redirect_to_redirect_allow(
+    tmp_path: Path, daemon: Daemon, capsys: pytest.CaptureFixture[str]
+) -> None:
+    owner = fooled_daemon(daemon.address)
+    append(tmp_path / "logs" / "events.out.tfevents.1.host", VERSION_RECORD, *(scalar(s) for s in range(5)))
+    try:
+        argv = ["ship", str(tmp_path / "logs"), "--run", "shipped", "--once", "--address", owner.address]
+        assert main([*argv, "--redirect-allow", daemon.address]) == 0
+    finally:
+        owner.stop()
+    assert steps_in(daemon.logdir / "shipped") == list(range(5))
+
+
+def test_summaryd_replay_does_not_follow_a_redirect_to_an_address_it_was_not_given(
+    tmp_path: Path,
+    fooled: Loopback,
+    capture: Loopback,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    spool = _leave_a_spool(tmp_path / "spool", unused_port())
+    monkeypatch.setenv("SUMMARYD_TOKEN", TOKEN)
+    capsys.readouterr()
+    assert main(["replay", str(spool), "--address", fooled.address]) == 1
+    assert capture.recorder.calls == []
+    assert set(fooled.recorder.tokens()) == {f"Bearer {TOKEN}"}
+    (line,) = capsys.readouterr().out.splitlines()
+    assert line.startswith(f"{spool}: FAILED (daemon {fooled.address}, --address): ") and "not followed" in line
+    assert spool.is_dir()  # kept for a replay to a daemon of the user's
+
+
+def test_summaryd_replay_follows_a_redirect_to_redirect_allow(
+    tmp_path: Path, daemon: Daemon, capsys: pytest.CaptureFixture[str]
+) -> None:
+    spool = _leave_a_spool(tmp_path / "spool", unused_port())
+    owner = fooled_daemon(daemon.address)
+    try:
+        assert main(["replay", str(spool), "--address", owner.address, "--redirect-allow", daemon.address]) == 0
+    finally:
+        owner.stop()
+    assert f"to {daemon.address} (--address)" in capsys.readouterr().out
+    assert len(steps_in(daemon.logdir / "left")) == 3 and not spool.exists()
+
+
+@pytest.mark.parametrize("session_id", ["../escape", "a/b", "a\\b", "..", "x..y"])
+def test_a_session_id_that_could_leave_its_key_is_refused_at_the_edge(daemon: Daemon, session_id: str) -> None:
+    with grpc.insecure_channel(daemon.address) as channel:
+        stub = pb_grpc.SummariesStub(channel)
+        calls = [
+            lambda: stub.OpenSession(
+                pb.OpenSessionRequest(session_id=session_id, run="r", next_sequence=1), timeout=10
+            ),
+            lambda: stub.CloseSession(pb.CloseSessionRequest(session_id=session_id), timeout=10),
+            lambda: stub.Flush(pb.FlushRequest(session_id=session_id), timeout=10),
+            lambda: list(stub.Write(iter([pb.WriteRequest(session_id=session_id, first_sequence=1)]), timeout=10)),
+        ]
+        for call in calls:
+            with pytest.raises(grpc.RpcError) as caught:
+                call()
+            assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT  # type: ignore[attr-defined]
+            assert caught.value.details() == "session_id may not contain '/', '\\' or '..'; send a UUID"  # type: ignore[attr-defined]
