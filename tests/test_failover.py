@@ -177,8 +177,9 @@ def test_two_clients_of_one_run_on_two_daemons_end_on_one_daemon(
     try:
         first.add_scalar("first", 0.0, 0)
         first.flush()  # a owns the run from here
-        # The second worker is sent to b, which refuses it naming a; it follows and writes there.
-        with SummaryWriter("job", address=b.address, backoff_secs=(0.05, 0.2)) as second:
+        # The second worker is sent to b, which refuses it naming a, one of its addresses; it follows and writes
+        # there (an owner it was not given it would not follow: `test_redirect`).
+        with SummaryWriter("job", address=f"{b.address},{a.address}", backoff_secs=(0.05, 0.2)) as second:
             log_losses(second, range(100), "second")
         log_losses(first, range(1, 100), "first")
     finally:
@@ -204,7 +205,8 @@ def test_the_workers_of_one_run_on_two_daemons_end_on_one_daemon(
         rank0.flush()  # a owns the run `ranks` from here
         code, _, trailing = refusal(b.address, "ranks")
         assert code == grpc.StatusCode.FAILED_PRECONDITION and trailing[OWNER_ADDRESS_KEY] == a.address
-        with SummaryWriter("ranks", worker="rank-1", world_size=2, address=b.address, backoff_secs=(0.05, 0.2)) as w:
+        allow = {"redirect_allow": a.address, "backoff_secs": (0.05, 0.2)}  # a, not listed: followed when allowed
+        with SummaryWriter("ranks", worker="rank-1", world_size=2, address=b.address, **allow) as w:
             log_losses(w, range(100))
         log_losses(rank0, range(1, 100))
     finally:
