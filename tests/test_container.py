@@ -308,8 +308,9 @@ def test_compose_bucket_profile_serves_two_daemons_on_one_bucket_through_its_ten
     try:
         first.add_scalar("first", 0.0, 0)
         first.flush()  # a holds the run's lease from here
-        # A second worker of the run asks b, which refuses it naming a's advertised address; it follows.
-        second = SummaryWriter("shared", address=b, backoff_secs=(0.05, 0.2))
+        # A second worker of the run asks b, which refuses it naming a's advertised address, one of its own; it
+        # follows.
+        second = SummaryWriter("shared", address=f"{b},{a}", backoff_secs=(0.05, 0.2))
         writers.append(second)
         log_losses(on_a, range(100))
         log_losses(on_b, range(100))
