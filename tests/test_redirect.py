@@ -12,6 +12,8 @@ follow a redirect to an address they were given. The same with a forged lease in
 from __future__ import annotations
 
 import logging
+import os
+import sys
 import threading
 from collections.abc import Iterator
 from concurrent import futures
@@ -22,6 +24,7 @@ import grpc
 import pytest
 from test_client_checks import _leave_a_spool
 from test_ship import VERSION_RECORD, append, scalar
+from test_zero_code import summaryd_run
 
 from _support import Daemon, log_losses, steps_in, unused_port
 from summaryd.client import SummaryWriter
@@ -213,7 +216,7 @@ def test_summaryd_replay_follows_a_redirect_to_redirect_allow(
     assert len(steps_in(daemon.logdir / "left")) == 3 and not spool.exists()
 
 
-@pytest.mark.parametrize("session_id", ["../escape", "a/b", "a\\b", "..", "x..y"])
+@pytest.mark.parametrize("session_id", ["../escape", "a/b", "a\\b", "..", ".", "x..y"])
 def test_a_session_id_that_could_leave_its_key_is_refused_at_the_edge(daemon: Daemon, session_id: str) -> None:
     with grpc.insecure_channel(daemon.address) as channel:
         stub = pb_grpc.SummariesStub(channel)
@@ -229,4 +232,41 @@ def test_a_session_id_that_could_leave_its_key_is_refused_at_the_edge(daemon: Da
             with pytest.raises(grpc.RpcError) as caught:
                 call()
             assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT  # type: ignore[attr-defined]
-            assert caught.value.details() == "session_id may not contain '/', '\\' or '..'; send a UUID"  # type: ignore[attr-defined]
+            assert caught.value.details() == "session_id may not contain '/', '\\' or '..', nor be '.'; send a UUID"  # type: ignore[attr-defined]
+
+
+def test_summaryd_run_hands_redirect_allow_to_the_command(
+    tmp_path: Path, daemon: Daemon, fooled: Loopback, capture: Loopback
+) -> None:
+    """The command's writers follow a redirect to `--redirect-allow`, and without it send the other address
+    nothing (though `SUMMARYD_TOKEN` gives them a token)."""
+    owner = fooled_daemon(daemon.address)
+    script = (
+        "import sys\nfrom summaryd.client import SummaryWriter\n"
+        "w = SummaryWriter(sys.argv[1], backoff_secs=(0.05, 0.2))\n"
+        "for step in range(5):\n    w.add_scalar('x', 1.0, step)\nprint(w.close(timeout=2).delivered)\n"
+    )
+    env = {**os.environ, "SUMMARYD_TOKEN": TOKEN}
+    try:
+        allowed = summaryd_run(
+            tmp_path,
+            "--address",
+            owner.address,
+            "--redirect-allow",
+            daemon.address,
+            "--",
+            sys.executable,
+            "-c",
+            script,
+            "allowed",
+            env=env,
+        )
+    finally:
+        owner.stop()
+    refused = summaryd_run(
+        tmp_path, "--address", fooled.address, "--", sys.executable, "-c", script, "refused", env=env
+    )
+    assert (allowed.returncode, allowed.stdout.strip()) == (0, "5"), allowed.stderr
+    assert steps_in(daemon.logdir / "allowed") == list(range(5))
+    assert (refused.returncode, refused.stdout.strip()) == (0, "0"), refused.stderr
+    assert "not followed" in refused.stderr and capture.recorder.calls == []

@@ -110,7 +110,7 @@ def test_a_session_id_that_could_leave_its_key_is_refused_without_naming_the_sto
     tmp_path: Path, logdir_url: str, daemons: list[Daemon]
 ) -> None:
     daemon = daemon_on(tmp_path, logdir_url, daemons)
-    for session_id in ("../../leases/x", "a/b", "a\\b"):
+    for session_id in ("../../leases/x", "a/b", "a\\b", "."):
         error = refusal(daemon.address, session_id, "run")
         assert error.code() == grpc.StatusCode.INVALID_ARGUMENT  # type: ignore[attr-defined]
-        assert error.details() == "session_id may not contain '/', '\\' or '..'; send a UUID"  # type: ignore[attr-defined]
+        assert error.details() == "session_id may not contain '/', '\\' or '..', nor be '.'; send a UUID"  # type: ignore[attr-defined]

@@ -42,11 +42,11 @@ def _integer(field: str, value: int, top: int, what: str) -> str | None:
 
 def session_id_problem(session_id: str) -> str | None:
     """Why `session_id` is not one the daemon takes: 1..`MAX_SESSION_ID` printable characters, none of them a
-    path separator nor `..` (a bucket logdir names an object by it: `.summaryd/sessions/<id>`)."""
+    path separator nor `..`, and not `.` (a bucket logdir names an object by it: `.summaryd/sessions/<id>`)."""
     if not session_id or len(session_id) > MAX_SESSION_ID or not session_id.isprintable():
         return f"session_id must be 1..{MAX_SESSION_ID} printable characters (a UUID)"
-    if "/" in session_id or "\\" in session_id or ".." in session_id:
-        return "session_id may not contain '/', '\\' or '..'; send a UUID"
+    if "/" in session_id or "\\" in session_id or ".." in session_id or session_id == ".":
+        return "session_id may not contain '/', '\\' or '..', nor be '.'; send a UUID"
     return None
 
 
