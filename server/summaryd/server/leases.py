@@ -15,7 +15,9 @@ be sent to, and when the lease expires (wall-clock seconds). The rules:
 - **release**: an expired lease written the same way, so that the next daemon need not wait.
 
 Expiry compares the lease's wall-clock deadline with the reader's clock, so daemons' clocks must agree to well
-within the lease's duration (NTP does).
+within the lease's duration (NTP does). A lease is as trustworthy as the bucket: anyone who can write the prefix
+can write one, naming any address, so the address is checked before a client is sent there
+(`run_ownership.RunOwnership`, with `--peers`) and clients follow only addresses they were given.
 """
 
 from __future__ import annotations
