@@ -185,7 +185,9 @@ class GrpcTransport:
                 # explains what is not delivered); the configured daemons are tried on, this one again last.
                 if self._targets.move_on():
                     self._drop_channel()
-                return TransportError("away", f"{refused}; trying {self._targets.current}")
+                return TransportError(
+                    "away", f"{refused}; going on with the configured daemons ({self._targets.current} next)"
+                )
             if moved:
                 self._drop_channel()
             return TransportError("away", f"the daemon at {left} says the run is written by {owner}; moving there")
