@@ -30,6 +30,7 @@ from test_zero_code import summaryd_run
 from _support import Daemon, log_losses, steps_in, unused_port
 from summaryd.client import SummaryWriter
 from summaryd.client._environment import address_key, parse_address
+from summaryd.client._options import ClientOptions
 from summaryd.client._sender._targets import DaemonTargets, RedirectRefusedError
 from summaryd.server.cli import main
 from summaryd.v1 import summaryd_pb2 as pb
@@ -114,6 +115,22 @@ def test_addresses_are_the_same_only_when_they_surely_name_one_daemon() -> None:
     differ = [("localhost:6065", "127.0.0.1:6065"), ("a:6065", "a:6066"), ("a.example", "a.example."), ("a", "b")]
     for left, right in differ:
         assert address_key(parse_address(left)) != address_key(parse_address(right))
+
+
+def test_redirect_allow_comes_from_the_argument_or_the_environment_and_a_bad_one_says_where(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert ClientOptions.make(redirect_allow="b, a:7", environ={}).redirect_allow == ("b:6065", "a:7")
+    assert ClientOptions.make(redirect_allow=["c"], environ={}).redirect_allow == ("c:6065",)
+    assert ClientOptions.make(environ={"SUMMARYD_REDIRECT_ALLOW": "d:1"}).redirect_allow == ("d:1",)
+    assert ClientOptions.make(environ={}).redirect_allow == ()
+    with pytest.raises(ValueError, match="SUMMARYD_REDIRECT_ALLOW: address 'http://d:1' is a URL"):
+        ClientOptions.make(environ={"SUMMARYD_REDIRECT_ALLOW": "http://d:1"})
+    with pytest.raises(SystemExit) as exited:
+        main(["ship", ".", "--run", "r", "--once", "--redirect-allow", "a:99999"])
+    assert exited.value.code == 2
+    (line,) = capsys.readouterr().err.splitlines()
+    assert line.startswith("summaryd ship: error: address 'a:99999': the port must be a number from 1 to 65535")
 
 
 def test_targets_follow_a_redirect_only_to_an_address_they_were_given() -> None:
