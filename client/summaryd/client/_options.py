@@ -104,8 +104,9 @@ class ClientOptions:
                 spool (the default; nothing is lost while the local disk takes it), `drop_oldest` queued events,
                 or `block` the caller until there is room (at most `block_secs`, then the new event is dropped).
             redirect_allow: daemons beyond `address` that a daemon may send the client to (the owner of a run
-                on a bucket logdir), comma-separated or a list; default `SUMMARYD_REDIRECT_ALLOW`, else none. A redirect
-                to any other address is not followed (the token and certificate go only where the user said).
+                on a bucket logdir), comma-separated or a list; default `SUMMARYD_REDIRECT_ALLOW`, else none. A
+                redirect to any other address is not followed (the token and certificate go only where the user
+                said).
             environ: the environment to read (the process's own by default).
 
         Raises:

@@ -117,8 +117,8 @@ class OwnerUnknownError(Exception):
 
     def __init__(self, run_dir: str) -> None:
         super().__init__(
-            f"run {run_dir!r} is leased to an address that is not one of this daemon's peers; not sending you "
-            "there: try again later or another daemon"
+            f"run {run_dir!r} is leased to an address this daemon does not know for a daemon's (--peers); not "
+            "sending you there: try again later, or another daemon"
         )
 
 

@@ -18,12 +18,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import errno
+import ipaddress
 import logging
 import os
 import uuid
 from collections.abc import Awaitable, Callable
 
-from summaryd.client._environment import address_key, parse_address
 from summaryd.server.bucket import BucketError
 from summaryd.server.errors import OwnerUnknownError, RunOwnedElsewhereError
 from summaryd.server.leases import Lease, LeaseHeldError, LeaseLostError, RunLeases
@@ -65,12 +65,20 @@ def leased_run(run_dir: str, worker: str) -> str:
 
 
 def daemon_address_key(address: str) -> str | None:
-    """`address` as compared (`address_key`) when it is a HOST:PORT a daemon could advertise, else None."""
-    try:
-        parsed = parse_address(address)
-    except ValueError:
+    """`address` as compared when it is a HOST:PORT a daemon could advertise (the host without case, an IP
+    address in its canonical form; nothing resolved), else None."""
+    host, sep, port = address.strip().rpartition(":")
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+    if not sep or not host or not port.isdigit() or not 0 < int(port) <= 65535:
         return None
-    return None if parsed.startswith("unix") else address_key(parsed)
+    if any(char.isspace() or char in "/?#@[]" for char in host):
+        return None
+    try:
+        host = ipaddress.ip_address(host).compressed
+    except ValueError:
+        host = host.lower()
+    return f"[{host}]:{int(port)}" if ":" in host else f"{host}:{int(port)}"
 
 
 class RunOwnership:
