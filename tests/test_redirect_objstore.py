@@ -114,3 +114,15 @@ def test_a_session_id_that_could_leave_its_key_is_refused_without_naming_the_sto
         error = refusal(daemon.address, session_id, "run")
         assert error.code() == grpc.StatusCode.INVALID_ARGUMENT  # type: ignore[attr-defined]
         assert error.details() == "session_id may not contain '/', '\\' or '..', nor be '.'; send a UUID"  # type: ignore[attr-defined]
+
+
+def test_a_daemon_without_peers_names_no_lease_address_that_is_no_host_and_port(
+    tmp_path: Path, logdir_url: str, daemons: list[Daemon]
+) -> None:
+    daemon = daemon_on(tmp_path, logdir_url, daemons)
+    for number, address in enumerate(("", "unix:/tmp/summaryd.sock", "http://evil.example:1/", "evil.example")):
+        run = f"odd-{number}"
+        forge_lease(logdir_url, run, address)
+        error = refusal(daemon.address, str(uuid.uuid4()), run)
+        assert error.code() == grpc.StatusCode.UNAVAILABLE, address  # type: ignore[attr-defined]
+        assert OWNER_ADDRESS_KEY not in dict(error.trailing_metadata() or ())  # type: ignore[attr-defined]
