@@ -27,11 +27,12 @@ from test_client_checks import _leave_a_spool
 from test_ship import VERSION_RECORD, append, scalar
 from test_zero_code import summaryd_run
 
-from _support import Daemon, log_losses, steps_in, unused_port
+from _support import Daemon, log_losses, steps_in, unused_port, wait_for
 from summaryd.client import SummaryWriter
 from summaryd.client._environment import address_key, parse_address
 from summaryd.client._options import ClientOptions
 from summaryd.client._sender._targets import DaemonTargets, RedirectRefusedError
+from summaryd.client._shipper import Shipper
 from summaryd.server.cli import main
 from summaryd.v1 import summaryd_pb2 as pb
 from summaryd.v1 import summaryd_pb2_grpc as pb_grpc
@@ -291,3 +292,17 @@ def test_summaryd_run_hands_redirect_allow_to_the_command(
     assert steps_in(daemon.logdir / "allowed") == list(range(5))
     assert (refused.returncode, refused.stdout.strip()) == (0, "0"), refused.stderr
     assert "not followed" in refused.stderr and capture.recorder.calls == []
+
+
+def test_a_following_shipper_keeps_trying_past_a_refused_redirect_and_says_why_at_the_end(
+    tmp_path: Path, fooled: Loopback, capture: Loopback
+) -> None:
+    append(tmp_path / "logs" / "events.out.tfevents.1.host", VERSION_RECORD, scalar(0))
+    shipper = Shipper(tmp_path / "logs", "followed", address=fooled.address, redirect_allow="")
+    stop = threading.Event()
+    asked_twice = threading.Thread(target=lambda: wait_for(lambda: len(fooled.recorder.calls) >= 2, 60, "a retry"))
+    asked_twice.start()
+    threading.Thread(target=lambda: (asked_twice.join(), stop.set())).start()
+    totals = shipper.follow(stop, poll_secs=0.05)  # returns (does not raise) once stopped
+    assert totals.records == 0 and totals.error is not None and "not followed" in totals.error
+    assert capture.recorder.calls == []
