@@ -52,7 +52,11 @@ def test_a_straggler_is_not_waited_for_beyond_the_timeout() -> None:
     assert (r.step, r.count, r.mean) == (0, 2, 2.0)
     table.add("c", "loss", 0, 1.0, 100.0, now=13.1)  # late: the step is final, the point is not taken
     assert table.late_points == 1
-    assert table.overdue(now=20.0, straggler_secs=3.0)[0].step == 1
+    # Step 1 is overdue but only a reached it: it waits for a second worker there (the frontier), not for all.
+    assert table.overdue(now=20.0, straggler_secs=3.0) == []
+    table.add("b", "loss", 1, 1.0, 5.0, now=20.5)
+    [r] = table.overdue(now=21.0, straggler_secs=3.0)
+    assert (r.step, r.count, r.mean) == (1, 2, 3.0)
 
 
 def test_pending_steps_are_bounded_oldest_first() -> None:
@@ -71,6 +75,7 @@ def test_a_tag_only_one_worker_logs_is_not_reduced() -> None:
     assert table.overdue(now=100.0, straggler_secs=1.0) == []
     assert (len(table), table.last_final()) == (0, {"loss": 0})
     table.add("b", "loss", 1, 1.0, 3.0, now=100.0)  # a second worker: from now on the tag is reduced
+    table.add("a", "loss", 2, 1.0, 1.0, now=100.0)  # a is past step 1 too: it is within the frontier
     assert [(r.step, r.count) for r in table.overdue(now=200.0, straggler_secs=1.0)] == [(1, 1)]
 
 
