@@ -55,19 +55,44 @@ def reduce(tag: str, step: int, wall_time: float, values: Iterable[float]) -> Re
     """
     points = list(values)
     count = len(points)
+    try:
+        total = math.fsum(points)
+    except (ValueError, OverflowError):  # inf + -inf, or a finite sum beyond float64
+        total = math.nan
+    if math.isfinite(total):  # the common case: no NaN nor infinity (either would show), nothing to scale
+        low, high = min(points), max(points)
+        if low == 0 or high == 0:
+            low, high = _signed_min(points), _signed_max(points)
+        if _UNSCALED_LOW <= max(-low, high) <= _UNSCALED_HIGH:
+            mean = total / count
+            std = math.sqrt(math.fsum([(v - mean) ** 2 for v in points]) / count)
+            mean, std = min(max(mean, low), high) + 0.0, min(std, high / 2 - low / 2)
+            return Reduction(tag, step, wall_time, count, mean, low, high, std)
     if any(map(math.isnan, points)):
         return Reduction(tag, step, wall_time, count, math.nan, math.nan, math.nan, math.nan)
-    low, high = _signed_min(points), _signed_max(points)
+    low, high = min(points), max(points)
+    if low == 0 or high == 0:
+        low, high = _signed_min(points), _signed_max(points)
     if math.isinf(low) or math.isinf(high):
         mean = math.nan if low == -high else (high if math.isinf(high) else low)
         return Reduction(tag, step, wall_time, count, mean, low, high, math.nan)
-    shift = math.frexp(max(-low, high))[1]  # every scaled value is within (-1, 1)
-    scaled = [math.ldexp(v, -shift) for v in points]
+    largest = max(-low, high)
+    if largest == 0 or _UNSCALED_LOW <= largest <= _UNSCALED_HIGH:
+        shift, scaled = 0, points  # scaling would change no bit
+    else:
+        shift = math.frexp(largest)[1]  # every scaled value is within (-1, 1)
+        scaled = [math.ldexp(v, -shift) for v in points]
     scaled_mean = math.fsum(scaled) / count
-    mean = min(max(_unscaled(scaled_mean, shift), low), high) + 0.0  # + 0.0: no -0.0 from one order only
-    spread = math.sqrt(math.fsum((v - scaled_mean) ** 2 for v in scaled) / count)
-    std = min(_unscaled(spread, shift), high / 2 - low / 2)
+    spread = math.sqrt(math.fsum([(v - scaled_mean) ** 2 for v in scaled]) / count)
+    if shift:
+        scaled_mean, spread = _unscaled(scaled_mean, shift), _unscaled(spread, shift)
+    mean = min(max(scaled_mean, low), high) + 0.0  # + 0.0: no -0.0 from one order only
+    std = min(spread, high / 2 - low / 2)
     return Reduction(tag, step, wall_time, count, mean, low, high, std)
+
+
+# Magnitudes whose sums of squares neither overflow nor reach subnormals: computed as they are.
+_UNSCALED_LOW, _UNSCALED_HIGH = 2.0**-400, 2.0**400
 
 
 def _unscaled(x: float, shift: int) -> float:
