@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import math
 
 import numpy as np
@@ -10,6 +11,8 @@ from tensorboard.compat.proto.summary_pb2 import Summary, SummaryMetadata
 from tensorboard.compat.proto.tensor_pb2 import TensorProto
 from tensorboard.compat.proto.tensor_shape_pb2 import TensorShapeProto
 
+from summaryd.server.aggregation import AggregateRuns, AggregationSettings, RunAggregator
+from summaryd.server.limits import DEFAULT
 from summaryd.server.scalar_points import points
 from summaryd.server.scalar_records import ScalarRecords
 from summaryd.server.step_table import Reduction, StepTable
@@ -141,3 +144,37 @@ def test_points_of_scalar_columns_are_read_from_the_columns_and_their_tail() -> 
         ("a", 3, 3.0, 3.0),
     ]
     assert list(points(ScalarRecords(columns)[2:])) == [("a", 3, 3.0, 3.0)]
+
+
+class _RaisingOnce(StepTable):
+    """A step table whose first `overdue` raises: no finalisation is known to raise any more (the arithmetic
+    is total), so this fake makes the fault the run's timer must survive."""
+
+    raised = False
+
+    def overdue(self, now: float, straggler_secs: float) -> list[Reduction]:
+        if not self.raised:
+            self.raised = True
+            raise RuntimeError("a finalisation that raised")
+        return super().overdue(now, straggler_secs)
+
+
+def test_a_raise_in_finalisation_never_stops_the_runs_timer() -> None:
+    """The timer logs and counts the raise, then goes on: it finalises the overdue step on its next tick and
+    still tells that the run went idle."""
+
+    async def tick() -> tuple[RunAggregator, int]:
+        aggregator = RunAggregator(AggregateRuns("job", None, DEFAULT, None), AggregationSettings(True, 0.01))  # type: ignore[arg-type]
+        aggregator.table = _RaisingOnce(2, max_pending=100)
+        for worker in ("a", "b"):
+            aggregator.table.add(worker, "loss", 0, 1.0, 1.0, now=0.0)
+        aggregator.idle_since = 0.0
+        idled: list[RunAggregator] = []
+        ticker = asyncio.create_task(aggregator._tick(0.01, idled.append))
+        while not (aggregator.table.last_final() and idled) and not ticker.done():
+            await asyncio.sleep(0.01)
+        ticker.cancel()
+        return aggregator, len(idled)
+
+    aggregator, idled = asyncio.run(asyncio.wait_for(tick(), 60))
+    assert (aggregator.failures, aggregator.table.last_final(), idled > 0) == (1, {"loss": 0}, True)
