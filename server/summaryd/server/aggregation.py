@@ -334,7 +334,10 @@ class RunAggregator:
             advanced = self._lag_step is None or done[-1].step > self._lag_step
             if advanced:
                 self._lag_step = done[-1].step
-            await self._runs.write(done, self.table.lag() if advanced else None)
+            try:
+                await self._runs.write(done, self.table.lag() if advanced else None)
+            except Exception:  # not an I/O error (those are logged by the write): a bug, the next batch goes on
+                self._failed(f"{len(done)} finalised steps")
 
     def written(self) -> WrittenThrough:
         """Each tag's last finalised step, and the last step of the lag scalars."""
