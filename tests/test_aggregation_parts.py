@@ -62,6 +62,20 @@ def test_a_straggler_is_not_waited_for_beyond_the_timeout() -> None:
     assert (r.step, r.count, r.mean) == (1, 2, 3.0)
 
 
+def test_a_worker_that_left_holds_no_step_back() -> None:
+    """Of two workers, one's session ended (lost or released, as a hung worker's is after the session lease):
+    the other's steps beyond where it stood are written after the timeout with the worker that has them."""
+    table = StepTable(2, max_pending=100)
+    for worker in ("a", "b"):
+        table.add(worker, "loss", 0, 1.0, 1.0, now=0.0)
+    for step in (1, 2):
+        table.add("a", "loss", step, 1.0, 1.0, now=0.1)
+    # b may come back: its steps beyond where b stood are held at the frontier
+    assert [(r.step, r.count) for r in table.overdue(now=10.0, straggler_secs=3.0)] == [(0, 2)]
+    table.departed("b")
+    assert [(r.step, r.count) for r in table.overdue(now=10.0, straggler_secs=3.0)] == [(1, 1), (2, 1)]
+
+
 def test_pending_steps_are_bounded_oldest_first() -> None:
     table = StepTable(3, max_pending=3)
     for step in range(5):

@@ -21,7 +21,7 @@ from __future__ import annotations
 import heapq
 import math
 from collections import deque
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass, field
 
 
@@ -198,8 +198,14 @@ class StepTable:
     def frontier(self) -> int | None:
         """The furthest step that a worker other than the furthest one stands at (the furthest worker's own
         position while only one has reported; None before any): no step beyond it is finalised but by
-        completion, so that one worker's point far ahead of the others cannot make their later steps late."""
-        positions = self.progress.values()
+        completion, so that one worker's point far ahead of the others cannot make their later steps late.
+        A worker with no session left (lost or released, as a hung one is after the session lease) holds no one
+        back: it counts as standing with the furthest."""
+        progress, departed = self.progress, self._departed
+        positions: Collection[int] = progress.values()
+        if departed and progress:
+            leader = max(positions)
+            positions = [leader if worker in departed else step for worker, step in progress.items()]
         if len(positions) < 2:
             return max(positions, default=None)
         first = second = None
