@@ -86,6 +86,18 @@ def expected(step: int, ranks: range | list[int]) -> dict[str, float]:
     }
 
 
+def wait_aggregates_closed(daemon: Daemon) -> None:
+    """Until the aggregator of the run `job` stopped: its aggregate runs are no longer open."""
+    with grpc.insecure_channel(daemon.address) as channel:
+        stub = pb_grpc.SummariesStub(channel)
+
+        def closed() -> bool:
+            runs = stub.GetStatus(pb.GetStatusRequest(), timeout=10).runs
+            return not any(run.run_dir.startswith("job/") for run in runs)
+
+        wait_for(closed, 60, "the aggregate runs to be closed")
+
+
 def assert_steps_never_go_back(run_dir: Path) -> dict[str, list[int]]:
     """Every file of the run has each tag's steps strictly ascending; returns each tag's steps over all files."""
     steps: dict[str, list[int]] = {}
@@ -346,14 +358,7 @@ def test_a_world_that_never_fills_is_written_after_the_straggler_timeout(tmp_pat
         for writer in writers:
             assert writer.close().ok
         job = daemon.logdir / "job"
-        with grpc.insecure_channel(daemon.address) as channel:
-            stub = pb_grpc.SummariesStub(channel)
-
-            def aggregates_closed() -> bool:
-                runs = stub.GetStatus(pb.GetStatusRequest(), timeout=10).runs
-                return not any(run.run_dir.startswith("job/") for run in runs)
-
-            wait_for(aggregates_closed, 60, "the aggregate runs to be closed")
+        wait_aggregates_closed(daemon)
         assert scalars(job / "mean", "loss") == [(step, 0.5) for step in range(5)]
         assert scalars(job / "summaryd", "count/loss") == [(step, 2.0) for step in range(5)]
         assert os.listdir(daemon.logdir / ".summaryd" / "open") == []  # their journals are done with

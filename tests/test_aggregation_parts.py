@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import math
 
 import numpy as np
@@ -10,6 +11,8 @@ from tensorboard.compat.proto.summary_pb2 import Summary, SummaryMetadata
 from tensorboard.compat.proto.tensor_pb2 import TensorProto
 from tensorboard.compat.proto.tensor_shape_pb2 import TensorShapeProto
 
+from summaryd.server.aggregation import AggregateRuns, AggregationSettings, RunAggregator
+from summaryd.server.limits import DEFAULT
 from summaryd.server.scalar_points import points
 from summaryd.server.scalar_records import ScalarRecords
 from summaryd.server.step_table import Reduction, StepTable
@@ -52,7 +55,25 @@ def test_a_straggler_is_not_waited_for_beyond_the_timeout() -> None:
     assert (r.step, r.count, r.mean) == (0, 2, 2.0)
     table.add("c", "loss", 0, 1.0, 100.0, now=13.1)  # late: the step is final, the point is not taken
     assert table.late_points == 1
-    assert table.overdue(now=20.0, straggler_secs=3.0)[0].step == 1
+    # Step 1 is overdue but only a reached it: it waits for a second worker there (the frontier), not for all.
+    assert table.overdue(now=20.0, straggler_secs=3.0) == []
+    table.add("b", "loss", 1, 1.0, 5.0, now=20.5)
+    [r] = table.overdue(now=21.0, straggler_secs=3.0)
+    assert (r.step, r.count, r.mean) == (1, 2, 3.0)
+
+
+def test_a_worker_that_left_holds_no_step_back() -> None:
+    """Of two workers, one's session ended (lost or released, as a hung worker's is after the session lease):
+    the other's steps beyond where it stood are written after the timeout with the worker that has them."""
+    table = StepTable(2, max_pending=100)
+    for worker in ("a", "b"):
+        table.add(worker, "loss", 0, 1.0, 1.0, now=0.0)
+    for step in (1, 2):
+        table.add("a", "loss", step, 1.0, 1.0, now=0.1)
+    # b may come back: its steps beyond where b stood are held at the frontier
+    assert [(r.step, r.count) for r in table.overdue(now=10.0, straggler_secs=3.0)] == [(0, 2)]
+    table.departed("b")
+    assert [(r.step, r.count) for r in table.overdue(now=10.0, straggler_secs=3.0)] == [(1, 1), (2, 1)]
 
 
 def test_pending_steps_are_bounded_oldest_first() -> None:
@@ -71,6 +92,7 @@ def test_a_tag_only_one_worker_logs_is_not_reduced() -> None:
     assert table.overdue(now=100.0, straggler_secs=1.0) == []
     assert (len(table), table.last_final()) == (0, {"loss": 0})
     table.add("b", "loss", 1, 1.0, 3.0, now=100.0)  # a second worker: from now on the tag is reduced
+    table.add("a", "loss", 2, 1.0, 1.0, now=100.0)  # a is past step 1 too: it is within the frontier
     assert [(r.step, r.count) for r in table.overdue(now=200.0, straggler_secs=1.0)] == [(1, 1)]
 
 
@@ -136,3 +158,37 @@ def test_points_of_scalar_columns_are_read_from_the_columns_and_their_tail() -> 
         ("a", 3, 3.0, 3.0),
     ]
     assert list(points(ScalarRecords(columns)[2:])) == [("a", 3, 3.0, 3.0)]
+
+
+class _RaisingOnce(StepTable):
+    """A step table whose first `overdue` raises: no finalisation is known to raise any more (the arithmetic
+    is total), so this fake makes the fault the run's timer must survive."""
+
+    raised = False
+
+    def overdue(self, now: float, straggler_secs: float) -> list[Reduction]:
+        if not self.raised:
+            self.raised = True
+            raise RuntimeError("a finalisation that raised")
+        return super().overdue(now, straggler_secs)
+
+
+def test_a_raise_in_finalisation_never_stops_the_runs_timer() -> None:
+    """The timer logs and counts the raise, then goes on: it finalises the overdue step on its next tick and
+    still tells that the run went idle."""
+
+    async def tick() -> tuple[RunAggregator, int]:
+        aggregator = RunAggregator(AggregateRuns("job", None, DEFAULT, None), AggregationSettings(True, 0.01))  # type: ignore[arg-type]
+        aggregator.table = _RaisingOnce(2, max_pending=100)
+        for worker in ("a", "b"):
+            aggregator.table.add(worker, "loss", 0, 1.0, 1.0, now=0.0)
+        aggregator.idle_since = 0.0
+        idled: list[RunAggregator] = []
+        ticker = asyncio.create_task(aggregator._tick(0.01, idled.append))
+        while not (aggregator.table.last_final() and idled) and not ticker.done():
+            await asyncio.sleep(0.01)
+        ticker.cancel()
+        return aggregator, len(idled)
+
+    aggregator, idled = asyncio.run(asyncio.wait_for(tick(), 60))
+    assert (aggregator.failures, aggregator.table.last_final(), idled > 0) == (1, {"loss": 0}, True)

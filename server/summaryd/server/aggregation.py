@@ -36,6 +36,7 @@ from summaryd.server.errors import EventError
 from summaryd.server.io_threads import run_to_completion
 from summaryd.server.limits import DEFAULT, Limits
 from summaryd.server.logs import Throttle
+from summaryd.server.metrics import Metrics
 from summaryd.server.run_ownership import RunOwnership
 from summaryd.server.runs import ClosedFile, RunRegistry, RunWriter
 from summaryd.server.scalar_points import points
@@ -56,6 +57,8 @@ COUNT_PREFIX = "count/"
 LAG_PREFIX = "lag_steps/"
 MAX_TAG_PATTERNS = 64
 REMEMBERED_RUNS = 1024  # runs whose last aggregated steps the daemon keeps after their aggregator stopped
+REMEMBERED_TAGS = 100_000  # and the tags of those, over all runs (the oldest runs forgotten first)
+FILTER_CACHE = 4096  # tags a session's filter remembers the answer for (beyond, it matches each time)
 
 
 @dataclass(frozen=True)
@@ -66,6 +69,8 @@ class AggregationSettings:
     straggler_secs: float = 30.0
     # Pending steps one run may hold; beyond it the oldest are finalised with the workers that reported them.
     max_pending_steps: int = 20_000
+    # Tags one run's aggregation holds (`--aggregate-max-tags`); further tags are not aggregated.
+    max_tags: int = 10_000
 
 
 def _log_failure(task: asyncio.Future[None]) -> None:
@@ -85,7 +90,9 @@ class TagFilter:
             return True
         wanted = self._known.get(tag)
         if wanted is None:
-            wanted = self._known[tag] = any(fnmatch.fnmatchcase(tag, p) for p in self._patterns)
+            wanted = any(fnmatch.fnmatchcase(tag, p) for p in self._patterns)
+            if len(self._known) < FILTER_CACHE:
+                self._known[tag] = wanted
         return wanted
 
 
@@ -186,10 +193,13 @@ class RunAggregator:
     """The aggregation of one run: its pending steps, fed by its sessions' taps, finalised as they complete or
     on its timer, and written to its aggregate runs by a task of their own."""
 
-    def __init__(self, runs: AggregateRuns, settings: AggregationSettings) -> None:
+    def __init__(self, runs: AggregateRuns, settings: AggregationSettings, metrics: Metrics | None = None) -> None:
         self.run = runs.run
+        self._metrics = metrics
         self.sessions = 0
-        self.table = StepTable(0, settings.max_pending_steps)
+        self.table = StepTable(0, settings.max_pending_steps, max_tags=settings.max_tags)
+        # Finalisations that raised (logged): the step table stays, the ticker goes on.
+        self.failures = 0
         self.starting: asyncio.Future[bool] | None = None
         # Since when the run has had no session (None while it has one).
         self.idle_since: float | None = None
@@ -198,7 +208,9 @@ class RunAggregator:
         self._ready: list[Reduction] = []
         self._writing: asyncio.Task[None] | None = None
         self._ticker: asyncio.Task[None] | None = None
-        self._lag_step = -1
+        self._lag_step: int | None = None
+        self._told = (0, 0, 0)  # the table's refused points, held and dropped steps when last logged
+        self._final: WrittenThrough | None = None  # what it wrote through, once stopped (its table freed)
 
     @property
     def live(self) -> bool:
@@ -225,7 +237,7 @@ class RunAggregator:
             log.warning("run %s: not aggregated: its aggregate runs could not be opened: %s", self.run, exc)
             await self._runs.let_go()
             return False
-        self.table = StepTable(0, self._settings.max_pending_steps, written.last)
+        self.table = StepTable(0, self._settings.max_pending_steps, written.last, self._settings.max_tags)
         self._lag_step = written.lag_step
         interval = min(max(self._settings.straggler_secs / 4, 0.05), 1.0)
         self._ticker = asyncio.create_task(self._tick(interval, idle))
@@ -240,23 +252,75 @@ class RunAggregator:
             self.table.add_all(worker, points(events), wanted, time.monotonic())
             self._finish(self.table.complete())
         except Exception:  # aggregation never fails the worker's batch
-            log.exception("run %s: a batch of worker %s was not aggregated", self.run, worker)
+            self._failed(f"a batch of worker {worker}")
 
     def departed(self, worker: str) -> None:
         if self.live:
-            self.table.departed(worker)
-            self._finish(self.table.complete())
+            try:
+                self.table.departed(worker)
+                self._finish(self.table.complete())
+            except Exception:
+                self._failed(f"the departure of worker {worker}")
 
     async def _tick(self, interval: float, idle: Callable[[RunAggregator], None]) -> None:
         straggler = self._settings.straggler_secs
         while True:
             await asyncio.sleep(interval)
             now = time.monotonic()
-            self._finish(self.table.overdue(now, straggler))
+            try:
+                self._finish(self.table.overdue(now, straggler))
+            except Exception:  # one bad finalisation must not stop the timer (stragglers, idle release)
+                self._failed("its overdue steps")
             if self.sessions == 0 and self.idle_since is not None and now - self.idle_since >= straggler:
                 idle(self)
 
+    def _failed(self, what: str) -> None:
+        self.failures += 1
+        if self._metrics is not None:
+            self._metrics.aggregation_failures.inc()
+        log.exception("run %s: %s not aggregated (%d such failures)", self.run, what, self.failures)
+
+    def _tell(self) -> None:
+        """Log, rate-limited, the points of tags over the limit and the steps held or dropped beyond the frontier
+        since last told."""
+        table, (refused, held, dropped) = self.table, self._told
+        if table.refused_points > refused:
+            _failures.warning(
+                "aggregate-tags",
+                "run %s: tag %r and others not aggregated: the run's aggregation holds %d tags, the limit "
+                "(--aggregate-max-tags); %d points not aggregated so far (they are in their workers' runs)",
+                self.run,
+                table.refused_tag,
+                table.tag_count,
+                table.refused_points,
+            )
+        if table.held_steps > held:
+            _failures.warning(
+                "aggregate-ahead",
+                "run %s: %d overdue steps held so far: beyond the run's second-furthest worker (step %s), they "
+                "wait for another worker to get there",
+                self.run,
+                table.held_steps,
+                table.frontier(),
+            )
+        if table.dropped_steps > dropped:
+            _failures.warning(
+                "aggregate-dropped",
+                "run %s: %d pending steps not written so far: beyond the run's second-furthest worker (step %s) "
+                "when the pending bound or the run's end came",
+                self.run,
+                table.dropped_steps,
+                table.frontier(),
+            )
+        if self._metrics is not None:
+            self._metrics.aggregation_points_refused.inc(table.refused_points - refused)
+            self._metrics.aggregation_steps_held.inc(table.held_steps - held)
+            self._metrics.aggregation_steps_dropped.inc(table.dropped_steps - dropped)
+        self._told = (table.refused_points, table.held_steps, table.dropped_steps)
+
     def _finish(self, done: list[Reduction]) -> None:
+        if self._told != (self.table.refused_points, self.table.held_steps, self.table.dropped_steps):
+            self._tell()
         if not done:
             return
         self._ready += done
@@ -267,27 +331,38 @@ class RunAggregator:
         while self._ready:
             done, self._ready = sorted(self._ready, key=lambda r: r.step), []
             # The lag is written at each newly finalised step, so that its tags' steps only go forward too.
-            advanced = done[-1].step > self._lag_step
+            advanced = self._lag_step is None or done[-1].step > self._lag_step
             if advanced:
                 self._lag_step = done[-1].step
-            await self._runs.write(done, self.table.lag() if advanced else None)
+            try:
+                await self._runs.write(done, self.table.lag() if advanced else None)
+            except Exception:  # not an I/O error (those are logged by the write): a bug, the next batch goes on
+                self._failed(f"{len(done)} finalised steps")
 
     def written(self) -> WrittenThrough:
         """Each tag's last finalised step, and the last step of the lag scalars."""
+        if self._final is not None:
+            return self._final
         written = WrittenThrough()
         written.last, written.lag_step = self.table.last_final(), self._lag_step
         return written
 
     async def stop(self, shutdown: bool = False) -> list[ClosedFile]:
-        """Finalise what is pending, write it, and let go of the aggregate runs; their closed files returned."""
+        """Finalise what is pending, write it, and let go of the aggregate runs; their closed files returned.
+        The step table is freed: only what was written through is kept (`written`)."""
         if self._ticker is not None:
             self._ticker.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._ticker
         if self.live:
-            self._finish(self.table.drain())
+            try:
+                self._finish(self.table.drain())
+            except Exception:
+                self._failed("its pending steps")
         while self._writing is not None and not self._writing.done():
             await self._writing
+        self._final = self.written()
+        self.table = StepTable(0, 0, max_tags=0)
         return await self._runs.let_go(shutdown)
 
 
@@ -296,14 +371,18 @@ class WrittenThrough:
 
     def __init__(self) -> None:
         self.last: dict[str, int] = {}
-        self.lag_step = -1
+        self.lag_step: int | None = None
 
     def merge(self, other: WrittenThrough | None) -> None:
         """Take the later of each tag's step here and in `other`."""
         if other is not None:
             for tag, step in other.last.items():
                 self.last[tag] = max(self.last.get(tag, step), step)
-            self.lag_step = max(self.lag_step, other.lag_step)
+            self._lag_at(other.lag_step)
+
+    def _lag_at(self, step: int | None) -> None:
+        if step is not None and (self.lag_step is None or step > self.lag_step):
+            self.lag_step = step
 
     def read(self, name: str, data: bytes) -> None:
         """Take the whole records of `data` (an event file, or a segment of one) of the aggregate run `name`
@@ -319,7 +398,7 @@ class WrittenThrough:
                 tag = value.tag
                 if name == STATS_RUN:
                     if tag.startswith(LAG_PREFIX):
-                        self.lag_step = max(self.lag_step, step)
+                        self._lag_at(step)
                         continue
                     tag = tag.removeprefix(COUNT_PREFIX)
                 last[tag] = max(last.get(tag, step), step)
@@ -366,6 +445,11 @@ class Aggregation:
         self._members: dict[str, RunAggregator] = {}  # by session id
         self._stopping: dict[str, asyncio.Future[list[ClosedFile]]] = {}
         self._remembered: OrderedDict[str, WrittenThrough] = OrderedDict()
+        self._remembered_tags = 0
+        self._metrics = registry.metrics
+        if self._metrics is not None:
+            self._metrics.aggregation_tags.set_function(self.held_tags)
+            self._metrics.aggregation_remembered_tags.set_function(self.remembered_tags)
         # Told of the closed files of an aggregator that stopped on its own (idle), for their records.
         self.on_closed: Callable[[list[ClosedFile]], Awaitable[None]] | None = None
 
@@ -399,7 +483,7 @@ class Aggregation:
         aggregator = self._runs.get(run)
         if aggregator is None:
             runs = AggregateRuns(run, self._registry, self._limits, self._ownership)
-            aggregator = self._runs[run] = RunAggregator(runs, self.settings)
+            aggregator = self._runs[run] = RunAggregator(runs, self.settings, self._metrics)
             aggregator.starting = asyncio.ensure_future(
                 aggregator.start(self._stopping.get(run), functools.partial(self._remembered.get, run), self._idle)
             )
@@ -457,18 +541,30 @@ class Aggregation:
         try:
             return await asyncio.shield(stopping)
         finally:
-            if aggregator.table.last_final():
-                self._remember(run, aggregator.written())
+            written = aggregator.written()
+            if written.last:
+                self._remember(run, written)
             if self._stopping.get(run) is stopping:
                 del self._stopping[run]
 
     def _remember(self, run: str, written: WrittenThrough) -> None:
         """Keep what a stopped aggregator wrote through, for the run's next one (its files may not say all of it
         yet: on a bucket logdir a closed file goes up in the background and its staged copy is emptied)."""
-        self._remembered[run] = written
-        self._remembered.move_to_end(run)
-        while len(self._remembered) > REMEMBERED_RUNS:
-            self._remembered.popitem(last=False)
+        remembered = self._remembered
+        if run in remembered:
+            self._remembered_tags -= len(remembered.pop(run).last)
+        remembered[run] = written
+        self._remembered_tags += len(written.last)
+        while len(remembered) > 1 and (len(remembered) > REMEMBERED_RUNS or self._remembered_tags > REMEMBERED_TAGS):
+            self._remembered_tags -= len(remembered.popitem(last=False)[1].last)
+
+    def held_tags(self) -> int:
+        """The tags whose state the live aggregators hold."""
+        return sum(aggregator.table.tag_count for aggregator in tuple(self._runs.values()))
+
+    def remembered_tags(self) -> int:
+        """The tags of the runs whose last aggregated steps are remembered."""
+        return self._remembered_tags
 
     def lag(self, session: Session) -> int | None:
         """How many steps the session's worker is behind its run's furthest worker; None when not aggregated."""

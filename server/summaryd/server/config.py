@@ -155,6 +155,12 @@ class Config:
     straggler_secs: float = _option(
         30.0, "seconds a step's aggregate waits for workers that have not reported it before it is written", "SECS"
     )
+    aggregate_max_tags: int = _option(
+        10_000,
+        "scalar tags one run's aggregation holds; the points of further tags are not aggregated (counted and "
+        "logged; they still reach their worker's run)",
+        "N",
+    )
 
     @property
     def host(self) -> str:
@@ -204,6 +210,8 @@ class Config:
             raise ValueError("--run-lease must be positive")
         if self.straggler_secs <= 0:
             raise ValueError("--straggler-secs must be positive")
+        if self.aggregate_max_tags <= 0:
+            raise ValueError("--aggregate-max-tags must be positive")
         if self.advertise and not _is_host_port(self.advertise):
             raise ValueError(f"--advertise {self.advertise!r} needs HOST:PORT, e.g. node-3.example:{DEFAULT_PORT}")
         for peer in self.peer_addresses or ():
@@ -292,7 +300,9 @@ class Config:
     @property
     def aggregation(self) -> AggregationSettings:
         """The cross-worker aggregation settings."""
-        return AggregationSettings(enabled=self.aggregate, straggler_secs=self.straggler_secs)
+        return AggregationSettings(
+            enabled=self.aggregate, straggler_secs=self.straggler_secs, max_tags=self.aggregate_max_tags
+        )
 
     @property
     def state_path(self) -> str:

@@ -46,6 +46,32 @@ class Metrics:
         self.fsync_seconds = Histogram(
             "summaryd_fsync_seconds", "Time to fsync an event file.", buckets=_LATENCY_BUCKETS, registry=r
         )
+        self.aggregation_tags = Gauge(
+            "summaryd_aggregation_tags", "Scalar tags whose state the live run aggregators hold.", registry=r
+        )
+        self.aggregation_remembered_tags = Gauge(
+            "summaryd_aggregation_remembered_tags", "Tags of stopped aggregators whose last step is kept.", registry=r
+        )
+        self.aggregation_points_refused = Counter(
+            "summaryd_aggregation_points_refused",
+            "Points not aggregated: their run held --aggregate-max-tags.",
+            registry=r,
+        )
+        self.aggregation_steps_held = Counter(
+            "summaryd_aggregation_steps_held",
+            "Overdue steps held: beyond the run's second-furthest worker.",
+            registry=r,
+        )
+        self.aggregation_steps_dropped = Counter(
+            "summaryd_aggregation_steps_dropped",
+            "Pending steps not written: beyond the run's second-furthest worker at the pending bound or the run's end.",
+            registry=r,
+        )
+        self.aggregation_failures = Counter(
+            "summaryd_aggregation_failures",
+            "Aggregation work that raised (logged; the aggregator goes on).",
+            registry=r,
+        )
 
     def serve(self, listen: str) -> Callable[[], None]:
         """Serve `/metrics` on `HOST:PORT` from a thread; return a function that stops it."""

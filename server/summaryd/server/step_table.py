@@ -6,15 +6,22 @@ session leaves; it becomes a `Reduction` once two workers have ever reported the
 finalised in ascending order, and a point at or below a tag's last finalised step is not taken: an aggregate
 once written is never written again.
 
+Only completion finalises a step beyond the run's frontier (the second-furthest worker's position, see
+`StepTable.frontier`): the timeout holds such a step until another worker gets there, the pending bound and
+the run's end drop it (counted in `dropped_steps`), so that one point far ahead (a step of 10^12 among steps in
+the hundreds) never makes every later step late. At most `max_tags` tags are held; the points of further tags
+are counted in `refused_points` and not aggregated (they are in their worker's own run all the same).
+
 Nothing here does I/O or keeps time itself; the caller passes the clock. Per point the work is a few dict
 operations; completion is checked once per batch for each tag the batch touched.
 """
 
 from __future__ import annotations
 
+import heapq
 import math
 from collections import deque
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass, field
 
 
@@ -37,13 +44,72 @@ class Reduction:
 
 
 def reduce(tag: str, step: int, wall_time: float, values: Iterable[float]) -> Reduction:
-    """The reductions of `values`: mean, min, max and the population standard deviation (numerically careful:
-    `math.fsum` for both sums, so that the result depends on the values only, not on their order)."""
+    """The reductions of `values`: mean, min, max and the population standard deviation, the same whatever the
+    values' order and never raising.
+
+    With a NaN among the values all four are NaN. Otherwise min and max are the ordinary ones (-0.0 below 0.0);
+    with an infinity among the values the mean is that infinity (NaN when both signs are there, as IEEE has
+    inf + -inf) and the std NaN (as numpy has it). Finite values are scaled by a power of two (exact) so that
+    neither sum can overflow or lose subnormals; both sums are `math.fsum` (correctly rounded, so independent of
+    the order); the mean is kept within [min, max] and the std within [0, (max - min) / 2].
+    """
     points = list(values)
     count = len(points)
-    mean = math.fsum(points) / count
-    std = math.sqrt(math.fsum((v - mean) ** 2 for v in points) / count)
-    return Reduction(tag, step, wall_time, count, mean, min(points), max(points), std)
+    try:
+        total = math.fsum(points)
+    except (ValueError, OverflowError):  # inf + -inf, or a finite sum beyond float64
+        total = math.nan
+    if math.isfinite(total):  # the common case: no NaN nor infinity (either would show), nothing to scale
+        low, high = min(points), max(points)
+        if low == 0 or high == 0:
+            low, high = _signed_min(points), _signed_max(points)
+        if _UNSCALED_LOW <= max(-low, high) <= _UNSCALED_HIGH:
+            mean = total / count
+            std = math.sqrt(math.fsum([(v - mean) ** 2 for v in points]) / count)
+            mean, std = min(max(mean, low), high) + 0.0, min(std, high / 2 - low / 2)
+            return Reduction(tag, step, wall_time, count, mean, low, high, std)
+    if any(map(math.isnan, points)):
+        return Reduction(tag, step, wall_time, count, math.nan, math.nan, math.nan, math.nan)
+    low, high = min(points), max(points)
+    if low == 0 or high == 0:
+        low, high = _signed_min(points), _signed_max(points)
+    if math.isinf(low) or math.isinf(high):
+        mean = math.nan if low == -high else (high if math.isinf(high) else low)
+        return Reduction(tag, step, wall_time, count, mean, low, high, math.nan)
+    largest = max(-low, high)
+    if largest == 0 or _UNSCALED_LOW <= largest <= _UNSCALED_HIGH:
+        shift, scaled = 0, points  # scaling would change no bit
+    else:
+        shift = math.frexp(largest)[1]  # every scaled value is within (-1, 1)
+        scaled = [math.ldexp(v, -shift) for v in points]
+    scaled_mean = math.fsum(scaled) / count
+    spread = math.sqrt(math.fsum([(v - scaled_mean) ** 2 for v in scaled]) / count)
+    if shift:
+        scaled_mean, spread = _unscaled(scaled_mean, shift), _unscaled(spread, shift)
+    mean = min(max(scaled_mean, low), high) + 0.0  # + 0.0: no -0.0 from one order only
+    std = min(spread, high / 2 - low / 2)
+    return Reduction(tag, step, wall_time, count, mean, low, high, std)
+
+
+# Magnitudes whose sums of squares neither overflow nor reach subnormals: computed as they are.
+_UNSCALED_LOW, _UNSCALED_HIGH = 2.0**-400, 2.0**400
+
+
+def _unscaled(x: float, shift: int) -> float:
+    try:
+        return math.ldexp(x, shift)
+    except OverflowError:  # only at the very edge of the range: the clamp that follows decides
+        return math.copysign(math.inf, x)
+
+
+def _signed_min(points: list[float]) -> float:
+    low = min(points)
+    return -0.0 if low == 0 and any(math.copysign(1.0, v) < 0 for v in points if v == 0) else low
+
+
+def _signed_max(points: list[float]) -> float:
+    high = max(points)
+    return 0.0 if high == 0 and any(math.copysign(1.0, v) > 0 for v in points if v == 0) else high
 
 
 @dataclass
@@ -67,24 +133,42 @@ class _Tag:
 class StepTable:
     """The pending steps of one run's tags, and which workers stand where."""
 
-    def __init__(self, world_size: int, max_pending: int, last_final: Mapping[str, int] | None = None) -> None:
+    def __init__(
+        self,
+        world_size: int,
+        max_pending: int,
+        last_final: Mapping[str, int] | None = None,
+        max_tags: int = 10_000,
+    ) -> None:
         self.world_size = world_size
         self.max_pending = max_pending
+        self.max_tags = max_tags
         self._tags: dict[str, _Tag] = {}
-        for tag, step in (last_final or {}).items():
-            self._tags[tag] = _Tag(last_final=step)
+        # Each tag's last step read back from the aggregate runs, taken into its state when the tag is next met.
+        self._written: dict[str, int] = dict(last_final or {})
         # Pending steps in the order they were opened (entries of steps finalised since are skipped when met).
         self._arrivals: deque[tuple[float, str, int]] = deque()
+        # Overdue steps beyond the frontier, lowest first: finalised once the frontier reaches them.
+        self._held: list[tuple[int, str]] = []
         self._pending = 0
         self._touched: set[str] = set()
         self._departed: set[str] = set()
         # Each worker's progress: the step of its last point of any tag.
         self.progress: dict[str, int] = {}
         self.late_points = 0
+        self.refused_points = 0  # points of tags beyond `max_tags`
+        self.refused_tag = ""  # the last such tag
+        self.dropped_steps = 0  # pending steps beyond the frontier let go of, never written
+        self.held_steps = 0  # overdue steps held because they were beyond the frontier
 
     def __len__(self) -> int:
         """Pending steps over all tags."""
         return self._pending
+
+    @property
+    def tag_count(self) -> int:
+        """The tags whose state is held (at most `max_tags`)."""
+        return len(self._tags)
 
     # ---- the world -------------------------------------------------------------------------------------
 
@@ -111,6 +195,27 @@ class StepTable:
         leader = max(self.progress.values())
         return {worker: leader - step for worker, step in self.progress.items()}
 
+    def frontier(self) -> int | None:
+        """The furthest step that a worker other than the furthest one stands at (the furthest worker's own
+        position while only one has reported; None before any): no step beyond it is finalised but by
+        completion, so that one worker's point far ahead of the others cannot make their later steps late.
+        A worker with no session left (lost or released, as a hung one is after the session lease) holds no one
+        back: it counts as standing with the furthest."""
+        progress, departed = self.progress, self._departed
+        positions: Collection[int] = progress.values()
+        if departed and progress:
+            leader = max(positions)
+            positions = [leader if worker in departed else step for worker, step in progress.items()]
+        if len(positions) < 2:
+            return max(positions, default=None)
+        first = second = None
+        for step in positions:
+            if first is None or step > first:
+                first, second = step, first
+            elif second is None or step > second:
+                second = step
+        return second
+
     # ---- points ----------------------------------------------------------------------------------------
 
     def add(self, worker: str, tag: str, step: int, wall_time: float, value: float, now: float) -> None:
@@ -131,9 +236,19 @@ class StepTable:
                 if skip:
                     continue
                 found = tags.get(tag)
-                state = tags[tag] = found if found is not None else _Tag()
+                if found is None:
+                    found = self._new_tag(tag)
+                    if found is None:
+                        skip = True
+                        self.refused_points += 1
+                        last = step
+                        continue
+                state = found
                 self._touched.add(tag)
             elif skip:
+                if tag not in tags and wanted(tag):
+                    self.refused_points += 1
+                    last = step
                 continue
             state.latest[worker] = last = step
             if state.last_final is not None and step <= state.last_final:
@@ -150,58 +265,124 @@ class StepTable:
         if last is not None:
             self.progress[worker] = last
 
+    def _new_tag(self, tag: str) -> _Tag | None:
+        """The state of a tag met for the first time, or None when `max_tags` are held already."""
+        if len(self._tags) >= self.max_tags:
+            self.refused_tag = tag
+            return None
+        state = self._tags[tag] = _Tag(last_final=self._written.pop(tag, None))
+        return state
+
     # ---- finalising ------------------------------------------------------------------------------------
 
     def complete(self) -> list[Reduction]:
         """Finalise every step that all workers are at or past, of the tags touched since the last call; then,
-        beyond the pending bound, the oldest steps."""
+        beyond the pending bound, the oldest steps (those beyond the frontier are dropped)."""
         done: list[Reduction] = []
         touched, self._touched = self._touched, set()
+        frontier: int | None = None
         for tag in touched:
             state = self._tags[tag]
+            if not state.pending:
+                continue
             through = self._watermark(state)
-            if through is not None and state.pending:
+            if through is None and self._every_worker_left(state):
+                frontier = self.frontier() if frontier is None else frontier
+                through = frontier
+            if through is not None:
                 done += self._finalise(tag, state, through)
-        while self._pending > self.max_pending:
-            head = self._oldest()
-            if head is None:
-                break
-            done += self._finalise(head[1], self._tags[head[1]], head[2])
+        if self._pending > self.max_pending:
+            frontier = self.frontier()
+            while self._pending > self.max_pending:
+                head = self._next_to_evict()
+                if head is None:
+                    break
+                done += self._evict(head[0], head[1], frontier)
         return done
 
     def overdue(self, now: float, straggler_secs: float) -> list[Reduction]:
         """Finalise, with the workers that reported them, the steps pending for longer than `straggler_secs`
-        (and each such tag's earlier steps with them)."""
+        (and each such tag's earlier steps with them), up to the frontier; an overdue step beyond it is held
+        until the frontier gets there."""
         done: list[Reduction] = []
+        frontier = self.frontier()
+        held, tags = self._held, self._tags
+        while held and frontier is not None and held[0][0] <= frontier:
+            step, tag = heapq.heappop(held)
+            state = tags.get(tag)
+            if state is not None and step in state.pending:
+                done += self._finalise(tag, state, step)
         while (head := self._oldest()) is not None and now - head[0] >= straggler_secs:
-            done += self._finalise(head[1], self._tags[head[1]], head[2])
+            _, tag, step = self._arrivals.popleft()
+            if frontier is not None and step <= frontier:
+                done += self._finalise(tag, tags[tag], step)
+            else:
+                heapq.heappush(held, (step, tag))
+                self.held_steps += 1
+        if len(held) > 2 * self._pending + 64:  # entries of steps finalised or dropped since
+            self._held = [(step, tag) for step, tag in held if tag in tags and step in tags[tag].pending]
+            heapq.heapify(self._held)
         return done
 
     def drain(self) -> list[Reduction]:
-        """Finalise everything pending (the run's last session left, or the daemon stops)."""
+        """Finalise everything pending up to the frontier and drop the rest (the run's last session left, or the
+        daemon stops)."""
         done: list[Reduction] = []
+        frontier = self.frontier()
         for tag, state in self._tags.items():
             if state.pending:
-                done += self._finalise(tag, state, max(state.pending))
+                if frontier is not None:
+                    done += self._finalise(tag, state, frontier)
+                self.dropped_steps += len(state.pending)
+                self._pending -= len(state.pending)
+                state.pending.clear()
         self._arrivals.clear()
+        self._held.clear()
         return done
 
+    def _every_worker_left(self, state: _Tag) -> bool:
+        return len(state.latest.keys() | self._departed) >= self.world_size and state.latest.keys() <= self._departed
+
     def _watermark(self, state: _Tag) -> int | None:
-        """The step every worker of the world is at or past, or None while some worker of it has not reported."""
+        """The step every worker of the world is at or past, or None while some worker of it has not reported
+        (or every worker that reported has left: then the frontier decides)."""
         if len(state.latest.keys() | self._departed) < self.world_size:
             return None
         active = [step for worker, step in state.latest.items() if worker not in self._departed]
-        return min(active) if active else max(state.pending, default=None)
+        return min(active) if active else None
 
     def _oldest(self) -> tuple[float, str, int] | None:
         """The oldest pending step's arrival entry, having dropped the entries of steps finalised since."""
         arrivals = self._arrivals
         while arrivals:
             _, tag, step = arrivals[0]
-            if step in self._tags[tag].pending:
+            state = self._tags.get(tag)
+            if state is not None and step in state.pending:
                 return arrivals[0]
             arrivals.popleft()
         return None
+
+    def _next_to_evict(self) -> tuple[str, int] | None:
+        """The oldest pending step (the held ones after every other), taken off its queue."""
+        if self._oldest() is not None:
+            _, tag, step = self._arrivals.popleft()
+            return tag, step
+        while self._held:
+            step, tag = heapq.heappop(self._held)
+            state = self._tags.get(tag)
+            if state is not None and step in state.pending:
+                return tag, step
+        return None
+
+    def _evict(self, tag: str, step: int, frontier: int | None) -> list[Reduction]:
+        """Finalise a tag through `step` when it is within the frontier; drop the step otherwise."""
+        state = self._tags[tag]
+        if frontier is not None and step <= frontier:
+            return self._finalise(tag, state, step)
+        del state.pending[step]
+        self._pending -= 1
+        self.dropped_steps += 1
+        return []
 
     def _finalise(self, tag: str, state: _Tag, through: int) -> list[Reduction]:
         steps = sorted(step for step in state.pending if step <= through)
@@ -217,5 +398,7 @@ class StepTable:
         return done
 
     def last_final(self) -> dict[str, int]:
-        """Each tag's last finalised step."""
-        return {tag: state.last_final for tag, state in self._tags.items() if state.last_final is not None}
+        """Each tag's last finalised step (or the one read back, for a tag not met since)."""
+        last = dict(self._written)
+        last.update((tag, state.last_final) for tag, state in self._tags.items() if state.last_final is not None)
+        return last
