@@ -27,6 +27,7 @@ from typing import Any
 
 from summaryd.client._environment import detect_worker
 from summaryd.client._sender import DeliveryReport
+from summaryd.client._tensorboardx import TensorboardXMethods
 from summaryd.client.writer import SummaryWriter
 
 RUN_ROOT_ENV = "SUMMARYD_RUN_ROOT"
@@ -51,7 +52,8 @@ def run_path(log_dir: str | os.PathLike[str], run_root: str = "", cwd: str | Non
         absolute = os.path.normpath(os.path.join(cwd, text))
         inside = absolute == cwd or absolute.startswith(cwd.rstrip(os.sep) + os.sep)
         relative = os.path.relpath(absolute, cwd) if inside else absolute.lstrip(os.sep)
-    parts = [p for p in relative.replace(os.sep, "/").split("/") if p not in ("", ".")]
+    # A backslash is a separator too (a Windows-style `logs\\exp`, which tensorboardX takes on any system).
+    parts = [p for p in relative.replace(os.sep, "/").replace("\\", "/").split("/") if p not in ("", ".")]
     root = [p for p in run_root.split("/") if p not in ("", ".")]
     return "/".join(root + parts) or os.path.basename(cwd.rstrip(os.sep)) or "run"
 
@@ -75,6 +77,8 @@ class PatchedWriter(SummaryWriter):
     logging after `close()` reopens it, as torch's `_get_file_writer` does."""
 
     reopens_on_use = True
+    write_to_disk = True
+    """False: a tensorboardX writer made muted, that ships nothing and creates no directory."""
 
     def __init__(
         self, local_dir: str | os.PathLike[str], purge_step: int | None, framework: str, **options: Any
@@ -90,7 +94,7 @@ class PatchedWriter(SummaryWriter):
             **options,
         )
         self.log_dir = local
-        if "://" not in local:
+        if "://" not in local and self.write_to_disk:
             os.makedirs(local, exist_ok=True)
         _live.add(self)
 
@@ -102,7 +106,7 @@ class PatchedWriter(SummaryWriter):
     def close(self, timeout: float | None = None) -> DeliveryReport:
         was_open = not self._closed
         report = super().close(timeout)
-        if was_open:  # each session once (a writer reopened reports again)
+        if was_open and self.write_to_disk:  # each session once (a writer reopened reports again)
             _append_report(self.run, report)
         return report
 
@@ -160,30 +164,37 @@ class TorchFileWriter(PatchedWriter):
         )
 
 
-class TensorboardXSummaryWriter(PatchedWriter):
-    """`tensorboardX.SummaryWriter`, logging through summaryd (`logdir` shows the local directory, as there)."""
+class TensorboardXSummaryWriter(TensorboardXMethods, PatchedWriter):
+    """`tensorboardX.SummaryWriter`, logging through summaryd: tensorboardX's methods and payloads (see
+    `_tensorboardx`); `logdir` shows the local directory, as there. With `write_to_disk=False` it ships nothing
+    and creates nothing, as tensorboardX writes nothing."""
 
     def __init__(
         self,
         logdir: str | os.PathLike[str] | None = None,
-        comment: str = "",
+        comment: str | None = "",
         purge_step: int | None = None,
-        max_queue: int = 10,
-        flush_secs: int = 120,
-        filename_suffix: str = "",
-        write_to_disk: bool = True,
+        max_queue: int | None = 10,
+        flush_secs: int | None = 120,
+        filename_suffix: str | None = "",
+        write_to_disk: bool | None = True,
         log_dir: str | os.PathLike[str] | None = None,
-        **_ignored: Any,
+        comet_config: dict[str, Any] | None = None,
+        **kwargs: Any,
     ) -> None:
+        self.write_to_disk = bool(write_to_disk)  # read by the first sender the constructor makes
+        if log_dir is not None and logdir is None:
+            logdir = log_dir
         super().__init__(
-            log_dir or logdir or _default_dir(comment or ""),
+            logdir or _default_dir(comment or ""),
             purge_step,
             "tensorboardX",
-            max_queue=max_queue,
-            flush_secs=flush_secs,
-            filename_suffix=filename_suffix,
+            max_queue=10 if max_queue is None else max_queue,
+            flush_secs=120 if flush_secs is None else flush_secs,
+            filename_suffix=filename_suffix or "",
         )
-        self.logdir = self.log_dir
+        self._tbx_init(self.log_dir)
+        self.kwargs = kwargs
 
 
 class TensorboardXFileWriter(PatchedWriter):
