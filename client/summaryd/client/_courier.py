@@ -9,7 +9,11 @@ sequence numbers (so exactly once, like `summaryd replay`):
 
 - while the child lives (it holds the outbox's lock) the courier sends what it has appended so far;
 - once it has let go (closed its writer, or exited), the courier sends the rest, closes the session, and
-  deletes the outbox.
+  deletes the outbox (and the `children-of-<pid>` directory once no outbox is left in it, at `settle` and at
+  exit);
+- `settle` does the same at once for the runs of a writer the parent closes: its `close()` returns with what
+  its exited children logged delivered and counted in its report (a child still running goes on logging, and
+  the courier delivers it as it comes and at exit).
 
 An outbox the courier could not deliver (the daemon was away until this process ended) stays on disk for
 `summaryd replay`.
@@ -24,6 +28,7 @@ import os
 import shutil
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -34,6 +39,7 @@ from summaryd.client._batch_fit import DaemonLimits
 from summaryd.client._channel import ChannelSettings, open_channel
 from summaryd.client._options import ClientOptions
 from summaryd.client._replay import open_request, send_events
+from summaryd.client._sender._report import DeliveryReport
 from summaryd.client._spool import MANIFEST, SpoolLockedError, lock, write_manifest
 from summaryd.v1 import summaryd_pb2 as pb
 from summaryd.v1 import summaryd_pb2_grpc as pb_grpc
@@ -75,6 +81,9 @@ class Courier:
         self._settings: dict[str, ChannelSettings] = {}
         self._latest: ChannelSettings | None = None
         self._lock = threading.Lock()
+        # One delivery round at a time: the courier's thread, or a writer's `close()` settling its children.
+        self._round_lock = threading.Lock()
+        self._delivered: dict[str, int] = {}  # run → the children's events the daemon acknowledged
         self._wake = threading.Event()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -100,22 +109,61 @@ class Courier:
         self._stop.set()
         self._wake.set()
         self._thread.join(max(0.0, deadline - time.monotonic()))
-        while self._round(final=True) and time.monotonic() < deadline:
+        while self._locked_round() and time.monotonic() < deadline:
             time.sleep(min(_POLL, max(0.0, deadline - time.monotonic())))
         for path in list(self._outboxes):
             log.warning("summaryd: a child's outbox was not delivered; run: summaryd replay %s", path)
+        self._remove_empty_roots()
         for channel in self._channels.values():
             channel.close()
         self._channels.clear()
 
+    def settle(self, belongs: Callable[[str], bool], timeout: float) -> DeliveryReport:
+        """Deliver now, within `timeout`, the outboxes of the runs `belongs` accepts that their children have let
+        go; what the children of those runs got delivered so far (by this call or earlier rounds), and what is
+        left in their outboxes. Nothing to do (no child ever wrote an outbox) returns at once."""
+        if self._thread is None or self._pid != os.getpid():
+            return DeliveryReport(delivered=0, undelivered=0, synced=True)
+        deadline = time.monotonic() + timeout
+        while True:
+            with self._round_lock:
+                self._round(final=False)
+                pending = [o for o in self._outboxes.values() if belongs(str(o.manifest["run"]))]
+                finished = [o for o in pending if not _held(o.path)]
+            if not finished or time.monotonic() >= deadline:
+                break
+            time.sleep(min(_POLL / 4, max(0.0, deadline - time.monotonic())))
+        if not self._outboxes:
+            self._remove_empty_roots()
+        running = len(pending) - len(finished)
+        if running:
+            log.info("summaryd: %d forked children still log to this writer; the courier delivers them", running)
+        with self._lock:
+            delivered = sum(n for run, n in self._delivered.items() if belongs(run))
+        undelivered = sum(max(0, o.next_sequence - 1 - o.acked) for o in pending)
+        # The courier closed each delivered outbox's session, which has the daemon fsync its file.
+        return DeliveryReport(delivered=delivered, undelivered=undelivered, synced=not pending)
+
+    def _remove_empty_roots(self) -> None:
+        with self._lock:
+            roots = list(self._roots)
+        for root in roots:
+            with contextlib.suppress(OSError):  # not empty (a child is writing, or an outbox is kept), or gone
+                root.rmdir()
+
     def _run(self) -> None:
         while not self._stop.is_set():
             try:
-                self._round(final=False)
+                with self._round_lock:
+                    self._round(final=False)
             except Exception:  # a bug here must not go unnoticed, nor stop the courier
                 log.exception("summaryd courier failed a round")
             self._wake.wait(_POLL)
             self._wake.clear()
+
+    def _locked_round(self) -> bool:
+        with self._round_lock:
+            return self._round(final=True)
 
     def _round(self, *, final: bool) -> bool:
         """Deliver every outbox once; True while some remain."""
@@ -173,7 +221,11 @@ class Courier:
             new = [e for i, e in enumerate(events) if first + i > outbox.acked]
             if new:
                 start = outbox.next_sequence - len(new)
-                outbox.acked = max(outbox.acked, send_events(stub, session_id, start, new, _TIMEOUT, outbox.limits))
+                acked = max(outbox.acked, send_events(stub, session_id, start, new, _TIMEOUT, outbox.limits))
+                run = str(outbox.manifest["run"])
+                with self._lock:
+                    self._delivered[run] = self._delivered.get(run, 0) + acked - max(outbox.acked, start - 1)
+                outbox.acked = acked
             if not finished:
                 return False
             stub.CloseSession(pb.CloseSessionRequest(session_id=session_id), timeout=_TIMEOUT)
@@ -204,3 +256,15 @@ class Courier:
     def _rewind(outbox: _Outbox) -> None:
         outbox.offset = 0
         outbox.next_sequence = int(outbox.manifest["first_sequence"])
+
+
+def _held(path: Path) -> bool:
+    """Whether a live child still holds its outbox's lock (it may append more)."""
+    try:
+        fd = lock(path)
+    except SpoolLockedError:
+        return True
+    except OSError:
+        return False  # gone: delivered and deleted
+    os.close(fd)
+    return False
