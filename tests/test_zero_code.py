@@ -185,6 +185,10 @@ def test_summaryd_run_exits_with_the_command_s_code(daemon: Daemon, tmp_path: Pa
     assert "0 writers delivered 0 events" in done.stderr
     usage = summaryd_run(tmp_path)
     assert usage.returncode == 2 and "give the command to run after '--'" in usage.stderr
+    usage_line = summaryd_run(tmp_path, "--help").stdout.splitlines()[0]
+    assert usage_line == (
+        "usage: summaryd run [--address A] [--run-root R] [--ship DIR [--state FILE]] -- COMMAND [ARG ...]"
+    )
 
 
 def test_summaryd_run_hands_every_address_to_the_command(daemon: Daemon, tmp_path: Path) -> None:
