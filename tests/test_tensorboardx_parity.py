@@ -9,6 +9,7 @@ and the `file_version` records differ (the README lists these). The projector fi
 from __future__ import annotations
 
 import importlib.util
+import inspect
 import json
 import os
 import sys
@@ -120,6 +121,23 @@ def exercise(w: Any, x: Inputs, openvino: str, json_path: Path) -> None:
     w.add_hparams({"lr": 0.1, "batch": 32, "optimizer": "adam", "nesterov": True}, {"hp/accuracy": 0.75}, name="hp")
     w.add_hparams({"lr": 0.2}, {"hp/accuracy": 0.5}, name="hp-2", global_step=7)
     w.flush()
+
+
+def test_every_public_method_of_tensorboardx_is_there_with_its_parameters_and_defaults() -> None:
+    """Names, kinds and defaults of every parameter; `flush` and `close` may take more (a timeout), optional."""
+    from summaryd.client._patch import TensorboardXSummaryWriter
+
+    def parameters(function: Any) -> list[tuple[str, Any, Any]]:
+        return [(p.name, p.kind, p.default) for p in inspect.signature(function).parameters.values()]
+
+    public = [n for n, _ in inspect.getmembers(TheirWriter, inspect.isfunction) if not n.startswith("_")]
+    assert "export_scalars_to_json" in public and "add_openvino_graph" in public
+    for name in [*public, "__init__"]:
+        theirs, ours = parameters(getattr(TheirWriter, name)), parameters(getattr(TensorboardXSummaryWriter, name))
+        if name in ("flush", "close"):
+            assert all(default is not inspect.Parameter.empty for _, _, default in ours[len(theirs) :]), name
+            ours = ours[: len(theirs)]
+        assert ours == theirs, name
 
 
 def test_every_method_gives_the_same_tensorboard_data_as_tensorboardx(

@@ -21,9 +21,9 @@ import os
 import socket
 import sys
 import weakref
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime
-from types import ModuleType
+from types import MappingProxyType, ModuleType
 from typing import Any
 
 from summaryd.client._environment import detect_worker
@@ -202,6 +202,10 @@ class TorchFileWriter(PatchedWriter):
         )
 
 
+# tensorboardX's default `comet_config` (comet logging is not done here; the argument is taken and kept).
+_COMET_OFF: Mapping[str, Any] = MappingProxyType({"disabled": True})
+
+
 class TensorboardXSummaryWriter(TensorboardXMethods, PatchedWriter):
     """`tensorboardX.SummaryWriter`, logging through summaryd: tensorboardX's methods and payloads (see
     `_tensorboardx`); `logdir` shows the local directory, as there. With `write_to_disk=False` it ships nothing
@@ -217,7 +221,7 @@ class TensorboardXSummaryWriter(TensorboardXMethods, PatchedWriter):
         filename_suffix: str | None = "",
         write_to_disk: bool | None = True,
         log_dir: str | os.PathLike[str] | None = None,
-        comet_config: dict[str, Any] | None = None,
+        comet_config: Mapping[str, Any] | None = _COMET_OFF,
         **kwargs: Any,
     ) -> None:
         self.write_to_disk = bool(write_to_disk)  # read by the first sender the constructor makes
@@ -232,6 +236,7 @@ class TensorboardXSummaryWriter(TensorboardXMethods, PatchedWriter):
             filename_suffix=filename_suffix or "",
         )
         self._tbx_init(self.log_dir)
+        self._comet_config = comet_config
         self.kwargs = kwargs
 
 
