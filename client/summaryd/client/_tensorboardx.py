@@ -32,10 +32,25 @@ from summaryd.client.writer import SummaryWriter
 log = logging.getLogger("summaryd.client")
 
 
+@functools.cache
 def _summary_module() -> Any:
     import tensorboardX.summary  # type: ignore[import-untyped]
 
     return tensorboardX.summary
+
+
+_CLEAN_TAGS: dict[str, str] = {}  # tag → tensorboardX's cleaned tag, the hot path's cache
+_CLEAN_TAGS_KEPT = 4096
+
+
+def _clean_tag(tag: str) -> str:
+    """tensorboardX's tag cleaning (characters outside `[-/\\w.]` become `_`), computed once per tag."""
+    cleaned: str | None = _CLEAN_TAGS.get(tag)
+    if cleaned is None:
+        cleaned = _summary_module()._clean_tag(tag)
+        if len(_CLEAN_TAGS) < _CLEAN_TAGS_KEPT:
+            _CLEAN_TAGS[tag] = cleaned
+    return cleaned
 
 
 def _converted(message: Any) -> Summary:
@@ -162,11 +177,14 @@ class TensorboardXMethods(SummaryWriter):
         summary_description: str | None = "",
     ) -> None:
         """Log one scalar; a display name or a description goes in its metadata, as tensorboardX does."""
-        tag = _summary_module()._clean_tag(tag)
+        tag = _CLEAN_TAGS.get(tag) or _clean_tag(tag)
+        if display_name == "" and summary_description == "" and not self._default_metadata:
+            SummaryWriter.add_scalar(self, tag, scalar_value, global_step, walltime)  # the hot path, as torch's
+            return
         value = _torch.to_float(scalar_value)
         step, wall_time = self._stamp(global_step, walltime)
         if display_name == "" and summary_description == "":
-            super().add_scalar(tag, value, step, wall_time)
+            SummaryWriter.add_scalar(self, tag, value, step, wall_time)
             return
         self._add("scalar", (tag, value, display_name, summary_description), step, wall_time)
 
@@ -180,7 +198,7 @@ class TensorboardXMethods(SummaryWriter):
         """Log several scalars in one chart: each key to the sub-run `<logdir>/<main_tag>/<key>`, kept for
         `export_scalars_to_json` too."""
         walltime = time.time() if walltime is None else walltime
-        clean = _summary_module()._clean_tag(main_tag)
+        clean = _clean_tag(main_tag)
         for key, scalar_value in tag_scalar_dict.items():
             value = _torch.to_float(scalar_value)
             sender = self._sub_sender(f"{main_tag.strip('/')}/{key}")
@@ -498,7 +516,7 @@ class TensorboardXMethods(SummaryWriter):
         for summary in summaries:
             self._log_now(_converted(summary), None, None, sender=sender)
         for tag, value in metric_dict.items():
-            self._log_scalar(_summary_module()._clean_tag(tag), _torch.to_float(value), global_step, None, sender)
+            self._log_scalar(_clean_tag(tag), _torch.to_float(value), global_step, None, sender)
 
 
 def _embedding_files(
