@@ -20,6 +20,8 @@ from typing import Any
 import numpy as np
 import pytest
 import tensorboardX
+import tensorboardX.proto.event_pb2
+import tensorboardX.summary
 import tensorboardX.writer
 import torch
 from matplotlib.figure import Figure
@@ -120,6 +122,11 @@ def exercise(w: Any, x: Inputs, openvino: str, json_path: Path) -> None:
     w.add_mesh("mesh/points", x.mesh_vertices, config_dict={"camera": {"cls": "PerspectiveCamera", "fov": 75}})
     w.add_hparams({"lr": 0.1, "batch": 32, "optimizer": "adam", "nesterov": True}, {"hp/accuracy": 0.75}, name="hp")
     w.add_hparams({"lr": 0.2}, {"hp/accuracy": 0.5}, name="hp-2", global_step=7)
+    # tensorboardX's own protos, handed to the file writer as its users do (its hparams recipe).
+    w.file_writer.add_summary(tensorboardX.summary.scalar("raw/summary", 2.0), 9)
+    w.file_writer.add_event(
+        tensorboardX.proto.event_pb2.Event(step=10, summary=tensorboardX.summary.text("raw/event", "x"))
+    )
     w.flush()
 
 

@@ -28,7 +28,7 @@ from typing import Any
 
 from summaryd.client._environment import detect_worker
 from summaryd.client._sender import DeliveryReport
-from summaryd.client._tensorboardx import TensorboardXMethods
+from summaryd.client._tensorboardx import TensorboardXMethods, TensorboardXProtos
 from summaryd.client.writer import SummaryWriter
 
 RUN_ROOT_ENV = "SUMMARYD_RUN_ROOT"
@@ -240,7 +240,7 @@ class TensorboardXSummaryWriter(TensorboardXMethods, PatchedWriter):
         self.kwargs = kwargs
 
 
-class TensorboardXFileWriter(PatchedWriter):
+class TensorboardXFileWriter(TensorboardXProtos, PatchedWriter):
     """`tensorboardX.FileWriter`, logging through summaryd."""
 
     def __init__(

@@ -100,7 +100,22 @@ class MutedSender:
         return None
 
 
-class TensorboardXMethods(SummaryWriter):
+class TensorboardXProtos(SummaryWriter):
+    """`add_summary` and `add_event` (of the writer and of its `file_writer`, which it is) take tensorboardX's own
+    `Summary` and `Event` protos too, as code that builds them with `tensorboardX.summary` hands them over."""
+
+    def add_summary(self, summary: Any, global_step: int | None = None, walltime: float | None = None) -> None:
+        if not isinstance(summary, bytes | Summary):
+            summary = summary.SerializeToString()  # the same message from another compiled module: its bytes
+        super().add_summary(summary, global_step, walltime)
+
+    def add_event(self, event: Any, step: int | None = None, walltime: float | None = None) -> None:
+        if not isinstance(event, Event):
+            event = Event.FromString(event.SerializeToString())
+        super().add_event(event, step, walltime)
+
+
+class TensorboardXMethods(TensorboardXProtos):
     """Every public method of tensorboardX 2.6's `SummaryWriter`, with its signature and defaults.
 
     tensorboardX's differences from torch's: `add_scalars` logs to `<logdir>/<main_tag>/<tag>` and keeps the
@@ -149,8 +164,13 @@ class TensorboardXMethods(SummaryWriter):
         self._log(functools.partial(_build, function, *args), step, wall_time, nbytes)
 
     def _add_event(self, event: Event) -> None:
-        step, wall_time = self._stamp(None, None)
-        self.add_event(event, step, wall_time)
+        self.add_event(event)
+
+    def add_summary(self, summary: Any, global_step: int | None = None, walltime: float | None = None) -> None:
+        super().add_summary(summary, *self._stamp(global_step, walltime))
+
+    def add_event(self, event: Any, step: int | None = None, walltime: float | None = None) -> None:
+        super().add_event(event, *self._stamp(step, walltime))
 
     @contextlib.contextmanager
     def use_metadata(self, *, global_step: int | None = None, walltime: float | None = None) -> Iterator[Any]:
