@@ -232,3 +232,45 @@ def test_close_waits_for_and_reports_what_forked_children_logged(daemon: Daemon,
     assert done.returncode == 0, done.stderr
     seen = json.loads(done.stdout.strip().splitlines()[-1])
     assert seen == {"in_file": 400, "delivered": 401, "ok": True, "spool": []}, done.stderr
+
+
+# The same, but the daemon is gone by the time the parent closes: its report counts the children's events as
+# undelivered, and their outbox stays for `summaryd replay`.
+CHILDREN_THEN_DAEMON_GONE = textwrap.dedent(
+    """
+    import json, os, sys
+    from pathlib import Path
+    from summaryd.client import SummaryWriter
+
+    writer = SummaryWriter("children", worker="", close_timeout=30)
+    writer.add_scalar("parent", 1.0, 0)
+    assert writer.flush().delivered == 1
+    pid = os.fork()
+    if pid == 0:
+        os.kill(int(sys.argv[1]), 9)  # the daemon goes before the child logs
+        for step in range(50):
+            writer.add_scalar("child", 1.0, step)
+        writer.close()
+        os._exit(0)
+    os.waitpid(pid, 0)
+    report = writer.close(timeout=3)
+    spool_root = Path(os.environ["SUMMARYD_SPOOL_DIR"])
+    outboxes = [str(p.parent.parent.name) for p in spool_root.glob("children-of-*/*/manifest.json")]
+    print(json.dumps({"delivered": report.delivered, "undelivered": report.undelivered, "outboxes": outboxes}))
+    os._exit(0)  # not the exit's own delivery attempt, which would wait for the daemon again
+    """
+)
+
+
+def test_close_says_what_forked_children_logged_that_it_could_not_deliver(tmp_path: Path) -> None:
+    daemon = start_daemon(tmp_path)
+    try:
+        environ = {**os.environ, "SUMMARYD_ADDRESS": daemon.address, "SUMMARYD_SPOOL_DIR": str(tmp_path / "spool")}
+        done = run_script(CHILDREN_THEN_DAEMON_GONE, [str(daemon.proc.pid)], environ)
+    finally:
+        daemon.terminate()
+    assert done.returncode == 0, done.stderr
+    seen = json.loads(done.stdout.strip().splitlines()[-1])
+    assert seen["delivered"] == 1 and seen["undelivered"] == 50, done.stderr
+    assert len(seen["outboxes"]) == 1 and seen["outboxes"][0].startswith("children-of-")
+    assert "50 events forked children logged were not delivered yet" in done.stderr

@@ -64,6 +64,7 @@ class _Outbox:
     manifest: dict[str, Any]
     offset: int = 0  # bytes of the outbox file read so far (whole records only)
     next_sequence: int = 0  # sequence number of the next record read
+    seen: int = 0  # the highest `next_sequence` reached, kept across rewinds: what the child has logged so far
     acked: int = 0
     opened: bool = False
     limits: DaemonLimits = field(default_factory=DaemonLimits)  # what the daemon stated when the session opened
@@ -125,11 +126,17 @@ class Courier:
         if self._thread is None or self._pid != os.getpid():
             return DeliveryReport(delivered=0, undelivered=0, synced=True)
         deadline = time.monotonic() + timeout
-        while True:
-            with self._round_lock:
-                self._round(final=False)
+        # Until a round of this call has looked: what the courier knows of (its thread may hold the round).
+        pending = [o for o in list(self._outboxes.values()) if belongs(str(o.manifest["run"]))]
+        finished: list[_Outbox] = []
+        # The courier's own round may be in a call to an absent daemon: wait for it no longer than the deadline.
+        while self._round_lock.acquire(timeout=max(0.0, deadline - time.monotonic())):
+            try:
+                self._round(final=False, timeout=max(0.05, min(_TIMEOUT, deadline - time.monotonic())))
                 pending = [o for o in self._outboxes.values() if belongs(str(o.manifest["run"]))]
                 finished = [o for o in pending if not _held(o.path)]
+            finally:
+                self._round_lock.release()
             if not finished or time.monotonic() >= deadline:
                 break
             time.sleep(min(_POLL / 4, max(0.0, deadline - time.monotonic())))
@@ -140,7 +147,14 @@ class Courier:
             log.info("summaryd: %d forked children still log to this writer; the courier delivers them", running)
         with self._lock:
             delivered = sum(n for run, n in self._delivered.items() if belongs(run))
-        undelivered = sum(max(0, o.next_sequence - 1 - o.acked) for o in pending)
+        undelivered = sum(max(0, o.seen - 1 - o.acked) for o in pending)
+        if undelivered:
+            log.warning(
+                "summaryd: %d events forked children logged were not delivered yet; this process delivers them "
+                "at its exit, else `summaryd replay %s` does",
+                undelivered,
+                pending[0].path.parent,
+            )
         # The courier closed each delivered outbox's session, which has the daemon fsync its file.
         return DeliveryReport(delivered=delivered, undelivered=undelivered, synced=not pending)
 
@@ -165,7 +179,7 @@ class Courier:
         with self._round_lock:
             return self._round(final=True)
 
-    def _round(self, *, final: bool) -> bool:
+    def _round(self, *, final: bool, timeout: float = _TIMEOUT) -> bool:
         """Deliver every outbox once; True while some remain."""
         with self._lock:
             roots = list(self._roots)
@@ -176,7 +190,7 @@ class Courier:
                         self._outboxes[path] = self._load(path)
         for path, outbox in list(self._outboxes.items()):
             try:
-                if self._deliver(outbox):
+                if self._deliver(outbox, timeout):
                     del self._outboxes[path]
             except (grpc.RpcError, OSError, ValueError) as exc:
                 outbox.opened = False  # resume again next round
@@ -198,7 +212,7 @@ class Courier:
             channel = self._channels[address] = open_channel(address, settings)
         return pb_grpc.SummariesStub(channel)
 
-    def _deliver(self, outbox: _Outbox) -> bool:
+    def _deliver(self, outbox: _Outbox, timeout: float = _TIMEOUT) -> bool:
         """Send what the child has appended; True when the outbox is complete, delivered and deleted."""
         try:
             lock_fd: int | None = lock(outbox.path)
@@ -215,20 +229,20 @@ class Courier:
             if not outbox.opened:
                 resume_at = max(outbox.acked + 1, int(outbox.manifest["first_sequence"]))
                 request = open_request(outbox.manifest, resume_at, "summaryd-courier")
-                answer = stub.OpenSession(request, timeout=_TIMEOUT)
+                answer = stub.OpenSession(request, timeout=timeout)
                 outbox.acked, outbox.limits = answer.last_sequence, DaemonLimits.of(answer)
                 outbox.opened = True
             new = [e for i, e in enumerate(events) if first + i > outbox.acked]
             if new:
                 start = outbox.next_sequence - len(new)
-                acked = max(outbox.acked, send_events(stub, session_id, start, new, _TIMEOUT, outbox.limits))
+                acked = max(outbox.acked, send_events(stub, session_id, start, new, timeout, outbox.limits))
                 run = str(outbox.manifest["run"])
                 with self._lock:
                     self._delivered[run] = self._delivered.get(run, 0) + acked - max(outbox.acked, start - 1)
                 outbox.acked = acked
             if not finished:
                 return False
-            stub.CloseSession(pb.CloseSessionRequest(session_id=session_id), timeout=_TIMEOUT)
+            stub.CloseSession(pb.CloseSessionRequest(session_id=session_id), timeout=timeout)
             outbox.manifest["delivered_through"] = outbox.next_sequence - 1
             write_manifest(outbox.path, outbox.manifest)
             shutil.rmtree(outbox.path, ignore_errors=True)
@@ -250,6 +264,7 @@ class Courier:
             records = records[1:]  # the file_version record carries no sequence number
         outbox.offset += consumed
         outbox.next_sequence += len(records)
+        outbox.seen = max(outbox.seen, outbox.next_sequence)
         return records
 
     @staticmethod
