@@ -245,3 +245,40 @@ def test_add_audio_without_soundfile_logs_a_wav(
     audio = event.summary.value[0].audio
     assert (audio.sample_rate, audio.num_channels, audio.length_frames) == (8000, 1, 800)
     assert audio.encoded_audio_string.startswith(b"RIFF")
+
+
+def test_tensorboardx_file_writer_gives_the_same_events(
+    patching: Callable[[], type[Any]], daemon: Daemon, tmp_path: Path
+) -> None:
+    """tensorboardX's `FileWriter` API: its protos in, its graph methods, `use_metadata`."""
+    from tensorboardX.onnx_graph import load_onnx_graph
+    from tensorboardX.openvino_graph import load_openvino_graph
+    from torch.utils.tensorboard._pytorch_graph import graph
+
+    inputs = Inputs(tmp_path)
+    profile = graph(inputs.model, inputs.model_input)
+    onnx_graph, openvino_graph = (
+        load_onnx_graph(inputs.onnx_path),
+        load_openvino_graph(_openvino_model(tmp_path / "v.xml")),
+    )
+
+    def exercise_file_writer(w: Any) -> None:
+        w.add_summary(tensorboardX.summary.scalar("x", 1.5), 3)
+        w.add_event(tensorboardX.proto.event_pb2.Event(summary=tensorboardX.summary.text("t", "hi")), step=4)
+        with w.use_metadata(global_step=8):
+            w.add_summary(tensorboardX.summary.scalar("at-eight", 2.0))
+        w.add_graph(profile)
+        w.add_onnx_graph(onnx_graph)
+        w.add_openvino_graph(openvino_graph)
+        w.flush()
+
+    theirs = tensorboardX.FileWriter(str(tmp_path / "tensorboardX" / "plain"))
+    exercise_file_writer(theirs)
+    theirs.close()
+    patching()
+    ours = tensorboardX.FileWriter("plain")
+    exercise_file_writer(ours)
+    ours.close()
+    expected, actual = runs(tmp_path / "tensorboardX"), runs(daemon.logdir)
+    assert [describe(e) for e in actual["plain"]] == [describe(e) for e in expected["plain"]]
+    assert actual == expected

@@ -28,7 +28,7 @@ from typing import Any
 
 from summaryd.client._environment import detect_worker
 from summaryd.client._sender import DeliveryReport
-from summaryd.client._tensorboardx import TensorboardXMethods, TensorboardXProtos
+from summaryd.client._tensorboardx import TensorboardXFileWriterMethods, TensorboardXMethods
 from summaryd.client.writer import SummaryWriter
 
 RUN_ROOT_ENV = "SUMMARYD_RUN_ROOT"
@@ -240,7 +240,7 @@ class TensorboardXSummaryWriter(TensorboardXMethods, PatchedWriter):
         self.kwargs = kwargs
 
 
-class TensorboardXFileWriter(TensorboardXProtos, PatchedWriter):
+class TensorboardXFileWriter(TensorboardXFileWriterMethods, PatchedWriter):
     """`tensorboardX.FileWriter`, logging through summaryd."""
 
     def __init__(

@@ -19,6 +19,7 @@ import os
 import tempfile
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
+from types import MappingProxyType
 from typing import Any
 
 import numpy as np
@@ -101,18 +102,63 @@ class MutedSender:
 
 
 class TensorboardXProtos(SummaryWriter):
-    """`add_summary` and `add_event` (of the writer and of its `file_writer`, which it is) take tensorboardX's own
-    `Summary` and `Event` protos too, as code that builds them with `tensorboardX.summary` hands them over."""
+    """What tensorboardX's `FileWriter` does with events, for both its writers: `add_summary` and `add_event`
+    take tensorboardX's own `Summary` and `Event` protos too (code built on `tensorboardX.summary` hands them
+    over), and `use_metadata` gives the events it encloses a step and a wall time where the call gave none."""
+
+    _default_metadata: Mapping[str, Any] = MappingProxyType({})
+
+    def _stamp(self, global_step: int | None, walltime: float | None) -> tuple[int | None, float | None]:
+        """The step and wall time of an event of the main run: `use_metadata`'s where the call gave none."""
+        if not self._default_metadata:
+            return global_step, walltime
+        if global_step is None:
+            global_step = self._default_metadata.get("global_step")
+        if walltime is None:
+            walltime = self._default_metadata.get("walltime")
+        return global_step, walltime
 
     def add_summary(self, summary: Any, global_step: int | None = None, walltime: float | None = None) -> None:
         if not isinstance(summary, bytes | Summary):
             summary = summary.SerializeToString()  # the same message from another compiled module: its bytes
-        super().add_summary(summary, global_step, walltime)
+        super().add_summary(summary, *self._stamp(global_step, walltime))
 
     def add_event(self, event: Any, step: int | None = None, walltime: float | None = None) -> None:
         if not isinstance(event, Event):
             event = Event.FromString(event.SerializeToString())
-        super().add_event(event, step, walltime)
+        super().add_event(event, *self._stamp(step, walltime))
+
+    @contextlib.contextmanager
+    def use_metadata(self, *, global_step: int | None = None, walltime: float | None = None) -> Iterator[Any]:
+        """Give the `add_*` calls it encloses this step and wall time where they give none (tensorboardX's)."""
+        assert not self._default_metadata, "Default metadata is already set."
+        assert global_step is not None or walltime is not None, (
+            "At least one of `global_step` or `walltime` must be provided."
+        )
+        self._default_metadata = {"global_step": global_step, "walltime": walltime}
+        try:
+            yield self
+        finally:
+            self._default_metadata = {}
+
+
+class TensorboardXFileWriterMethods(TensorboardXProtos):
+    """tensorboardX's `FileWriter`'s graph methods, which take the protos its loaders made."""
+
+    def add_graph(self, graph_profile: Any, walltime: float | None = None) -> None:  # type: ignore[override]
+        """Log a `(GraphDef, RunStepStats)` pair, as torch's tracer gives it (run metadata tagged `profiler`)."""
+        graph, step_stats = graph_profile
+        self.add_event(Event(graph_def=graph.SerializeToString()), None, walltime)
+        metadata = TaggedRunMetadata(tag="profiler", run_metadata=step_stats.SerializeToString())
+        self.add_event(Event(tagged_run_metadata=metadata), None, walltime)
+
+    def add_onnx_graph(self, graph: Any, walltime: float | None = None) -> None:
+        """Log a `GraphDef` (tensorboardX's `load_onnx_graph` makes one)."""
+        self.add_event(Event(graph_def=graph.SerializeToString()), None, walltime)
+
+    def add_openvino_graph(self, graph: Any, walltime: float | None = None) -> None:
+        """Log a `GraphDef` (tensorboardX's `load_openvino_graph` makes one)."""
+        self.add_event(Event(graph_def=graph.SerializeToString()), None, walltime)
 
 
 class TensorboardXMethods(TensorboardXProtos):
@@ -130,7 +176,6 @@ class TensorboardXMethods(TensorboardXProtos):
         """What tensorboardX's constructor sets besides the file writer."""
         self.logdir = local_dir
         self.scalar_dict: dict[str, list[list[float]]] = {}
-        self._default_metadata: dict[str, Any] = {}
         self._projector_text = ""
 
     def _new_sender(self, run: str) -> Sender:
@@ -144,18 +189,6 @@ class TensorboardXMethods(TensorboardXProtos):
             return DeliveryReport(delivered=0, undelivered=0, synced=True)
         return super().close(timeout)
 
-    # ---- what tensorboardX's FileWriter.add_event does with the step and wall time -------------------------
-
-    def _stamp(self, global_step: int | None, walltime: float | None) -> tuple[int | None, float | None]:
-        """The step and wall time of an event of the main run: `use_metadata`'s where the call gave none."""
-        if not self._default_metadata:
-            return global_step, walltime
-        if global_step is None:
-            global_step = self._default_metadata.get("global_step")
-        if walltime is None:
-            walltime = self._default_metadata.get("walltime")
-        return global_step, walltime
-
     def _add(
         self, function: str, args: tuple[Any, ...], global_step: int | None, walltime: float | None, nbytes: int = 96
     ) -> None:
@@ -165,25 +198,6 @@ class TensorboardXMethods(TensorboardXProtos):
 
     def _add_event(self, event: Event) -> None:
         self.add_event(event)
-
-    def add_summary(self, summary: Any, global_step: int | None = None, walltime: float | None = None) -> None:
-        super().add_summary(summary, *self._stamp(global_step, walltime))
-
-    def add_event(self, event: Any, step: int | None = None, walltime: float | None = None) -> None:
-        super().add_event(event, *self._stamp(step, walltime))
-
-    @contextlib.contextmanager
-    def use_metadata(self, *, global_step: int | None = None, walltime: float | None = None) -> Iterator[Any]:
-        """Give the `add_*` calls it encloses this step and wall time where they give none (tensorboardX's)."""
-        assert not self._default_metadata, "Default metadata is already set."
-        assert global_step is not None or walltime is not None, (
-            "At least one of `global_step` or `walltime` must be provided."
-        )
-        self._default_metadata = {"global_step": global_step, "walltime": walltime}
-        try:
-            yield self
-        finally:
-            self._default_metadata = {}
 
     # ---- scalars ------------------------------------------------------------------------------------------
 
