@@ -253,7 +253,7 @@ CHILDREN_THEN_DAEMON_GONE = textwrap.dedent(
         writer.close()
         os._exit(0)
     os.waitpid(pid, 0)
-    report = writer.close(timeout=3)
+    report = writer.close(timeout=1)
     spool_root = Path(os.environ["SUMMARYD_SPOOL_DIR"])
     outboxes = [str(p.parent.parent.name) for p in spool_root.glob("children-of-*/*/manifest.json")]
     print(json.dumps({"delivered": report.delivered, "undelivered": report.undelivered, "outboxes": outboxes}))
