@@ -193,7 +193,7 @@ def test_torchrun_ranks_land_in_their_worker_directories(daemon: Daemon, tmp_pat
     assert done.returncode == 0, done.stderr[-5000:]
     assert "2 writers delivered 10 events" in done.stderr
     for rank in (0, 1):
-        run_dir = daemon.logdir / "ddp" / "runs" / "ddp" / f"rank-{rank}"
+        run_dir = daemon.logdir / "ddp" / "ddp" / f"rank-{rank}"
         values = [
             (e.step, v.simple_value) for p in event_files(run_dir) for e in read_events(p) for v in e.summary.value
         ]
@@ -204,7 +204,7 @@ def test_lightning_ddp_rank_zero_lands_in_its_worker_directory(daemon: Daemon, t
     """Lightning's own DDP launcher (gloo on CPU) sets no `RANK`; the rank comes from the process group. Only
     rank zero logs in Lightning, so one writer, in `<run>/rank-0`."""
     err = run_script(LIGHTNING, tmp_path / "zero", *under_summaryd(daemon, "ddp"), env={"TINY_DDP": "1"})
-    assert "summaryd run: 1 writers delivered" in err and ", 0 undelivered" in err
+    assert "summaryd run: 1 writer delivered" in err and ", 0 undelivered" in err
     version = daemon.logdir / "ddp" / "lightning_logs" / "version_0"
     assert sorted(p.name for p in version.iterdir()) == ["rank-0"]
     steps = [e.step for p in event_files(version / "rank-0") for e in read_events(p) if e.HasField("summary")]

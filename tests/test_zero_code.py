@@ -92,6 +92,56 @@ def test_a_local_log_dir_maps_to_a_run_path(log_dir: str, root: str, expected: s
     assert run_path(log_dir, root, cwd="/work/job") == expected
 
 
+@pytest.mark.parametrize(
+    ("log_dir", "daemon_logdir", "expected"),
+    [
+        ("runs/linreg", "", "linreg"),  # torch's default root: `tensorboard --logdir runs` shows `linreg`
+        ("runs/Dec01_10-00-00_host", "/srv/logs", "Dec01_10-00-00_host"),
+        ("runs", "", "runs"),  # the root alone stays a run of its own
+        ("output/runs/x", "", "output/runs/x"),  # only a first component names a root
+        ("exp/a", "/data/exp", "a"),  # the daemon's logdir by name
+        ("exp/a", "exp", "a"),  # `summaryd run` gives only the name of a daemon elsewhere
+        ("exp/a", "s3://bucket/exp/", "a"),
+        ("/work/job/data/logs/x", "/work/job/data/logs", "x"),  # inside the daemon's local logdir
+        ("../shared/tb/y", "/work/shared/tb", "y"),
+        ("/scratch/runs/x", "", "scratch/runs/x"),  # outside the working directory: its whole path
+    ],
+)
+def test_a_log_dir_under_a_logdir_root_maps_below_that_root(log_dir: str, daemon_logdir: str, expected: str) -> None:
+    assert run_path(log_dir, "", cwd="/work/job", daemon_logdir=daemon_logdir) == expected
+
+
+def test_a_script_beside_the_daemon_s_logdir_lands_in_it_and_makes_no_empty_run(tmp_path: Path) -> None:
+    """A daemon started with `--logdir ./runs` and a script writing `runs/linreg` beside it: the events land in
+    `runs/linreg` (not `runs/runs/linreg`), and a writer that logs nothing leaves no directory there."""
+    from _support import start_daemon
+
+    work = tmp_path / "work"
+    work.mkdir()
+    daemon = start_daemon(tmp_path, logdir=work / "runs")
+    try:
+        script = textwrap.dedent(
+            """
+            import os
+            from torch.utils.tensorboard import SummaryWriter
+            with SummaryWriter("runs/linreg") as w:
+                w.add_scalar("loss", 0.5, 1)
+            SummaryWriter("runs/unused").close()
+            SummaryWriter("elsewhere/unused").close()
+            print(os.path.isdir("runs/unused"), os.path.isdir("elsewhere/unused"))
+            """
+        )
+        done = summaryd_run(work, "--address", daemon.address, "--", sys.executable, "-c", script)
+    finally:
+        daemon.stop()
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["False", "True"]  # a local directory outside the daemon's logdir is made
+    assert scalars(work / "runs" / "linreg") == [("loss", 1, 0.5)]
+    assert not (work / "runs" / "runs").exists()
+    assert not (work / "runs" / "unused").exists()
+    assert "summaryd run: 3 writers delivered 1 events" in done.stderr
+
+
 def test_summaryd_run_patches_torch_and_tensorboardx_writers(daemon: Daemon, tmp_path: Path) -> None:
     work = tmp_path / "work"
     work.mkdir()
@@ -122,7 +172,7 @@ def test_summaryd_run_patches_torch_and_tensorboardx_writers(daemon: Daemon, tmp
     lines = done.stderr.splitlines()
     assert lines[0] == f"summaryd run: daemon {daemon.address}, run root exp: {sys.executable} train.py"
     assert lines[-1] == "summaryd run: 4 writers delivered 7 events, 0 undelivered, dropped none"
-    assert scalars(daemon.logdir / "exp" / "runs" / "torch") == [
+    assert scalars(daemon.logdir / "exp" / "torch") == [
         *(("loss", step, step / 2) for step in range(5)),
         ("after", 9, 1.0),
     ]
@@ -135,6 +185,10 @@ def test_summaryd_run_exits_with_the_command_s_code(daemon: Daemon, tmp_path: Pa
     assert "0 writers delivered 0 events" in done.stderr
     usage = summaryd_run(tmp_path)
     assert usage.returncode == 2 and "give the command to run after '--'" in usage.stderr
+    usage_line = summaryd_run(tmp_path, "--help").stdout.splitlines()[0]
+    assert usage_line == (
+        "usage: summaryd run [--address A] [--run-root R] [--ship DIR [--state FILE]] -- COMMAND [ARG ...]"
+    )
 
 
 def test_summaryd_run_hands_every_address_to_the_command(daemon: Daemon, tmp_path: Path) -> None:
@@ -153,6 +207,7 @@ def test_summaryd_run_hands_every_address_to_the_command(daemon: Daemon, tmp_pat
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == addresses
     assert scalars(daemon.logdir / "logs" / "both") == [("x", 2, 1.5)]
+    assert done.stderr.splitlines()[-1].startswith("summaryd run: 1 writer delivered 1 events")
 
 
 def test_patch_in_code_replaces_writers_imported_before_and_after(daemon: Daemon, tmp_path: Path) -> None:
@@ -238,7 +293,7 @@ def test_logging_after_close_reopens_a_patched_writer_as_torch_does(daemon: Daem
     done = summaryd_run(tmp_path, "--address", daemon.address, "--", sys.executable, "train.py")
     assert done.returncode == 0, done.stderr
     assert done.stderr.splitlines()[-1].endswith("0 undelivered, dropped none"), done.stderr
-    run = daemon.logdir / "runs" / "fit"
+    run = daemon.logdir / "fit"  # `runs/` is the logdir root
     assert [s for s in scalars(run) if s[0] != "weights"] == [("train_loss", 0, 0.5), ("test_loss", 1, 0.25)]
     assert scalars(run / "cmp_a") == [("cmp", 0, 1.0), ("cmp", 1, 2.0)]
     histograms = [v.tag for path in event_files(run) for e in read_events(path) for v in e.summary.value if v.histo.num]

@@ -2,8 +2,9 @@
 
 The child gets the `sitecustomize` of `_bootstrap` first on its `PYTHONPATH` (it calls `patch()` and then
 the `sitecustomize` it shadows), the daemon's address and the run root in `SUMMARYD_ADDRESS` and
-`SUMMARYD_RUN_ROOT`, and a file its writers append their delivery reports to; with `ship_dir`, a shipper
-follows that directory beside it (for writers in native code) and drains once the child has exited.
+`SUMMARYD_RUN_ROOT`, the daemon's logdir (asked once) in `SUMMARYD_DAEMON_LOGDIR`, and a file its writers
+append their delivery reports to; with `ship_dir`, a shipper follows that directory beside it (for writers in
+native code) and drains once the child has exited.
 """
 
 from __future__ import annotations
@@ -20,8 +21,10 @@ from pathlib import Path
 from types import FrameType
 from typing import TextIO
 
+import grpc
+
 from summaryd.client._channel import ChannelSettings
-from summaryd.client._patch import REPORT_ENV, RUN_ROOT_ENV
+from summaryd.client._patch import DAEMON_LOGDIR_ENV, REPORT_ENV, RUN_ROOT_ENV
 from summaryd.client._sender import DeliveryReport
 from summaryd.client._shipper import Shipper, ship_until
 
@@ -29,10 +32,16 @@ BOOTSTRAP = str(Path(__file__).with_name("_bootstrap"))
 
 
 def child_environment(
-    environ: Mapping[str, str], address: str, run_root: str, report_path: str, redirect_allow: str = ""
+    environ: Mapping[str, str],
+    address: str,
+    run_root: str,
+    report_path: str,
+    redirect_allow: str = "",
+    daemon_logdir: str = "",
 ) -> dict[str, str]:
     """The child's environment: ours, with the bootstrap first on `PYTHONPATH` and summaryd's settings."""
     path = [BOOTSTRAP, *(p for p in environ.get("PYTHONPATH", "").split(os.pathsep) if p and p != BOOTSTRAP)]
+    extra = {DAEMON_LOGDIR_ENV: daemon_logdir} if daemon_logdir else {}
     return {
         **environ,
         "PYTHONPATH": os.pathsep.join(path),
@@ -40,7 +49,31 @@ def child_environment(
         "SUMMARYD_REDIRECT_ALLOW": redirect_allow,
         RUN_ROOT_ENV: run_root,
         REPORT_ENV: report_path,
+        **extra,
     }
+
+
+LOOPBACK = ("localhost", "127.", "[::1]", "::1", "unix:")
+
+
+def daemon_logdir(address: str, settings: ChannelSettings | None, timeout: float = 2.0) -> str:
+    """The first daemon's logdir as its writers' run paths need it (see `_patch.run_path`): the whole path for a
+    daemon on this machine, only its name for one elsewhere (its paths are not this machine's); "" when it
+    does not answer within `timeout` (the command runs all the same)."""
+    from summaryd.client._channel import open_channel
+    from summaryd.v1 import summaryd_pb2 as pb
+    from summaryd.v1 import summaryd_pb2_grpc as pb_grpc
+
+    first = address.split(",", maxsplit=1)[0].strip()
+    try:
+        with open_channel(first, settings or ChannelSettings.from_environment()) as channel:
+            status = pb_grpc.SummariesStub(channel).GetStatus(pb.GetStatusRequest(), timeout=timeout)
+    except grpc.RpcError:
+        return ""
+    logdir = str(status.logdir)
+    if "://" in logdir or first.startswith(LOOPBACK):
+        return logdir
+    return os.path.basename(os.path.normpath(logdir))
 
 
 def reports_in(path: Path) -> tuple[int, DeliveryReport]:
@@ -91,9 +124,9 @@ def run_command(
         thread = ship_until(stop, shipper)
     with tempfile.TemporaryDirectory(prefix="summaryd-run-") as scratch:
         report_path = Path(scratch) / "reports.jsonl"
-        child = subprocess.Popen(
-            command, env=child_environment(os.environ, address, run_root, str(report_path), redirect_allow)
-        )
+        logdir = daemon_logdir(address, channel_settings)
+        environment = child_environment(os.environ, address, run_root, str(report_path), redirect_allow, logdir)
+        child = subprocess.Popen(command, env=environment)
 
         def forward(signum: int, _frame: FrameType | None) -> None:
             child.send_signal(signum)
@@ -107,7 +140,8 @@ def run_command(
         writers, report = reports_in(report_path)
     dropped = ", ".join(f"{n} {reason}" for reason, n in report.dropped.items() if n) or "none"
     print(
-        f"summaryd run: {writers} writers delivered {report.delivered} events, {report.undelivered} undelivered, "
+        f"summaryd run: {writers} writer{'' if writers == 1 else 's'} delivered {report.delivered} events, "
+        f"{report.undelivered} undelivered, "
         f"dropped {dropped}",
         file=out,
     )

@@ -7,7 +7,8 @@ patched right after it runs (an import hook on `sys.meta_path`, as the auto-inst
 
 Where the summaries go: the framework's local `log_dir` maps to a run path by `run_path()`, below the run root
 (`SUMMARYD_RUN_ROOT`). The writer keeps showing the local directory in `log_dir`/`get_logdir()` and creates it,
-as torch does, since frameworks write files of their own there (Lightning's `hparams.yaml`).
+as torch does, since frameworks write files of their own there (Lightning's `hparams.yaml`); not when it lies
+inside the daemon's own logdir, where the daemon makes it.
 """
 
 from __future__ import annotations
@@ -20,40 +21,78 @@ import os
 import socket
 import sys
 import weakref
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime
-from types import ModuleType
+from types import MappingProxyType, ModuleType
 from typing import Any
 
 from summaryd.client._environment import detect_worker
 from summaryd.client._sender import DeliveryReport
+from summaryd.client._tensorboardx import TensorboardXFileWriterMethods, TensorboardXMethods
 from summaryd.client.writer import SummaryWriter
 
 RUN_ROOT_ENV = "SUMMARYD_RUN_ROOT"
+# The daemon's logdir (a path or a URL, as `summaryd status` shows it), set by `summaryd run`: see `run_path`.
+DAEMON_LOGDIR_ENV = "SUMMARYD_DAEMON_LOGDIR"
 # A file each patched writer appends its delivery report to when it closes (set by `summaryd run`).
 REPORT_ENV = "SUMMARYD_RUN_REPORT"
 
 
-def run_path(log_dir: str | os.PathLike[str], run_root: str = "", cwd: str | None = None) -> str:
+def run_path(
+    log_dir: str | os.PathLike[str], run_root: str = "", cwd: str | None = None, daemon_logdir: str = ""
+) -> str:
     """The run path a framework's local `log_dir` maps to, below `run_root`.
 
-    A relative directory keeps its path (`lightning_logs/version_0`); an absolute one is taken relative to the
-    working directory when it lies below it, else it keeps its whole path without the leading `/`
-    (`/scratch/exp/runs/x` → `scratch/exp/runs/x`), so two different directories never share a run. A URL
-    (`s3://bucket/logs`) drops its scheme. The directory itself (`.`) maps to the run root, else to the working
-    directory's name.
+    A relative directory keeps its path (`lightning_logs/version_0`), except that its first component is
+    dropped when it names a logdir root: `runs` (torch's and tensorboardX's default root: `runs/linreg` →
+    `linreg`, as `tensorboard --logdir runs` shows it), or the daemon's logdir by name (`daemon_logdir`, from
+    `SUMMARYD_DAEMON_LOGDIR`; a daemon on `/data/exp` takes `exp/a` as `a`); a directory that is only that name
+    maps as itself. A directory inside the daemon's logdir when that is a local absolute path (`local_dir_of`)
+    maps to its path there. An absolute one is taken relative to the working directory when it lies below it,
+    else it keeps its whole path without the leading `/` (`/scratch/exp/runs/x` → `scratch/exp/runs/x`), so
+    two different directories never share a run. A URL (`s3://bucket/logs`) drops its scheme. The directory
+    itself (`.`) maps to the run root, else to the working directory's name.
     """
     text = os.fspath(log_dir)
     cwd = cwd or os.getcwd()
-    if "://" in text:
-        relative = text.partition("://")[2]
+    inside_daemon = _inside(text, cwd, daemon_logdir)
+    if inside_daemon is not None:
+        relative, below_cwd = inside_daemon, False
+    elif "://" in text:
+        relative, below_cwd = text.partition("://")[2], False
     else:
         absolute = os.path.normpath(os.path.join(cwd, text))
-        inside = absolute == cwd or absolute.startswith(cwd.rstrip(os.sep) + os.sep)
-        relative = os.path.relpath(absolute, cwd) if inside else absolute.lstrip(os.sep)
-    parts = [p for p in relative.replace(os.sep, "/").split("/") if p not in ("", ".")]
+        below_cwd = absolute == cwd or absolute.startswith(cwd.rstrip(os.sep) + os.sep)
+        relative = os.path.relpath(absolute, cwd) if below_cwd else absolute.lstrip(os.sep)
+    # A backslash is a separator too (a Windows-style `logs\\exp`, which tensorboardX takes on any system).
+    parts = [p for p in relative.replace(os.sep, "/").replace("\\", "/").split("/") if p not in ("", ".")]
+    roots = {"runs", _name(daemon_logdir)} - {""}
+    if below_cwd and len(parts) > 1 and parts[0] in roots:
+        parts = parts[1:]
     root = [p for p in run_root.split("/") if p not in ("", ".")]
     return "/".join(root + parts) or os.path.basename(cwd.rstrip(os.sep)) or "run"
+
+
+def _name(logdir: str) -> str:
+    """The last component of a logdir path or URL (`./runs` → `runs`, `s3://bucket/exp/` → `exp`)."""
+    return os.path.basename(os.path.normpath(logdir.partition("://")[2] or logdir)) if logdir else ""
+
+
+def _inside(log_dir: str, cwd: str, daemon_logdir: str) -> str | None:
+    """`log_dir`'s path inside `daemon_logdir` (a local absolute path), or None when it lies elsewhere."""
+    if not daemon_logdir or "://" in daemon_logdir or "://" in log_dir or not os.path.isabs(daemon_logdir):
+        return None
+    root = os.path.realpath(daemon_logdir)
+    absolute = os.path.realpath(os.path.join(cwd, log_dir))
+    if absolute != root and not absolute.startswith(root.rstrip(os.sep) + os.sep):
+        return None
+    return os.path.relpath(absolute, root)
+
+
+def local_dir_of_daemon(log_dir: str, daemon_logdir: str) -> bool:
+    """Whether a framework's local `log_dir` lies inside the daemon's (local) logdir: the daemon makes it when
+    its events arrive, so the writer does not (an empty directory there would show as a run)."""
+    return _inside(log_dir, os.getcwd(), daemon_logdir) is not None
 
 
 def _worker() -> str | None:
@@ -75,6 +114,8 @@ class PatchedWriter(SummaryWriter):
     logging after `close()` reopens it, as torch's `_get_file_writer` does."""
 
     reopens_on_use = True
+    write_to_disk = True
+    """False: a tensorboardX writer made muted, that ships nothing and creates no directory."""
 
     def __init__(
         self, local_dir: str | os.PathLike[str], purge_step: int | None, framework: str, **options: Any
@@ -82,15 +123,16 @@ class PatchedWriter(SummaryWriter):
         local = os.fspath(local_dir)
         worker = _worker()
         extra: dict[str, Any] = {} if worker is None else {"worker": worker}
+        daemon_logdir = os.environ.get(DAEMON_LOGDIR_ENV, "")
         super().__init__(
-            run_path(local, os.environ.get(RUN_ROOT_ENV, "")),
+            run_path(local, os.environ.get(RUN_ROOT_ENV, ""), daemon_logdir=daemon_logdir),
             purge_step=purge_step,
             framework=framework,
             **extra,
             **options,
         )
         self.log_dir = local
-        if "://" not in local:
+        if "://" not in local and self.write_to_disk and not local_dir_of_daemon(local, daemon_logdir):
             os.makedirs(local, exist_ok=True)
         _live.add(self)
 
@@ -102,7 +144,7 @@ class PatchedWriter(SummaryWriter):
     def close(self, timeout: float | None = None) -> DeliveryReport:
         was_open = not self._closed
         report = super().close(timeout)
-        if was_open:  # each session once (a writer reopened reports again)
+        if was_open and self.write_to_disk:  # each session once (a writer reopened reports again)
             _append_report(self.run, report)
         return report
 
@@ -160,33 +202,45 @@ class TorchFileWriter(PatchedWriter):
         )
 
 
-class TensorboardXSummaryWriter(PatchedWriter):
-    """`tensorboardX.SummaryWriter`, logging through summaryd (`logdir` shows the local directory, as there)."""
+# tensorboardX's default `comet_config` (comet logging is not done here; the argument is taken and kept).
+_COMET_OFF: Mapping[str, Any] = MappingProxyType({"disabled": True})
+
+
+class TensorboardXSummaryWriter(TensorboardXMethods, PatchedWriter):
+    """`tensorboardX.SummaryWriter`, logging through summaryd: tensorboardX's methods and payloads (see
+    `_tensorboardx`); `logdir` shows the local directory, as there. With `write_to_disk=False` it ships nothing
+    and creates nothing, as tensorboardX writes nothing."""
 
     def __init__(
         self,
         logdir: str | os.PathLike[str] | None = None,
-        comment: str = "",
+        comment: str | None = "",
         purge_step: int | None = None,
-        max_queue: int = 10,
-        flush_secs: int = 120,
-        filename_suffix: str = "",
-        write_to_disk: bool = True,
+        max_queue: int | None = 10,
+        flush_secs: int | None = 120,
+        filename_suffix: str | None = "",
+        write_to_disk: bool | None = True,
         log_dir: str | os.PathLike[str] | None = None,
-        **_ignored: Any,
+        comet_config: Mapping[str, Any] | None = _COMET_OFF,
+        **kwargs: Any,
     ) -> None:
+        self.write_to_disk = bool(write_to_disk)  # read by the first sender the constructor makes
+        if log_dir is not None and logdir is None:
+            logdir = log_dir
         super().__init__(
-            log_dir or logdir or _default_dir(comment or ""),
+            logdir or _default_dir(comment or ""),
             purge_step,
             "tensorboardX",
-            max_queue=max_queue,
-            flush_secs=flush_secs,
-            filename_suffix=filename_suffix,
+            max_queue=10 if max_queue is None else max_queue,
+            flush_secs=120 if flush_secs is None else flush_secs,
+            filename_suffix=filename_suffix or "",
         )
-        self.logdir = self.log_dir
+        self._tbx_init(self.log_dir)
+        self._comet_config = comet_config
+        self.kwargs = kwargs
 
 
-class TensorboardXFileWriter(PatchedWriter):
+class TensorboardXFileWriter(TensorboardXFileWriterMethods, PatchedWriter):
     """`tensorboardX.FileWriter`, logging through summaryd."""
 
     def __init__(

@@ -298,9 +298,10 @@ def _tf_file_writer_run(summary_writer: Any) -> str | None:
     kind = type(summary_writer)
     if not kind.__module__.startswith("tensorflow.") or not callable(getattr(summary_writer, "get_logdir", None)):
         return None
-    from summaryd.client._patch import RUN_ROOT_ENV, run_path
+    from summaryd.client._patch import DAEMON_LOGDIR_ENV, RUN_ROOT_ENV, run_path
 
-    return run_path(str(summary_writer.get_logdir()), os.environ.get(RUN_ROOT_ENV, ""))
+    root, daemon_logdir = os.environ.get(RUN_ROOT_ENV, ""), os.environ.get(DAEMON_LOGDIR_ENV, "")
+    return run_path(str(summary_writer.get_logdir()), root, daemon_logdir=daemon_logdir)
 
 
 def _check_writer(summary_writer: Any) -> None:

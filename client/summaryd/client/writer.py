@@ -25,7 +25,7 @@ from tensorboard.compat.proto.event_pb2 import Event, SessionLog, TaggedRunMetad
 from tensorboard.compat.proto.summary_pb2 import Summary
 from tensorboard.plugins.projector.projector_config_pb2 import EmbeddingInfo, ProjectorConfig
 
-from summaryd.client import _encoder, _files, _summaries, _torch
+from summaryd.client import _encoder, _files, _process, _summaries, _torch
 from summaryd.client._environment import detect_worker
 from summaryd.client._options import carried_or_made
 from summaryd.client._sender import DeliveryReport, Sender
@@ -706,6 +706,8 @@ class SummaryWriter:
             reports = [s.close() for s in senders]
         else:
             reports = [s.close(max(0.0, deadline - time.monotonic())) for s in senders]
+        # What children forked with this writer logged through it, delivered by this process's courier.
+        reports.append(_process.courier.settle(self._owns_run, max(0.0, deadline - time.monotonic())))
         if self.reopens_on_use:
             # The closed senders hand each later event on to a reopened writer's, so that the caller's hot path
             # has no check of its own.
@@ -713,6 +715,10 @@ class SummaryWriter:
             for run, sender in subs.items():
                 sender.hand_over_after_close(functools.partial(self._reopened, run))
         return _merge(reports, self._uploader)
+
+    def _owns_run(self, run: str) -> bool:
+        """Whether `run` is this writer's main run or one of its sub-runs."""
+        return run == self.run or run.startswith(self.run.rstrip("/") + "/")
 
     def _reopened(self, run: str | None) -> Sender:
         """The sender that takes over from a closed one of `run` (None: the main run), the writer reopened."""

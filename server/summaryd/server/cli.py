@@ -153,11 +153,13 @@ def _add_zero_code_parsers(commands: Any, subs: dict[str, argparse.ArgumentParse
         "tensorboardX.SummaryWriter (and their FileWriter): a sitecustomize put first on the child's PYTHONPATH "
         "patches them at start-up, so Lightning, Transformers and Ignite log to the daemon unchanged. A "
         "framework's local log_dir maps to a run below --run-root: relative paths as they are "
-        "(lightning_logs/version_0), absolute ones relative to the working directory when below it, else whole "
-        "without the leading '/'. Each rank of torchrun or accelerate launch writes to <run>/rank-N. With "
+        "(lightning_logs/version_0) but for a first component naming a logdir root (runs/, torch's default, or "
+        "the daemon's logdir by name: runs/linreg is linreg), one inside the daemon's logdir by its path there, "
+        "other absolute ones relative to the working directory when below it, else whole without the leading "
+        "'/'. Each rank of torchrun or accelerate launch writes to <run>/rank-N. With "
         "--ship DIR a shipper follows DIR beside the command, for writers in native code (tf.summary). Prints a "
         "banner, and at the end the writers' delivery report; exits with the command's code.",
-        usage="summaryd run [--address A] [--run-root R] [--ship DIR] -- COMMAND [ARG ...]",
+        usage="summaryd run [--address A] [--run-root R] [--ship DIR [--state FILE]] -- COMMAND [ARG ...]",
     )
     run.add_argument("--address", default=None, help=address_help)
     _add_redirect_flag(run)
