@@ -162,10 +162,13 @@ class Server:
             raise StartupError(f"cannot start on --logdir {config.logdir}: {_reason(exc)}") from None
         ownership = None
         if shipper is not None:
-            await _ship_leftovers(shipper, config)
             ownership = await self._run_ownership(shipper.bucket, executor)
             # Released after the shipper's last upload (callbacks run in reverse): the next owner comes after it.
             resources.push_async_callback(ownership.close)
+            # Every upload asks the run's lease first, recovery's too (leftovers of a run another daemon took
+            # over since are not uploaded).
+            shipper.fence = ownership
+            await _ship_leftovers(shipper, config, state.store.last_of_run)
             resources.push_async_callback(shipper.stop)
         if report.files:
             log.warning(
@@ -473,11 +476,13 @@ def _segment_shipper(config: Config, executor: ThreadPoolExecutor, metrics: Metr
     return SegmentShipper(bucket, config.local_logdir, config.seal_policy, executor, metrics.registry)
 
 
-async def _ship_leftovers(shipper: SegmentShipper, config: Config) -> None:
+async def _ship_leftovers(
+    shipper: SegmentShipper, config: Config, sessions_of: Callable[[str], dict[str, int]]
+) -> None:
     """Upload what a stopped daemon staged, before serving (new segments must sort after it), then start."""
     try:
         await shipper.bucket.check()
-        await shipper.recover()
+        await shipper.recover(sessions_of)
     except BucketError as exc:
         raise StartupError(f"cannot start on --logdir {config.logdir}: {exc}") from None
     shipper.start()
