@@ -10,13 +10,17 @@ from __future__ import annotations
 import asyncio
 import collections
 import os
+import shutil
 import signal
 import time
+import uuid
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import grpc
 import pytest
+from test_durable_state import batch, channels, state_of, stub_of, write
 from test_failover import daemon_in, lease_of
 from test_objstore import logdir_url, seaweed, segments, steps_from_bucket
 
@@ -26,10 +30,12 @@ from summaryd.client import SummaryWriter
 from summaryd.server import segments as shipping
 from summaryd.server.bucket import Bucket
 from summaryd.server.segments import SealPolicy, SegmentShipper
+from summaryd.v1 import summaryd_pb2 as pb
+from summaryd.v1 import summaryd_pb2_grpc as pb_grpc
 
 pytestmark = pytest.mark.objstore
 
-__all__ = ["logdir_url", "seaweed"]  # fixtures shared with the object-storage tests
+__all__ = ["channels", "logdir_url", "seaweed"]  # fixtures shared with the object-storage tests
 
 
 def pair(tmp_path: Path, url: str, lease: str, seal_a: str, daemons: list[Daemon]) -> tuple[Daemon, Daemon]:
@@ -156,3 +162,43 @@ async def test_a_takeover_closes_the_previous_holders_files_before_it_writes_the
     # a, unaware, can start no new file either: naming it in the lease fails by ETag, and the run is dropped.
     assert not await a.admit("run/w0", "events.out.tfevents.1700000001.host.1.2")
     assert not a.holds("run")
+
+
+def test_what_recovery_uploads_names_its_sessions_so_a_daemon_resuming_them_doubles_nothing(
+    tmp_path: Path, seaweed: SeaweedServer, logdir_url: str, daemons: list[Daemon], channels: list[grpc.Channel]
+) -> None:
+    # a stages 50 events it never uploads and is SIGKILLed; restarted on its disk, it uploads them before it
+    # serves (the run is still its own), and is lost with its disk before the session comes back to write the
+    # watermark. b resumes the session from the bucket: the recovered segment must count.
+    a, b = pair(tmp_path, logdir_url, "2", "3600", daemons)
+    session = str(uuid.uuid4())
+    opening = pb.OpenSessionRequest(session_id=session, run="recovered", next_sequence=1)
+    stub_of(a.address, channels).OpenSession(opening, timeout=30)
+    assert write(stub_of(a.address, channels), batch(session, 1, 50)).acked_sequence == 50
+    a.proc.kill()
+    a.proc.wait(30)
+    restarted = daemon_in(tmp_path / "a", logdir_url, "--run-lease", "2", "--seal-secs", "3600")
+    daemons.append(restarted)
+    assert [size for _, size in segments(seaweed, logdir_url, "recovered")] != []  # recovered before serving
+    restarted.proc.kill()
+    restarted.proc.wait(30)
+    shutil.rmtree(tmp_path / "a" / "state")
+    state = state_of(logdir_url, session)
+    assert state is not None and state.durable == 0  # no watermark was ever written
+    to_b = stub_of(b.address, channels)
+    opened: list[pb.OpenSessionResponse] = []
+    wait_for(lambda: opened.append(_open(to_b, opening)) or opened[-1] is not None, 30, "b to take the run")
+    assert opened[-1] is not None and opened[-1].durable_sequence == 50
+    assert write(to_b, batch(session, 1, 80)).acked_sequence == 80  # the client resends all it holds
+    to_b.CloseSession(pb.CloseSessionRequest(session_id=session), timeout=30)
+    assert steps_from_bucket(seaweed, logdir_url, "recovered", tmp_path / "read") == collections.Counter(range(80))
+
+
+def _open(stub: pb_grpc.SummariesStub, request: pb.OpenSessionRequest) -> pb.OpenSessionResponse | None:
+    """The session opened, or None while another daemon's lease holds its run."""
+    try:
+        answer: pb.OpenSessionResponse = stub.OpenSession(request, timeout=30)
+    except grpc.RpcError as exc:
+        assert exc.code() == grpc.StatusCode.FAILED_PRECONDITION, exc
+        return None
+    return answer
