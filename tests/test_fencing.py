@@ -202,3 +202,58 @@ def _open(stub: pb_grpc.SummariesStub, request: pb.OpenSessionRequest) -> pb.Ope
         assert exc.code() == grpc.StatusCode.FAILED_PRECONDITION, exc
         return None
     return answer
+
+
+class _WaitsAfterItsWrite(Bucket):
+    """The real bucket, whose lease writes, once `hold` is set, wait after they have landed until `go` is set:
+    the instant between a write and its bookkeeping, which no timing hits for real (the test's one fake)."""
+
+    def __init__(self, url: str) -> None:
+        super().__init__(url)
+        self.hold, self.landed, self.go = False, asyncio.Event(), asyncio.Event()
+
+    async def replace(self, key: str, data: bytes, etag: str) -> str:
+        written = await super().replace(key, data, etag)
+        if self.hold:
+            self.landed.set()
+            await self.go.wait()
+        return written
+
+
+async def test_a_lease_write_cancelled_after_it_landed_is_still_recorded_and_released(
+    seaweed: SeaweedServer, logdir_url: str
+) -> None:
+    from summaryd.server.leases import RunLeases
+    from summaryd.server.run_ownership import RunOwnership
+
+    bucket = _WaitsAfterItsWrite(logdir_url)
+    ownership = RunOwnership(RunLeases(bucket, "a", "10.0.0.1:6065", 30.0))
+    await ownership.take("run")
+    bucket.hold = True
+    # The shipper, stopped at shutdown while the lease is being written to name a new file.
+    naming = asyncio.ensure_future(ownership.admit("run", "events.out.tfevents.1700000000.host.1.1"))
+    await bucket.landed.wait()
+    naming.cancel()
+    bucket.go.set()
+    await ownership.close()
+    # Released by the version that write made, not refused as stale (which would leave it live for 30 s).
+    lease = await RunLeases(Bucket(logdir_url), "reader", "", 30.0).read("run")
+    assert lease is not None and lease.expires == 0.0
+
+
+async def test_metrics_show_the_held_leases_and_the_least_time_left_on_them(logdir_url: str) -> None:
+    from prometheus_client import CollectorRegistry, generate_latest
+
+    from summaryd.server.leases import RunLeases
+    from summaryd.server.run_ownership import LeaseCollector, RunOwnership
+
+    ownership = RunOwnership(RunLeases(Bucket(logdir_url), "a", "10.0.0.1:6065", 30.0))
+    registry = CollectorRegistry()
+    registry.register(LeaseCollector(ownership))
+    assert "summaryd_run_lease_margin_seconds" not in generate_latest(registry).decode()
+    await asyncio.gather(ownership.take("one"), ownership.take("two"))
+    text = generate_latest(registry).decode()
+    assert "summaryd_run_leases 2.0" in text
+    (left,) = [float(line.split()[1]) for line in text.splitlines() if line.startswith("summaryd_run_lease_margin")]
+    assert 0 < left <= 25.0  # written just now: the 30 s lease less its 5 s margin, less the time since
+    await ownership.close()

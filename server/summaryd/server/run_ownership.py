@@ -23,7 +23,9 @@ import errno
 import logging
 import os
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
+
+from prometheus_client.core import GaugeMetricFamily, Metric
 
 from summaryd.server.bucket import BucketError
 from summaryd.server.errors import RunOwnedElsewhereError
@@ -79,6 +81,9 @@ class RunOwnership:
         # held already waits for none of them.
         self._locks: dict[str, asyncio.Lock] = {}
         self._renewals = asyncio.Semaphore(RENEWALS_AT_ONCE)
+        # Renewals of held leases under way: each is recorded even if whoever asked for it is cancelled (a lease
+        # written but not recorded would leave a stale ETag, and the next write would find the lease "lost").
+        self._writes: set[asyncio.Task[Lease]] = set()
         self._renewer: asyncio.Task[None] | None = None
         self._releasing: set[asyncio.Task[None]] = set()
         # Per run, the uploads its sessions that left are waiting for: the lease goes after all of them.
@@ -155,16 +160,33 @@ class RunOwnership:
                 return False
             if (run_dir, name) not in held[0].files:
                 try:
-                    lease = await self.leases.renew(held[0].naming(run_dir, name))
+                    await self._renew_held(run, held[0].naming(run_dir, name))
                 except LeaseLostError:
                     self._lost(run)
                     return False
                 except BucketError as exc:
                     log.warning("run %s: the lease could not name %s (retrying): %s", run, name, exc)
                     return False
-                if run in self._held:
-                    self._held[run] = (lease, self._held[run][1])
         return True
+
+    async def _renew_held(self, run_dir: str, lease: Lease) -> Lease:
+        """Write `lease` (a held one, renewed) and record it as held, whether or not the caller is cancelled
+        meanwhile; `close` waits for it before it releases.
+
+        Raises:
+            LeaseLostError, BucketError: from `RunLeases.renew`.
+        """
+
+        async def write() -> Lease:
+            renewed = await self.leases.renew(lease)
+            if run_dir in self._held:  # sessions counted meanwhile keep their count
+                self._held[run_dir] = (renewed, self._held[run_dir][1])
+            return renewed
+
+        task = asyncio.ensure_future(write())
+        self._writes.add(task)
+        task.add_done_callback(self._writes.discard)
+        return await asyncio.shield(task)
 
     def holds(self, run_dir: str) -> bool:
         """Whether this daemon holds the lease that covers `run_dir` (a run, or a worker's directory of one)."""
@@ -290,6 +312,8 @@ class RunOwnership:
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await task
+        # A renewal cut off by the cancellation still lands and is recorded: release the version it wrote.
+        await asyncio.gather(*self._writes, return_exceptions=True)
         held, self._held, self._settling = list(self._held.values()), {}, {}
         await asyncio.gather(*(self._release(lease) for lease, _ in held))
 
@@ -314,12 +338,28 @@ class RunOwnership:
             if held is None:
                 return
             try:
-                lease = await self.leases.renew(held[0])
+                await self._renew_held(run_dir, held[0])
             except LeaseLostError:
                 self._lost(run_dir)
-                return
             except BucketError as exc:  # tried again at the next round, while the lease lasts
                 log.warning("run %s: the lease could not be renewed: %s", run_dir, exc)
-                return
-            if run_dir in self._held:  # sessions counted meanwhile keep their count
-                self._held[run_dir] = (lease, self._held[run_dir][1])
+
+
+class LeaseCollector:
+    """Figures of the run leases at scrape time: how many are held, and the least time left on any."""
+
+    def __init__(self, ownership: RunOwnership) -> None:
+        self._ownership = ownership
+
+    def collect(self) -> Iterator[Metric]:
+        yield GaugeMetricFamily(
+            "summaryd_run_leases", "Run leases this daemon holds.", value=len(self._ownership.held())
+        )
+        left = self._ownership.margin_left()
+        if left is not None:
+            yield GaugeMetricFamily(
+                "summaryd_run_lease_margin_seconds",
+                "Least time left, by this daemon's clock, before a held run lease stops being written under "
+                "(between a half and five sixths of --run-lease while renewals succeed; at 0 uploads wait).",
+                value=left,
+            )

@@ -30,7 +30,7 @@ from summaryd.server.leases import RunLeases
 from summaryd.server.metrics import Metrics, MetricsInterceptor
 from summaryd.server.open_files import ensure_open_files
 from summaryd.server.refusals import RefusalInterceptor
-from summaryd.server.run_ownership import RunOwnership, holder_id
+from summaryd.server.run_ownership import LeaseCollector, RunOwnership, holder_id
 from summaryd.server.runs import RunRegistry
 from summaryd.server.segments import SegmentShipper
 from summaryd.server.service import SummariesService
@@ -225,6 +225,7 @@ class Server:
         address = config.advertised(self.port)
         ownership = RunOwnership(RunLeases(bucket, holder, address, config.run_lease))
         ownership.start()
+        self.metrics.registry.register(LeaseCollector(ownership))
         log.info("run leases held as %s, clients of other daemons sent to %s", holder, address)
         return ownership
 
