@@ -257,3 +257,21 @@ async def test_metrics_show_the_held_leases_and_the_least_time_left_on_them(logd
     (left,) = [float(line.split()[1]) for line in text.splitlines() if line.startswith("summaryd_run_lease_margin")]
     assert 0 < left <= 25.0  # written just now: the 30 s lease less its 5 s margin, less the time since
     await ownership.close()
+
+
+async def test_opening_a_session_waits_for_no_renewal_of_another_lease(logdir_url: str) -> None:
+    from summaryd.server.leases import RunLeases
+    from summaryd.server.run_ownership import RunOwnership
+
+    bucket = _WaitsAfterItsWrite(logdir_url)
+    ownership = RunOwnership(RunLeases(bucket, "a", "10.0.0.1:6065", 3.0))
+    await ownership.take("held")
+    bucket.hold = True
+    ownership.start()  # renews every second; its renewal of `held` is stuck in the bucket from here
+    await bucket.landed.wait()
+    # A new run's lease (a create) and one more session on the held run both go through meanwhile (the hang
+    # guard is generous: before, both waited for the whole renewal round).
+    await asyncio.wait_for(asyncio.gather(ownership.take("new"), ownership.take("held")), 30)
+    assert set(ownership.held()) == {"held", "new"}
+    bucket.go.set()
+    await ownership.close()

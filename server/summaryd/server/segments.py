@@ -228,6 +228,8 @@ class SegmentShipper:
         them a `batch` of (session id, last sequence number)."""
         now = self._clock()
         staged = self._files.get((run_dir, name))
+        if staged is None and (run_dir, name) in self._forsaken:  # its lease was lost: never uploaded from here
+            return
         if staged is None:
             staged = self._files[(run_dir, name)] = StagedFile(run_dir, name, started=now)
         if size > staged.size:
@@ -241,7 +243,8 @@ class SegmentShipper:
     def closed(self, run_dir: str, name: str, size: int) -> None:
         """The writer closed the staged file at `size` bytes: its last segment is sealed now."""
         self.appended(run_dir, name, size)
-        self._files[(run_dir, name)].closed = True
+        if (staged := self._files.get((run_dir, name))) is not None:
+            staged.closed = True
         self._wake.set()
 
     async def file_written(self, run_dir: str, path: str, content: bytes) -> None:
