@@ -275,3 +275,15 @@ async def test_opening_a_session_waits_for_no_renewal_of_another_lease(logdir_ur
     assert set(ownership.held()) == {"held", "new"}
     bucket.go.set()
     await ownership.close()
+
+
+async def test_the_state_of_sessions_closed_past_the_retention_is_removed_and_no_other(logdir_url: str) -> None:
+    from summaryd.server.bucket_sessions import BucketSessions, DurableSession
+
+    sessions = BucketSessions(Bucket(logdir_url))
+    await sessions.put(DurableSession("closed", "run", 10, True))
+    await sessions.put(DurableSession("open", "run", 10, False))
+    assert await sessions.sweep(time.time() - 3600) == 0  # written within the retention: kept
+    assert await sessions.sweep(time.time() + 3600) == 1  # past it: the closed one goes, the open one stays
+    assert await sessions.get("closed") is None
+    assert await sessions.get("open") == DurableSession("open", "run", 10, False)

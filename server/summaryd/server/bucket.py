@@ -33,6 +33,8 @@ class ObjectInfo:
     key: str
     size: int
     etag: str
+    modified: float = 0.0
+    """When it was last written (Unix seconds, the store's clock)."""
 
 
 def is_bucket_url(logdir: str) -> bool:
@@ -173,7 +175,10 @@ class Bucket:
         found: list[ObjectInfo] = []
         try:
             async for batch in obstore.list(self._store, prefix or None):
-                found += [ObjectInfo(meta["path"], meta["size"], meta["e_tag"] or "") for meta in batch]
+                found += [
+                    ObjectInfo(meta["path"], meta["size"], meta["e_tag"] or "", meta["last_modified"].timestamp())
+                    for meta in batch
+                ]
         except Exception as exc:
             raise BucketError(f"{self.url}/{prefix}: listing failed: {_reason(exc)}") from exc
         return sorted(found, key=lambda info: info.key)

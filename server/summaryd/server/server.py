@@ -24,6 +24,7 @@ from grpc_reflection.v1alpha import reflection
 from summaryd.server.aggregation import Aggregation
 from summaryd.server.auth import AuthInterceptor, TokenTable, current_caller
 from summaryd.server.bucket import Bucket, BucketError
+from summaryd.server.bucket_sessions import BucketSessions
 from summaryd.server.config import Config
 from summaryd.server.io_threads import io_executor
 from summaryd.server.leases import RunLeases
@@ -170,6 +171,10 @@ class Server:
             shipper.fence = ownership
             await _ship_leftovers(shipper, config, state.store.last_of_run)
             resources.push_async_callback(shipper.stop)
+            sweeper = asyncio.create_task(
+                BucketSessions(shipper.bucket).sweep_forever(config.session_retention_days * 86400)
+            )
+            resources.push_async_callback(_cancelled, sweeper)
         if report.files:
             log.warning(
                 "recovered %d event files left open by a stopped daemon: %d bytes cut, %d files deleted, "
@@ -487,6 +492,12 @@ async def _ship_leftovers(
     except BucketError as exc:
         raise StartupError(f"cannot start on --logdir {config.logdir}: {exc}") from None
     shipper.start()
+
+
+async def _cancelled(task: asyncio.Task[None]) -> None:
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await task
 
 
 def _reason(exc: BaseException) -> str:
