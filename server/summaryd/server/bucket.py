@@ -33,6 +33,8 @@ class ObjectInfo:
     key: str
     size: int
     etag: str
+    modified: float = 0.0
+    """When it was last written (Unix seconds, the store's clock)."""
 
 
 def is_bucket_url(logdir: str) -> bool:
@@ -95,13 +97,14 @@ class Bucket:
             raise BucketError(f"{self.url}/{key}: upload failed: {_reason(exc)}") from exc
         return result["e_tag"] or ""
 
-    async def create(self, key: str, data: bytes) -> str:
-        """Write `key` only if no object is there; return its ETag.
+    async def create(self, key: str, data: bytes, metadata: dict[str, str] | None = None) -> str:
+        """Write `key` only if no object is there (one request, never in parts), with user `metadata`; return
+        its ETag.
 
         Raises:
             PreconditionFailedError: an object exists at `key`.
         """
-        return await self._conditional_put(key, data, "create")
+        return await self._conditional_put(key, data, "create", metadata)
 
     async def replace(self, key: str, data: bytes, etag: str) -> str:
         """Write `key` only if it is still the version `etag`; return the new ETag.
@@ -111,12 +114,14 @@ class Bucket:
         """
         return await self._conditional_put(key, data, {"e_tag": etag})
 
-    async def _conditional_put(self, key: str, data: bytes, mode: Any) -> str:
+    async def _conditional_put(self, key: str, data: bytes, mode: Any, metadata: dict[str, str] | None = None) -> str:
         import obstore
         from obstore.exceptions import AlreadyExistsError, NotFoundError, PreconditionError
 
+        attributes = dict(metadata) if metadata else None
         try:
-            result = await obstore.put_async(self._store, key, data, mode=mode)
+            # A conditional put is never multipart (obstore sends one request): the condition holds for all of it.
+            result = await obstore.put_async(self._store, key, data, mode=mode, attributes=attributes)
         except (AlreadyExistsError, PreconditionError, NotFoundError, FileNotFoundError) as exc:
             raise PreconditionFailedError(f"{self.url}/{key}: {_reason(exc)}") from None
         except Exception as exc:
@@ -150,6 +155,19 @@ class Bucket:
             raise BucketError(f"{self.url}/{key}: reading its metadata failed: {_reason(exc)}") from exc
         return {str(name): value for name, value in result.attributes.items()}
 
+    async def size(self, key: str) -> int | None:
+        """The size of `key` (a HEAD request), or None when there is no such object."""
+        import obstore
+        from obstore.exceptions import NotFoundError
+
+        try:
+            result = await obstore.head_async(self._store, key)
+        except (NotFoundError, FileNotFoundError):
+            return None
+        except Exception as exc:
+            raise BucketError(f"{self.url}/{key}: reading its size failed: {_reason(exc)}") from exc
+        return int(result["size"])
+
     async def list(self, prefix: str) -> list[ObjectInfo]:
         """Every object whose key starts with the directory `prefix` (recursively), sorted by key."""
         import obstore
@@ -157,7 +175,10 @@ class Bucket:
         found: list[ObjectInfo] = []
         try:
             async for batch in obstore.list(self._store, prefix or None):
-                found += [ObjectInfo(meta["path"], meta["size"], meta["e_tag"] or "") for meta in batch]
+                found += [
+                    ObjectInfo(meta["path"], meta["size"], meta["e_tag"] or "", meta["last_modified"].timestamp())
+                    for meta in batch
+                ]
         except Exception as exc:
             raise BucketError(f"{self.url}/{prefix}: listing failed: {_reason(exc)}") from exc
         return sorted(found, key=lambda info: info.key)

@@ -14,13 +14,21 @@ before it holds any of the session's events beyond `durable`.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
+import logging
+import time
 from dataclasses import dataclass, field
 
-from summaryd.server.bucket import Bucket, PreconditionFailedError
+from summaryd.server.bucket import Bucket, BucketError, PreconditionFailedError
+
+log = logging.getLogger(__name__)
 
 SESSION_PREFIX = ".summaryd/sessions/"
 _ROUNDS = 5
+SWEEP_SECS = 3600.0
+"""How often a daemon removes the state of sessions closed longer ago than the retention."""
 
 
 @dataclass(frozen=True)
@@ -91,6 +99,40 @@ class BucketSessions:
             except PreconditionFailedError:
                 continue  # another writer won: read theirs and merge again
         raise PreconditionFailedError(f"{self.bucket.url}/{key}: changed under every attempt to write it")
+
+    async def sweep(self, before: float) -> int:
+        """Remove the state of every session closed and not written since `before` (Unix seconds, the store's
+        clock); return how many. A closed state never changes meaning (a later write merges to closed again,
+        and recreates it at worst), so any daemon may remove one; a session still open is never removed, and
+        a session forgotten this way is one the local stores forget after the same retention too.
+
+        Raises:
+            BucketError: the bucket could not be listed.
+        """
+        removed = 0
+        for info in await self.bucket.list(SESSION_PREFIX):
+            if not info.modified or info.modified >= before:
+                continue
+            session_id = info.key[len(SESSION_PREFIX) :]
+            try:
+                found = await self._read(session_id)
+                if found is not None and found[0].closed and found[0].run_dir:
+                    await self.bucket.delete(info.key)
+                    removed += 1
+            except BucketError as exc:  # tried again at the next sweep
+                log.warning("session %s: its closed state could not be removed: %s", session_id, exc)
+        return removed
+
+    async def sweep_forever(self, retention_secs: float, every: float = SWEEP_SECS) -> None:
+        """Sweep the closed sessions' state past `retention_secs`, every `every` seconds (from a little
+        after the start, so that daemons started together do not sweep at once)."""
+        await asyncio.sleep(every * (0.1 + 0.9 * (time.time() % 1)))
+        while True:
+            with contextlib.suppress(BucketError):
+                removed = await self.sweep(time.time() - retention_secs)
+                if removed:
+                    log.info("removed the state of %d sessions closed over the retention ago", removed)
+            await asyncio.sleep(every)
 
     async def _read(self, session_id: str) -> tuple[DurableSession, str] | None:
         found = await self.bucket.get(session_key(session_id))

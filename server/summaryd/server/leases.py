@@ -15,14 +15,24 @@ be sent to, and when the lease expires (wall-clock seconds). The rules:
 - **release**: an expired lease written the same way, so that the next daemon need not wait.
 
 Expiry compares the lease's wall-clock deadline with the reader's clock, so daemons' clocks must agree to well
-within the lease's duration (NTP does). A lease is as trustworthy as the bucket: anyone who can write the prefix
-can write one, naming any address, so the address is checked before a client is sent there
-(`run_ownership.RunOwnership`, with `--peers`) and clients follow only addresses they were given.
+within the lease's duration (NTP does); the holder itself judges by its monotonic clock (`Lease.live`). A lease
+is as trustworthy as the bucket: anyone who can write the prefix can write one, naming any address, so the
+address is checked before a client is sent there (`run_ownership.RunOwnership`, with `--peers`) and clients
+follow only addresses they were given.
+
+**Fencing.** The document also names, per directory, the staged file whose segments the holder uploads
+(`files`): a holder uploads a file's segments only once its lease names the file (`RunLeases.renew` with it,
+by ETag). A daemon that takes the lease from another holder moves those names to `unfenced`, and before it
+writes anything of the run closes each of those files to its old holder for good (`segments.fence_file`: an
+empty object created at the key its next segment would have), then writes the lease again without them. A
+paused holder that wakes up can thus neither start a new file (its lease write fails by ETag) nor add a
+segment to one it had (the key is taken): see DESIGN.md, *Fencing*.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import logging
 import time
@@ -61,9 +71,37 @@ class Lease:
     address: str
     expires: float
     etag: str
+    files: tuple[tuple[str, str], ...] = ()
+    """(directory, staged file name) whose segments the holder may upload under this lease."""
+    unfenced: tuple[tuple[str, str], ...] = ()
+    """Files of earlier holders not yet closed to them (`segments.fence_file`): done before anything is written."""
+    renewed: float = dataclasses.field(default=0.0, compare=False)
+    """The holder's monotonic clock when the write that made this version began (0: read, not written here)."""
 
     def document(self) -> bytes:
-        return json.dumps({"holder": self.holder, "address": self.address, "expires": self.expires}).encode()
+        doc = {"holder": self.holder, "address": self.address, "expires": self.expires}
+        if self.files:
+            doc["files"] = [list(pair) for pair in self.files]
+        if self.unfenced:
+            doc["unfenced"] = [list(pair) for pair in self.unfenced]
+        return json.dumps(doc).encode()
+
+    def live(self, now: float, duration: float) -> bool:
+        """Whether the holder may still write under this version at monotonic time `now`: until the start of
+        the write that made it plus the lease, less a margin for the other daemons' clocks (`margin`). A
+        version another daemon may judge expired is never written under, whatever the wall clock says."""
+        return self.renewed > 0 and now < self.renewed + duration - margin(duration)
+
+    def naming(self, run_dir: str, name: str) -> Lease:
+        """This lease naming `name` as the staged file of `run_dir` whose segments are uploaded (to be written)."""
+        files = tuple(sorted({**dict(self.files), run_dir: name}.items()))
+        return dataclasses.replace(self, files=files)
+
+
+def margin(duration: float) -> float:
+    """How long before its lease expires a holder stops writing under it: a sixth of the lease (5 s of the
+    default 30 s), for other daemons' wall clocks running ahead of this one's, and the rates of both."""
+    return duration / 6
 
 
 def lease_key(run_dir: str) -> str:
@@ -81,12 +119,14 @@ class RunLeases:
         address: str,
         duration: float,
         clock: Callable[[], float] = time.time,
+        monotonic: Callable[[], float] = time.monotonic,
     ) -> None:
         self.bucket = bucket
         self.holder = holder
         self.address = address
         self.duration = duration
         self._clock = clock
+        self.monotonic = monotonic
 
     async def acquire(self, run_dir: str) -> Lease:
         """Take (or renew) the lease of `run_dir`.
@@ -94,15 +134,19 @@ class RunLeases:
         Raises:
             LeaseHeldError: another daemon holds a live lease on the run.
         """
-        key = lease_key(run_dir)
         # Two rounds: a lost race (create or take-over) is answered by reading what the winner wrote.
         for _ in range(2):
             current = await self.read(run_dir)
             if current is None:
                 try:
-                    return await self._write(run_dir, key, None)
+                    return await self._write(Lease(run_dir, self.holder, self.address, 0.0, ""), None)
                 except PreconditionFailedError:
                     continue
+            if current.holder == self.holder:  # its own (from before a restart): its files stay its own
+                taken = current
+            else:  # another holder's files are closed to it before this daemon writes the run
+                unfenced = tuple(sorted({*current.unfenced, *current.files}))
+                taken = Lease(run_dir, self.holder, self.address, 0.0, "", (), unfenced)
             if current.holder != self.holder and current.expires > self._clock():
                 if not (self.address and current.address == self.address):
                     raise LeaseHeldError(run_dir, current.holder, current.address, current.expires)
@@ -114,7 +158,7 @@ class RunLeases:
                     current.holder,
                 )
             try:
-                return await self._write(run_dir, key, current.etag)
+                return await self._write(taken, current.etag)
             except PreconditionFailedError:
                 continue
         current = await self.read(run_dir)
@@ -122,20 +166,22 @@ class RunLeases:
             raise LeaseHeldError(run_dir, current.holder, current.address, current.expires)
         raise LeaseLostError(f"run {run_dir}: the lease changed under every attempt to take it")
 
-    async def renew(self, lease: Lease) -> Lease:
-        """Extend `lease` by the duration from now.
+    async def renew(self, lease: Lease, etag: str | None = None) -> Lease:
+        """Extend `lease` by the duration from now (written as given: its files and unfenced ones), replacing
+        the version `etag` (default: `lease.etag`).
 
         Raises:
             LeaseLostError: the lease is no longer the version this daemon wrote.
         """
         try:
-            return await self._write(lease.run_dir, lease_key(lease.run_dir), lease.etag)
+            return await self._write(lease, lease.etag if etag is None else etag)
         except PreconditionFailedError:
             raise LeaseLostError(f"run {lease.run_dir}: the lease was taken over") from None
 
     async def release(self, lease: Lease) -> None:
         """Give the lease up (write it expired), unless it was taken over already."""
-        expired = Lease(lease.run_dir, self.holder, self.address, 0.0, lease.etag)
+        # Its files stay named: the next holder closes them to this one, as after a takeover.
+        expired = dataclasses.replace(lease, expires=0.0)
         with contextlib.suppress(PreconditionFailedError):
             await self.bucket.replace(lease_key(lease.run_dir), expired.document(), lease.etag)
 
@@ -147,15 +193,36 @@ class RunLeases:
         data, etag = found
         try:
             doc = json.loads(data)
-            return Lease(run_dir, str(doc["holder"]), str(doc["address"]), float(doc["expires"]), etag)
+            return Lease(
+                run_dir,
+                str(doc["holder"]),
+                str(doc["address"]),
+                float(doc["expires"]),
+                etag,
+                _pairs(doc.get("files", [])),
+                _pairs(doc.get("unfenced", [])),
+            )
         except (ValueError, KeyError, TypeError):
             # Unreadable: treat it as an expired lease of nobody, to be replaced by ETag like any other.
             return Lease(run_dir, "", "", 0.0, etag)
 
-    async def _write(self, run_dir: str, key: str, etag: str | None) -> Lease:
-        lease = Lease(run_dir, self.holder, self.address, self._clock() + self.duration, "")
+    async def _write(self, lease: Lease, etag: str | None) -> Lease:
+        # The monotonic clock is read before the request goes: the holder's term counts from no later than the
+        # instant the other daemons' deadline (`expires`, by this wall clock) does.
+        renewed = self.monotonic()
+        lease = dataclasses.replace(
+            lease, holder=self.holder, address=self.address, expires=self._clock() + self.duration, renewed=renewed
+        )
+        key = lease_key(lease.run_dir)
         if etag is None:
             new_etag = await self.bucket.create(key, lease.document())
         else:
             new_etag = await self.bucket.replace(key, lease.document(), etag)
-        return Lease(run_dir, lease.holder, lease.address, lease.expires, new_etag)
+        return dataclasses.replace(lease, etag=new_etag)
+
+
+def _pairs(value: object) -> tuple[tuple[str, str], ...]:
+    """(directory, file name) pairs of a lease document; anything else in it is a TypeError (unreadable)."""
+    if not isinstance(value, list):
+        raise TypeError("not a list")
+    return tuple(sorted((str(a), str(b)) for a, b in value))

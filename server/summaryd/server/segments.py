@@ -40,11 +40,12 @@ import time
 from collections.abc import Callable
 from concurrent.futures import Executor
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from prometheus_client import CollectorRegistry, Counter
 
 from summaryd.server import segment_sessions
-from summaryd.server.bucket import Bucket, BucketError
+from summaryd.server.bucket import Bucket, BucketError, PreconditionFailedError
 
 log = logging.getLogger(__name__)
 
@@ -52,6 +53,33 @@ OFFSET_DIGITS = 16
 AGE_FRACTION = 16
 """A segment may wait up to 1/AGE_FRACTION of its file's age (within `seal_secs`..`seal_max_secs`)."""
 _RETRY_SECS = (1.0, 2.0, 5.0, 10.0, 30.0)
+_FENCE_ROUNDS = 100
+
+
+class Fencing(Protocol):
+    """What the shipper asks the run leases (`run_ownership.RunOwnership`) before it uploads anything."""
+
+    async def admit(self, run_dir: str, name: str) -> bool:
+        """Whether a segment of staged file `name` of `run_dir` may be uploaded now (the lease held, live by
+        the monotonic clock, and naming the file)."""
+        ...
+
+    def holds(self, run_dir: str) -> bool:
+        """Whether this daemon holds the lease that covers `run_dir`."""
+        ...
+
+    def fenced(self, run_dir: str) -> None:
+        """A segment of `run_dir` found its key taken by another daemon's fence: the lease is lost."""
+        ...
+
+    async def reclaim(self, run_dir: str) -> str | None:
+        """Take the lease covering `run_dir` for recovery if no other daemon held it since this one; the leased
+        run, or None when another daemon did (its staged leftovers are not this daemon's to upload)."""
+        ...
+
+    async def unclaim(self, leased: str) -> None:
+        """Recovery of the run `leased` (from `reclaim`) is done."""
+        ...
 
 
 def _exit_after_uploads() -> int:
@@ -117,6 +145,8 @@ class StagedFile:
     last_upload: float | None = None
     wanted: int = 0
     """Bytes a caller waits to see uploaded (`upload_through`): due now, whatever their age."""
+    forsaken: bool = False
+    """Its run's lease is lost: the pending bytes are never uploaded from here (the clients resend them)."""
     boundaries: list[tuple[int, str, int]] = field(default_factory=list)
     """Where each batch journaled since the last upload ends (a segment ends at one of these), with its
     session and last sequence number ("" and 0 when not told)."""
@@ -185,8 +215,11 @@ class SegmentShipper:
         self._failures = 0
         self._last_uploads: dict[str, float] = {}  # by run, wall clock: outlives the run's uploaded files
         self._progress = asyncio.Event()  # set (and replaced) after every upload, for `upload_through`
+        self._forsaken: set[tuple[str, str]] = set()  # (run, name) of files whose lease was lost (small, kept)
         # Told after every upload (run, staged file name, uploaded end): the session lifecycle's durable marks.
         self.on_uploaded: Callable[[str, str, int], None] | None = None
+        # The run leases, asked before every upload (a bucket logdir's daemon always sets them).
+        self.fence: Fencing | None = None
 
     # The writer's side.
 
@@ -195,6 +228,8 @@ class SegmentShipper:
         them a `batch` of (session id, last sequence number)."""
         now = self._clock()
         staged = self._files.get((run_dir, name))
+        if staged is None and (run_dir, name) in self._forsaken:  # its lease was lost: never uploaded from here
+            return
         if staged is None:
             staged = self._files[(run_dir, name)] = StagedFile(run_dir, name, started=now)
         if size > staged.size:
@@ -208,7 +243,8 @@ class SegmentShipper:
     def closed(self, run_dir: str, name: str, size: int) -> None:
         """The writer closed the staged file at `size` bytes: its last segment is sealed now."""
         self.appended(run_dir, name, size)
-        self._files[(run_dir, name)].closed = True
+        if (staged := self._files.get((run_dir, name))) is not None:
+            staged.closed = True
         self._wake.set()
 
     async def file_written(self, run_dir: str, path: str, content: bytes) -> None:
@@ -228,14 +264,17 @@ class SegmentShipper:
         the run's earlier files go first). Waits while the bucket fails: callers bound it with their deadline."""
         key = (run_dir, name)
         staged = self._files.get(key)
-        if staged is None:  # wholly uploaded and put away already
+        if staged is None and key not in self._forsaken:  # wholly uploaded and put away already
             return
         # Never beyond what the writer reported: bytes of a batch still being written (or cut) are not waited on.
-        size = min(size, staged.size)
-        staged.wanted = max(staged.wanted, size)
+        size = min(size, staged.size) if staged is not None else size
+        if staged is not None:
+            staged.wanted = max(staged.wanted, size)
         self._wake.set()
-        while (current := self._files.get(key)) is not None and current.uploaded < size:
+        while (current := self._files.get(key)) is not None and current.uploaded < size and not current.forsaken:
             await self._progress.wait()
+        if key in self._forsaken:
+            raise OSError(errno.EIO, f"run {run_dir}: this daemon no longer holds the run's lease")
 
     # Status.
 
@@ -250,8 +289,14 @@ class SegmentShipper:
 
     # Lifecycle.
 
-    async def recover(self) -> int:
+    async def recover(self, sessions_of: Callable[[str], dict[str, int]] | None = None) -> int:
         """Upload what a stopped daemon left in staging (before serving); return the bytes uploaded.
+
+        A run's leftovers go up only once this daemon holds its lease again, and only when no other daemon
+        held it since (`Fencing.reclaim`): otherwise they were the other daemon's to write, their clients
+        resent them there, and they are discarded (logged). The last segment of each run names the sessions
+        `sessions_of(run_dir)` gives (its local records), so that a daemon resuming them from the bucket
+        counts it (`segment_sessions`), as it counts any other segment.
 
         Raises:
             BucketError: the bucket cannot be listed or written; the daemon must not serve then, or the
@@ -261,26 +306,64 @@ class SegmentShipper:
         leftovers = await loop.run_in_executor(self._executor, _staged_files, self.staging_dir)
         before = self.counters.bytes
         for run_dir, names in sorted(leftovers.items()):
-            ends = await self._uploaded_ends(run_dir)
-            for name, size in names:
-                staged = StagedFile(run_dir, name, started=self._clock(), size=size, closed=True)
-                staged.uploaded = ends.get(name, 0)
-                if staged.uploaded > size:
-                    log.warning(
-                        "run %s: %s has %d bytes in the bucket but %d in staging (staging lost its tail); keeping "
-                        "the bucket's",
-                        run_dir,
-                        name,
-                        staged.uploaded,
-                        size,
-                    )
-                    staged.uploaded = size
-                await self._upload(staged, raise_errors=True)
-                await loop.run_in_executor(self._executor, self._stub, staged)
+            leased = run_dir if self.fence is None else await self.fence.reclaim(run_dir)
+            if leased is None:
+                await self._discard(run_dir, names)
+                continue
+            try:
+                await self._recover_run(run_dir, names, sessions_of(run_dir) if sessions_of else {})
+            finally:
+                if self.fence is not None:
+                    await self.fence.unclaim(leased)
         uploaded = self.counters.bytes - before
         if uploaded:
             log.warning("uploaded %d staged bytes a stopped daemon left behind", uploaded)
         return uploaded
+
+    async def _recover_run(self, run_dir: str, names: list[tuple[str, int]], sessions: dict[str, int]) -> None:
+        loop = asyncio.get_running_loop()
+        ends = await self._uploaded_ends(run_dir)
+        named = dict(sorted(sessions.items(), key=lambda item: -item[1])[: segment_sessions.MAX_SESSIONS])
+        if len(sessions) > len(named):
+            log.warning(
+                "run %s: the staged leftovers hold %d sessions, more than a segment names (%d)",
+                run_dir,
+                len(sessions),
+                len(named),
+            )
+        for index, (name, size) in enumerate(names):
+            staged = StagedFile(run_dir, name, started=self._clock(), size=size, closed=True)
+            staged.uploaded = ends.get(name, 0)
+            if staged.uploaded > size:
+                log.warning(
+                    "run %s: %s has %d bytes in the bucket but %d in staging (staging lost its tail); keeping "
+                    "the bucket's",
+                    run_dir,
+                    name,
+                    staged.uploaded,
+                    size,
+                )
+                staged.uploaded = size
+            # Everything of the run staged here is in the bucket once its last file is: that segment names
+            # every session of the run up to what this daemon holds of it.
+            held = named if index == len(names) - 1 else {}
+            while staged.pending and not staged.forsaken:
+                if not await self._upload(staged, raise_errors=True, held=held) and not staged.forsaken:
+                    raise BucketError(f"run {run_dir}: its lease does not admit uploading {name}")
+            await loop.run_in_executor(self._executor, self._stub, staged)
+
+    async def _discard(self, run_dir: str, names: list[tuple[str, int]]) -> None:
+        loop = asyncio.get_running_loop()
+        ends = await self._uploaded_ends(run_dir)
+        pending = sum(max(size - ends.get(name, 0), 0) for name, size in names)
+        for name, size in names:
+            await loop.run_in_executor(self._executor, self._stub, StagedFile(run_dir, name, 0.0, size))
+        log.warning(
+            "run %s: another daemon has held its lease since this one staged %d bytes not uploaded; they are "
+            "discarded, not uploaded (their clients sent them to that daemon)",
+            run_dir,
+            pending,
+        )
 
     def start(self) -> None:
         """Start sealing and uploading in the background."""
@@ -322,6 +405,11 @@ class SegmentShipper:
     async def _ship_run(self, files: list[StagedFile], force: bool) -> bool:
         """Ship one run's files in name order; stop at the first failure (order must hold). True when all went."""
         for staged in files:
+            if staged.forsaken:
+                if staged.closed:
+                    await asyncio.get_running_loop().run_in_executor(self._executor, self._stub, staged)
+                    self._files.pop((staged.run_dir, staged.name), None)
+                continue
             while staged.pending > 0 and (force or staged.closed or self._due(staged)):
                 if not await self._upload(staged, raise_errors=False):
                     return False
@@ -350,18 +438,28 @@ class SegmentShipper:
             end, held, taken = size, grown, True
         return end, held
 
-    async def _upload(self, staged: StagedFile, raise_errors: bool) -> bool:
-        """Upload the next segment of `staged`'s pending bytes. False (or raises) when the bucket refused."""
-        start, (end, held) = staged.uploaded, self._segment_end(staged)
-        if end <= start:
-            return True
+    async def _upload(self, staged: StagedFile, raise_errors: bool, held: dict[str, int] | None = None) -> bool:
+        """Upload the next segment of `staged`'s pending bytes (naming the sessions `held` instead of its
+        batches'). False (or raises) when the bucket refused; False when the lease does not admit it."""
+        start, (end, batches) = staged.uploaded, self._segment_end(staged)
+        held = batches if held is None else held
+        if end <= start or staged.forsaken:
+            return end <= start
+        if self.fence is not None and not await self.fence.admit(staged.run_dir, staged.name):
+            if not self.fence.holds(staged.run_dir):
+                self._forsake(staged, "its lease is no longer held here")
+            return False
         loop = asyncio.get_running_loop()
         path = os.path.join(self.staging_dir, staged.run_dir, staged.name)
         key = segment_key(staged.run_dir, staged.name, start)
         try:
             data = await loop.run_in_executor(self._executor, _read_range, path, start, end)
             metadata = {segment_sessions.ATTRIBUTE: segment_sessions.encode(held)} if held else None
-            await self.bucket.put(key, data, metadata)
+            if not await self._put_segment(key, data, metadata):
+                if self.fence is not None:
+                    self.fence.fenced(staged.run_dir)
+                self._forsake(staged, f"another daemon took its lease over and closed {key} to this one")
+                return False
         except (BucketError, OSError) as exc:
             self.counters.failures += 1
             if raise_errors:
@@ -387,6 +485,32 @@ class SegmentShipper:
             await loop.run_in_executor(self._executor, release_uploaded, path, start, end)
         return True
 
+    async def _put_segment(self, key: str, data: bytes, metadata: dict[str, str] | None) -> bool:
+        """Create the segment `key` (never over an object there); False when another daemon's fence holds the
+        key. An earlier attempt of this one that landed though its answer was lost counts as uploaded."""
+        try:
+            await self.bucket.create(key, data, metadata)
+        except PreconditionFailedError:
+            found = await self.bucket.size(key)
+            if found != len(data) or not data:
+                return False
+            log.info("%s: an earlier attempt to upload it had landed", key)
+        return True
+
+    def _forsake(self, staged: StagedFile, why: str) -> None:
+        if not staged.forsaken:
+            log.error(
+                "run %s: %s; its %d staged bytes not uploaded are left to the clients, which resend them to the "
+                "run's new daemon",
+                staged.run_dir,
+                why,
+                staged.pending,
+            )
+        staged.forsaken = True
+        self._forsaken.add((staged.run_dir, staged.name))
+        self._progress.set()
+        self._progress = asyncio.Event()
+
     def _stub(self, staged: StagedFile) -> None:
         # Truncated, not deleted: the name stays, so that the run's next file sorts after it.
         os.truncate(os.path.join(self.staging_dir, staged.run_dir, staged.name), 0)
@@ -397,6 +521,31 @@ class SegmentShipper:
         for name, offset, size in await run_segments(self.bucket, run_dir):
             ends[name] = max(ends.get(name, 0), offset + size)
         return ends
+
+
+async def fence_file(bucket: Bucket, run_dir: str, name: str) -> str:
+    """Close the staged file `name` of `run_dir` to the daemon that uploaded it (a takeover, before anything of
+    the run is written): an empty object is created at the key its next segment would have. Segments are
+    created only where no object is, one after another in offset order, so its holder can add none after it;
+    a segment that lands first moves the fence past it. Return the fence's key.
+
+    Raises:
+        BucketError: the bucket could not be listed or written.
+    """
+    end = max(
+        (offset + size for found, offset, size in await run_segments(bucket, run_dir) if found == name), default=0
+    )
+    for _ in range(_FENCE_ROUNDS):
+        key = segment_key(run_dir, name, end)
+        try:
+            await bucket.create(key, b"")
+            return key
+        except PreconditionFailedError:
+            size = await bucket.size(key)
+            if size == 0:  # fenced already (by an earlier takeover that did not get to write it down)
+                return key
+            end += size or 0
+    raise BucketError(f"run {run_dir}: {name} could not be fenced (its segments kept landing)")
 
 
 async def run_segments(bucket: Bucket, run_dir: str) -> list[tuple[str, int, int]]:

@@ -24,13 +24,14 @@ from grpc_reflection.v1alpha import reflection
 from summaryd.server.aggregation import Aggregation
 from summaryd.server.auth import AuthInterceptor, TokenTable, current_caller
 from summaryd.server.bucket import Bucket, BucketError
+from summaryd.server.bucket_sessions import BucketSessions
 from summaryd.server.config import Config
 from summaryd.server.io_threads import io_executor
 from summaryd.server.leases import RunLeases
 from summaryd.server.metrics import Metrics, MetricsInterceptor
 from summaryd.server.open_files import ensure_open_files
 from summaryd.server.refusals import RefusalInterceptor
-from summaryd.server.run_ownership import RunOwnership, holder_id
+from summaryd.server.run_ownership import LeaseCollector, RunOwnership, holder_id
 from summaryd.server.runs import RunRegistry
 from summaryd.server.segments import SegmentShipper
 from summaryd.server.service import SummariesService
@@ -162,11 +163,18 @@ class Server:
             raise StartupError(f"cannot start on --logdir {config.logdir}: {_reason(exc)}") from None
         ownership = None
         if shipper is not None:
-            await _ship_leftovers(shipper, config)
             ownership = await self._run_ownership(shipper.bucket, executor)
             # Released after the shipper's last upload (callbacks run in reverse): the next owner comes after it.
             resources.push_async_callback(ownership.close)
+            # Every upload asks the run's lease first, recovery's too (leftovers of a run another daemon took
+            # over since are not uploaded).
+            shipper.fence = ownership
+            await _ship_leftovers(shipper, config, state.store.last_of_run)
             resources.push_async_callback(shipper.stop)
+            sweeper = asyncio.create_task(
+                BucketSessions(shipper.bucket).sweep_forever(config.session_retention_days * 86400)
+            )
+            resources.push_async_callback(_cancelled, sweeper)
         if report.files:
             log.warning(
                 "recovered %d event files left open by a stopped daemon: %d bytes cut, %d files deleted, "
@@ -222,6 +230,7 @@ class Server:
         address = config.advertised(self.port)
         ownership = RunOwnership(RunLeases(bucket, holder, address, config.run_lease), config.peer_addresses)
         ownership.start()
+        self.metrics.registry.register(LeaseCollector(ownership))
         log.info("run leases held as %s, clients of other daemons sent to %s", holder, address)
         return ownership
 
@@ -473,14 +482,22 @@ def _segment_shipper(config: Config, executor: ThreadPoolExecutor, metrics: Metr
     return SegmentShipper(bucket, config.local_logdir, config.seal_policy, executor, metrics.registry)
 
 
-async def _ship_leftovers(shipper: SegmentShipper, config: Config) -> None:
+async def _ship_leftovers(
+    shipper: SegmentShipper, config: Config, sessions_of: Callable[[str], dict[str, int]]
+) -> None:
     """Upload what a stopped daemon staged, before serving (new segments must sort after it), then start."""
     try:
         await shipper.bucket.check()
-        await shipper.recover()
+        await shipper.recover(sessions_of)
     except BucketError as exc:
         raise StartupError(f"cannot start on --logdir {config.logdir}: {exc}") from None
     shipper.start()
+
+
+async def _cancelled(task: asyncio.Task[None]) -> None:
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await task
 
 
 def _reason(exc: BaseException) -> str:

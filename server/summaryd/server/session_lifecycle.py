@@ -156,6 +156,10 @@ class SessionLifecycle:
         it acknowledged as durable (a daemon resuming the session elsewhere starts from that state)."""
         assert self.bucket_sessions is not None
         while (durable := self.marks.durable(session_id)) > self._published.get(session_id, 0) or closed:
+            if self.ownership is not None and not self.ownership.valid(run_dir):
+                # The lease may have passed to another daemon: its state is that daemon's to write now.
+                log.warning("session %s: its state is not written, the run's lease is not live here", session_id)
+                return
             # Read with `durable`, no await between: every segment before it is counted in `durable`.
             since = self._through.get(run_dir, "")
             try:
@@ -447,7 +451,10 @@ class SessionLifecycle:
         fails would hold the call (and shutdown) forever; the client's deadline ends the wait."""
         sink = self.registry.sink
         if end is not None and isinstance(sink, SegmentShipper):
-            await sink.upload_through(*end)
+            try:
+                await sink.upload_through(*end)
+            except OSError as exc:  # the run's lease was lost: the new owner takes the resend
+                raise self._storage_error(exc, end[0], "the events were not uploaded") from exc
 
     async def _flush(self, session: Session, durable: bool) -> int:
         async with session.lock:

@@ -180,6 +180,11 @@ class SessionStore:
         with self._lock:
             return self._records.get(session_id)
 
+    def last_of_run(self, run_dir: str) -> dict[str, int]:
+        """The last sequence number of each session recorded on `run_dir` (those that wrote anything)."""
+        with self._lock:
+            return {r.session_id: r.last for r in self._records.values() if r.run_dir == run_dir and r.last > 0}
+
     def _merge(self, update: SessionRecord) -> SessionRecord:
         known = self._records.get(update.session_id)
         if known is None:
