@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -355,3 +356,34 @@ def test_ship_once_shows_progress_on_a_terminal(daemon: Daemon, tmp_path: Path) 
     nbytes = sum(len(scalar(s)) for s in range(12))
     assert f"\rsummaryd ship: 12 records, {nbytes} bytes" in text
     assert "delivered 12 records" in text.splitlines()[-1]
+
+
+def test_a_daemon_that_holds_less_than_the_checkpoint_gets_the_rest_again(
+    daemons: list[Daemon], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The daemon's disk comes back without what it acknowledged last (as after a power loss: here its logdir
+    and state are restored from a copy taken earlier): the session resumes where the daemon holds it, the
+    shipper is told so and sends the rest again from its file, and nothing is skipped."""
+    from summaryd.client._shipper import Shipper
+
+    daemons.append(start_daemon(tmp_path))
+    logdir = daemons[0].logdir
+    local = tmp_path / "local"
+    path = local / "events.out.tfevents.1.host"
+    append(path, VERSION_RECORD, *(scalar(s) for s in range(20)))
+    shipper = Shipper(local, "behind", address=daemons[0].address)
+    assert shipper.ship_pass() == 20
+    earlier = tmp_path / "earlier"
+    shutil.copytree(logdir, earlier)  # the daemon is idle: its files and journals hold records 1..20
+    append(path, *(scalar(s) for s in range(20, 50)))
+    assert shipper.ship_pass() == 30
+
+    daemons[0].proc.kill()
+    daemons[0].proc.wait()
+    shutil.rmtree(logdir)
+    shutil.copytree(earlier, logdir)
+    daemons.append(start_daemon(tmp_path, "--listen", f"127.0.0.1:{daemons[0].port}", logdir=logdir))
+    append(path, *(scalar(s) for s in range(50, 60)))
+    shipper.ship_pass()
+    shipper.close()
+    assert daemon_records(logdir / "behind") == [scalar(s) for s in range(60)]
