@@ -364,6 +364,18 @@ def _run(args: argparse.Namespace, sub: argparse.ArgumentParser) -> int:
     return run_command(command, address=address, run_root=run_root, ship_dir=ship_dir, state_path=state)
 
 
+def _ship_reporting(args: argparse.Namespace, sub: argparse.ArgumentParser) -> int:
+    """`ship`, saying on stderr what the shipper finds on the way (a file replaced, a corrupt record), a line each."""
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("summaryd ship: %(message)s"))
+    ship_log = logging.getLogger("summaryd.ship")
+    ship_log.addHandler(handler)
+    try:
+        return _ship(args, sub)
+    finally:
+        ship_log.removeHandler(handler)
+
+
 def _ship(args: argparse.Namespace, sub: argparse.ArgumentParser) -> int:
     import signal
     import threading
@@ -439,7 +451,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command == "run":
         return _run(args, sub)
     if args.command == "ship":
-        return _ship(args, sub)
+        return _ship_reporting(args, sub)
     try:
         config = config_from(args, os.environ)
     except ValueError as exc:
