@@ -459,3 +459,28 @@ def test_a_corrupt_record_is_reported_and_stops_its_file_where_tensorboard_stops
     # TensorBoard's own loader reads the damaged file exactly as far.
     loaded = list(RawEventFileLoader(str(bad_crc), detect_file_replacement=False).Load())
     assert loaded[1:] == [scalar(s) for s in range(5)]
+
+
+def test_ship_and_run_from_the_parent_of_a_clone(daemon: Daemon, tmp_path: Path) -> None:
+    """A folder named `summaryd` in the working directory (the parent of a clone: its `client/` and `server/`
+    folders hold no `__init__.py`) would be a portion of the namespace package `summaryd` wherever the
+    working directory is on `sys.path`: `python -m`, and `''` or `.` on PYTHONPATH, for the console script and
+    the children of `summaryd run` alike. Every entry point imports the installed package all the same."""
+    parent = tmp_path / "parent"
+    for part in ("client", "server", "proto"):
+        (parent / "summaryd" / part / "summaryd").mkdir(parents=True)
+    append(parent / "logs" / "events.out.tfevents.1.host", VERSION_RECORD, *(scalar(s) for s in range(5)))
+    console = str(Path(sys.executable).parent / "summaryd")
+    dotted = {**os.environ, "PYTHONPATH": "."}
+    child = "from summaryd.client import SummaryWriter; print(SummaryWriter.__module__)"
+    commands = [
+        (ship_argv(Path("logs"), "clone", daemon.address, "--once"), os.environ),
+        ([console, *ship_argv(Path("logs"), "clone", daemon.address, "--once", "--state", "again.json")[3:]], dotted),
+        ([console, "run", "--address", daemon.address, "--", sys.executable, "-c", child], dotted),
+    ]
+    for argv, env in commands:
+        done = subprocess.run(argv, cwd=parent, env=env, capture_output=True, text=True, timeout=120, check=False)
+        assert done.returncode == 0 and "Error" not in done.stderr, done.stderr
+        assert "not patching" not in done.stderr, done.stderr
+    assert "summaryd.client.writer" in done.stdout
+    assert daemon_records(daemon.logdir / "clone") == [scalar(s) for s in range(5)] * 2

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any, NoReturn
 
 from summaryd.server.config import Config, fields
 from summaryd.server.logs import configure_logging
+from summaryd.v1.search_path import unshadow
 from summaryd.v1.wire import DEFAULT_ADDRESS, VERSION
 
 if TYPE_CHECKING:
@@ -434,6 +435,7 @@ def _ship(args: argparse.Namespace, sub: argparse.ArgumentParser) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the `summaryd` console script."""
+    unshadow()  # before a command imports the client: the working directory may be on sys.path
     parser, subs = _build_parser()
     args, unknown = parser.parse_known_args(argv)
     sub = subs[args.command]
