@@ -414,7 +414,17 @@ def test_a_file_replaced_or_truncated_under_its_name_is_shipped_anew(
     err = ship(local, "replaced", daemon, capsys)
     assert "truncated; shipping it from its start" in err
     assert "delivered 100 records" in err.splitlines()[-1]
-    expected = [*range(30), *range(100, 400), *range(500, 600)]
+
+    # Truncated and written again past the checkpoint before the shipper looks: its first bytes tell (a
+    # restarted writer's `file_version` holds its own start time).
+    with open(path, "r+b") as f:
+        f.truncate(0)
+    restarted = Event(wall_time=2.0, file_version="brain.Event:2").SerializeToString()
+    append(path, restarted, *(scalar(s) for s in range(600, 1000)))
+    err = ship(local, "replaced", daemon, capsys)
+    assert "begins with other bytes than when checkpointed" in err
+    assert "delivered 400 records" in err.splitlines()[-1]
+    expected = [*range(30), *range(100, 400), *range(500, 600), *range(600, 1000)]
     assert sorted(Event.FromString(r).step for r in daemon_records(daemon.logdir / "replaced")) == expected
 
 

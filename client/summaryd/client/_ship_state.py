@@ -12,7 +12,8 @@ any instant leaves the previous checkpoint or the new one, never a torn one:
         "next_sequence": <n>,        the sequence number the record at `offset` gets
         "session_offset": <bytes>,   where the session's record number 1 starts
         "skipped": [<bytes>, ...],   the offsets of records of the session the daemon refused (not numbered)
-        "device": <n>, "inode": <n>}}}  what the file is: another file under its name starts anew
+        "device": <n>, "inode": <n>, "head": "<hex>"}}}  what the file is (and its first bytes): another
+                                     file under its name, or one rewritten, starts anew
 
 A checkpoint may lag the daemon (the shipper is killed between an ack and the next checkpoint, or the daemon
 has not uploaded yet): the records after `offset` are then sent again under the same sequence numbers, and the
@@ -30,7 +31,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 FORMAT = "summaryd-ship/1"
-_SAVED = ("session_id", "session_started", "offset", "next_sequence", "session_offset", "skipped", "device", "inode")
+_SAVED = (
+    "session_id",
+    "session_started",
+    "offset",
+    "next_sequence",
+    "session_offset",
+    "skipped",
+    "device",
+    "inode",
+    "head",
+)
 
 
 @dataclass
@@ -46,6 +57,7 @@ class FileCursor:
     skipped: list[int] = field(default_factory=list)
     device: int = 0
     inode: int = 0
+    head: str = ""
     read_offset: int = field(default=-1, compare=False)
     read_next: int = field(default=0, compare=False)
     # Acknowledged, not yet durable: (the sequence number that must be durable, offset, next sequence number).
@@ -66,6 +78,12 @@ class FileCursor:
             device=device,
             inode=inode,
         )
+
+    def successor(self) -> FileCursor:
+        """The same file in a new session from where this one was acknowledged (its session was closed)."""
+        cursor = FileCursor.fresh(self.read_offset, self.device, self.inode)
+        cursor.head = self.head
+        return cursor
 
     def renew(self, offset: int) -> None:
         """A new session for the records from `offset` on (the file's session was closed holding those before)."""
@@ -104,6 +122,13 @@ class FileCursor:
         return {name: getattr(self, name) for name in _SAVED}
 
 
+def _loaded(saved: dict[str, object]) -> FileCursor:
+    cursor = FileCursor(**{k: v for k, v in saved.items() if k in _SAVED})  # type: ignore[arg-type]
+    if "session_offset" not in saved and cursor.next_sequence == 1:  # saved before it was: known in this case
+        cursor.session_offset = cursor.offset
+    return cursor
+
+
 class Checkpoint:
     """The cursors of every file under the shipped directory, saved durably by `save()`."""
 
@@ -114,10 +139,7 @@ class Checkpoint:
             state = json.loads(path.read_text())
             if state.get("format") != FORMAT:
                 raise ValueError(f"{path}: format {state.get('format')!r}, not {FORMAT!r}; give another --state file")
-            self.files = {
-                name: FileCursor(**{k: v for k, v in cursor.items() if k in _SAVED})
-                for name, cursor in state["files"].items()
-            }
+            self.files = {name: _loaded(cursor) for name, cursor in state["files"].items()}
 
     def cursor(self, name: str) -> FileCursor:
         """The cursor of file `name`, made (a new session from offset 0) on first sight."""

@@ -45,6 +45,8 @@ from summaryd.v1.wire import VERSION
 log = logging.getLogger("summaryd.ship")
 
 STATE_NAME = ".summaryd-ship.json"
+# What is kept of a file's first bytes to tell it from another file written in its place.
+_HEAD_BYTES = 32
 # The largest event read when the daemon states no limit (its default --max-event-bytes).
 _MAX_EVENT_BYTES = 16 * 1024 * 1024
 # Batches when the daemon states no limit.
@@ -115,6 +117,16 @@ def _is_file_version(record: bytes) -> bool:
     except DecodeError:
         return False
     return what == "file_version"
+
+
+def _head(path: Path) -> str:
+    """The first bytes of the file (its first record's header and the start of its `file_version`, which
+    holds the writer's start time): a file rewritten from its start shows other ones."""
+    try:
+        with open(path, "rb") as f:
+            return f.read(_HEAD_BYTES).hex()
+    except FileNotFoundError:
+        return ""
 
 
 class _SessionMovedError(Exception):
@@ -210,7 +222,7 @@ class Shipper:
             run = self._run_of(name)
             if run is None:
                 continue
-            cursor = self._cursor(name, stat, displaced)
+            cursor = self._cursor(name, stat, _head(path), displaced)
             if name not in self._seen:
                 self._seen.add(name)
                 self.totals.files += 1
@@ -240,7 +252,7 @@ class Shipper:
         return displaced
 
     def _cursor(
-        self, name: str, stat: os.stat_result, displaced: dict[tuple[int, int], tuple[str, FileCursor]]
+        self, name: str, stat: os.stat_result, head: str, displaced: dict[tuple[int, int], tuple[str, FileCursor]]
     ) -> FileCursor:
         """The cursor of the file now at `name`: its own, the one it had under an earlier name in the same
         directory, or a new one (a new file, or another file in the place of the one checkpointed)."""
@@ -250,9 +262,13 @@ class Shipper:
         if cursor is not None and not cursor.inode:  # checkpointed before files were known by what they are
             cursor.device, cursor.inode = identity
         if cursor is not None and (cursor.device, cursor.inode) == identity:
-            if stat.st_size >= cursor.read_offset:
+            if stat.st_size < cursor.read_offset:
+                why = f"is shorter ({stat.st_size} bytes) than when checkpointed ({cursor.read_offset}): truncated"
+            elif head[: len(cursor.head)] != cursor.head:
+                why = "begins with other bytes than when checkpointed: truncated and written again"
+            else:
+                cursor.head = head
                 return cursor
-            why = f"is shorter ({stat.st_size} bytes) than when checkpointed ({cursor.read_offset}): truncated"
         else:
             why = "holds another file than the one checkpointed"
         old = displaced.pop(identity, None)
@@ -266,6 +282,7 @@ class Shipper:
             log.warning("%s %s; shipping it from its start in a new session", name, why)
             self.totals.restarted += 1
         files[name] = FileCursor.fresh(0, *identity)
+        files[name].head = head
         return files[name]
 
     def _run_of(self, name: str) -> str | None:
@@ -516,7 +533,7 @@ class Shipper:
                 self._daemons.stub.CloseSession(
                     pb.CloseSessionRequest(session_id=cursor.session_id), timeout=self.rpc_timeout
                 )
-                self._checkpoint.files[name] = FileCursor.fresh(cursor.read_offset, cursor.device, cursor.inode)
+                self._checkpoint.files[name] = cursor.successor()
         self._opened.clear()
         self._checkpoint.save()
         self._daemons.close()
