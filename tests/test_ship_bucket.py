@@ -9,13 +9,14 @@ from __future__ import annotations
 import collections
 import json
 import shutil
+import subprocess
 from pathlib import Path
 
 import pytest
 from test_objstore import logdir_url, seaweed, start_bucket_daemon, steps_from_bucket
-from test_ship import VERSION_RECORD, append, scalar
+from test_ship import VERSION_RECORD, append, scalar, ship_argv
 
-from _support import Daemon
+from _support import Daemon, wait_for
 from benchmarks._seaweed import SeaweedServer
 from summaryd.client._shipper import STATE_NAME, Shipper
 
@@ -67,3 +68,54 @@ def test_a_daemon_lost_with_its_disk_loses_nothing_the_shipper_sent(
     second.ship_pass()
     second.close()  # the session's events are uploaded before its close is answered
     assert steps_from_bucket(seaweed, logdir_url, "shipped", tmp_path / "read") == collections.Counter(range(100))
+
+
+def test_a_following_shipper_killed_over_and_over_and_a_lost_daemon_lose_nothing(
+    tmp_path: Path, seaweed: SeaweedServer, logdir_url: str, daemons: list[Daemon]
+) -> None:
+    """`summaryd ship` following a file as it grows, to a daemon that uploads every 0.2 s: the shipper is
+    SIGKILLed once its checkpoint has moved in each of four rounds, and the daemon is lost with its disk in the
+    third. Every record is in the bucket once."""
+    local = tmp_path / "local"
+    path = local / "events.out.tfevents.1.host"
+    state = local / STATE_NAME
+    workdir = tmp_path / "daemon"
+    workdir.mkdir()
+    flags = ("--run-lease", "2", "--seal-secs", "0.2")
+    daemons.append(start_bucket_daemon(workdir, logdir_url, *flags))
+    append(path, VERSION_RECORD)
+    written = 0
+
+    def checkpointed() -> int:
+        files = json.loads(state.read_text())["files"] if state.exists() else {}
+        return int(files[path.name]["next_sequence"]) - 1 if path.name in files else 0
+
+    for round_ in range(4):
+        if round_ == 2:
+            daemons[-1].proc.kill()
+            daemons[-1].proc.wait(30)
+            shutil.rmtree(workdir / "state")
+            daemons.append(start_bucket_daemon(workdir, logdir_url, *flags, "--listen", f"127.0.0.1:{daemons[0].port}"))
+        follower = subprocess.Popen(
+            ship_argv(local, "chaos", daemons[-1].address, "--poll", "0.05"),
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        try:
+            for _ in range(10):
+                append(path, *(scalar(s) for s in range(written, written + 100)))
+                written += 100
+            before = written - 1000
+            wait_for(lambda: checkpointed() > before, 60, f"the checkpoint to move in round {round_}")  # noqa: B023
+        finally:
+            follower.kill()
+            follower.wait()
+    done = subprocess.run(
+        [*ship_argv(local, "chaos", daemons[-1].address), "--once"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    assert steps_from_bucket(seaweed, logdir_url, "chaos", tmp_path / "read") == collections.Counter(range(written))
