@@ -40,7 +40,7 @@ from summaryd.client._sender._grpc_transport import refused_sequence
 from summaryd.client._ship_state import Checkpoint, FileCursor
 from summaryd.v1 import summaryd_pb2 as pb
 from summaryd.v1.runpath import run_dir_parts
-from summaryd.v1.wire import VERSION
+from summaryd.v1.wire import FRAMING_BYTES, VERSION
 
 log = logging.getLogger("summaryd.ship")
 
@@ -323,7 +323,7 @@ class Shipper:
                         "skipped",
                         name,
                         record.start,
-                        record.end - record.start,
+                        record.end - record.start - FRAMING_BYTES,
                         reader.max_event_bytes,
                     )
                     self.totals.oversized += 1
