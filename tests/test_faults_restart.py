@@ -26,7 +26,7 @@ from tensorboard.backend.event_processing.event_multiplexer import EventMultiple
 from tensorboard.compat.proto.event_pb2 import Event
 from tensorboard.compat.proto.summary_pb2 import Summary
 
-from _support import Daemon, assert_whole_records, event_files, read_events, start_daemon
+from _support import Daemon, assert_whole_records, event_files, log_losses, read_events, start_daemon
 from summaryd.server.journal import FileJournal, encode
 from summaryd.server.runs import RunRegistry
 from summaryd.server.state import StateDir
@@ -291,3 +291,40 @@ async def test_a_long_lived_file_keeps_its_journal_small(tmp_path: Path, monkeyp
         recovered.close()
     finally:
         executor.shutdown(wait=True)
+
+
+def test_a_daemon_that_lost_acknowledged_events_tells_the_writer_instead_of_skipping_them(
+    daemons: list[Daemon], tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The daemon's disk comes back without events it had acknowledged (as after a power loss: here its logdir
+    and state are restored from a copy taken earlier). The session resumes where the daemon's record stands,
+    not at the writer's number: the writer, which no longer holds those events, says how many were lost and
+    numbers the rest on from there, so the session goes on without a gap."""
+    import shutil
+
+    from summaryd.client import SummaryWriter
+
+    logdir = daemons[0].logdir
+    writer = SummaryWriter("behind", address=daemons[0].address, backoff_secs=(0.05, 0.2))
+    try:
+        log_losses(writer, range(20))
+        writer.flush()
+        shutil.copytree(logdir, tmp_path / "earlier")  # the daemon is idle: it holds events 1..20
+        log_losses(writer, range(20, 50))
+        writer.flush()
+        daemons[0].proc.kill()
+        daemons[0].proc.wait()
+        shutil.rmtree(logdir)
+        shutil.copytree(tmp_path / "earlier", logdir)
+        daemons.append(start_daemon(tmp_path, "--listen", f"127.0.0.1:{daemons[0].port}", logdir=logdir))
+        log_losses(writer, range(50, 60))
+        writer.flush()  # sent from memory once the writer is back (closing first would spool them)
+    finally:
+        report = writer.close(timeout=60)
+    assert not report.dropped and report.error is None, report
+    lost = [r.getMessage() for r in caplog.records if "acknowledged are lost" in r.getMessage()]
+    assert len(lost) == 1 and "only through sequence 20: 30 events" in lost[0], lost
+    with grpc.insecure_channel(daemons[1].address) as channel:
+        status = pb_grpc.SummariesStub(channel).GetStatus(pb.GetStatusRequest(), timeout=30)
+    assert [s.acked_sequence for s in status.sessions] in ([], [40])
+    assert steps_in(logdir / "behind") == collections.Counter([*range(20), *range(50, 60)])

@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tracemalloc
 from pathlib import Path
 
 import pytest
@@ -20,7 +22,7 @@ from tensorboard.compat.proto.event_pb2 import Event
 from _support import Daemon, assert_whole_records, event_files, start_daemon, unused_port, wait_for
 from summaryd.client._shipper import STATE_NAME
 from summaryd.server.cli import main
-from summaryd.v1.wire import frame
+from summaryd.v1.wire import frame, masked_crc32c
 
 VERSION_RECORD = Event(wall_time=1.0, file_version="brain.Event:2").SerializeToString()
 
@@ -355,3 +357,140 @@ def test_ship_once_shows_progress_on_a_terminal(daemon: Daemon, tmp_path: Path) 
     nbytes = sum(len(scalar(s)) for s in range(12))
     assert f"\rsummaryd ship: 12 records, {nbytes} bytes" in text
     assert "delivered 12 records" in text.splitlines()[-1]
+
+
+def test_a_daemon_that_holds_less_than_the_checkpoint_gets_the_rest_again(
+    daemons: list[Daemon], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The daemon's disk comes back without what it acknowledged last (as after a power loss: here its logdir
+    and state are restored from a copy taken earlier): the session resumes where the daemon holds it, the
+    shipper is told so and sends the rest again from its file, and nothing is skipped."""
+    from summaryd.client._shipper import Shipper
+
+    daemons.append(start_daemon(tmp_path))
+    logdir = daemons[0].logdir
+    local = tmp_path / "local"
+    path = local / "events.out.tfevents.1.host"
+    append(path, VERSION_RECORD, *(scalar(s) for s in range(20)))
+    shipper = Shipper(local, "behind", address=daemons[0].address)
+    assert shipper.ship_pass() == 20
+    earlier = tmp_path / "earlier"
+    shutil.copytree(logdir, earlier)  # the daemon is idle: its files and journals hold records 1..20
+    append(path, *(scalar(s) for s in range(20, 50)))
+    assert shipper.ship_pass() == 30
+
+    daemons[0].proc.kill()
+    daemons[0].proc.wait()
+    shutil.rmtree(logdir)
+    shutil.copytree(earlier, logdir)
+    daemons.append(start_daemon(tmp_path, "--listen", f"127.0.0.1:{daemons[0].port}", logdir=logdir))
+    append(path, *(scalar(s) for s in range(50, 60)))
+    shipper.ship_pass()
+    shipper.close()
+    assert daemon_records(logdir / "behind") == [scalar(s) for s in range(60)]
+
+
+def test_a_file_replaced_or_truncated_under_its_name_is_shipped_anew(
+    daemon: Daemon, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The checkpoint knows a file by its device and inode: a writer rotating by rename (the old file moves to
+    another name, a new one takes its name), or one restarted over a truncated file, has its new records
+    shipped, and what the shipper found is said on stderr; the renamed file is not shipped twice."""
+    local = tmp_path / "local"
+    path = local / "events.out.tfevents.1.host"
+    append(path, VERSION_RECORD, *(scalar(s) for s in range(30)))
+    ship(local, "replaced", daemon, capsys)
+
+    path.rename(local / "events.out.tfevents.1.host.old")
+    append(path, VERSION_RECORD, *(scalar(s) for s in range(100, 400)))
+    err = ship(local, "replaced", daemon, capsys)
+    assert "events.out.tfevents.1.host.old is events.out.tfevents.1.host renamed" in err
+    assert "holds another file than the one checkpointed" in err
+    assert "delivered 300 records" in err.splitlines()[-1] and "1 files replaced or truncated" in err
+
+    with open(path, "r+b") as f:  # a writer restarted over the same file
+        f.truncate(0)
+    append(path, VERSION_RECORD, *(scalar(s) for s in range(500, 600)))
+    err = ship(local, "replaced", daemon, capsys)
+    assert "truncated; shipping it from its start" in err
+    assert "delivered 100 records" in err.splitlines()[-1]
+
+    # Truncated and written again past the checkpoint before the shipper looks: its first bytes tell (a
+    # restarted writer's `file_version` holds its own start time).
+    with open(path, "r+b") as f:
+        f.truncate(0)
+    restarted = Event(wall_time=2.0, file_version="brain.Event:2").SerializeToString()
+    append(path, restarted, *(scalar(s) for s in range(600, 1000)))
+    err = ship(local, "replaced", daemon, capsys)
+    assert "begins with other bytes than when checkpointed" in err
+    assert "delivered 400 records" in err.splitlines()[-1]
+    expected = [*range(30), *range(100, 400), *range(500, 600), *range(600, 1000)]
+    assert sorted(Event.FromString(r).step for r in daemon_records(daemon.logdir / "replaced")) == expected
+
+
+def test_a_corrupt_record_is_reported_and_stops_its_file_where_tensorboard_stops(
+    daemon: Daemon, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A record whose data fails its CRC stops its file there, as TensorBoard's loader stops (the shipper says
+    where and why, and ships the other files); a record whose length field exceeds the largest event the daemon
+    takes is stepped over without being read."""
+    local = tmp_path / "local"
+    bad_crc = local / "a" / "events.out.tfevents.1.host"
+    append(bad_crc, VERSION_RECORD, *(scalar(s) for s in range(5)))
+    corrupt_at = bad_crc.stat().st_size
+    damaged = bytearray(frame(scalar(5)))
+    damaged[-1] ^= 0xFF
+    with open(bad_crc, "ab") as f:
+        f.write(bytes(damaged))
+    append(bad_crc, *(scalar(s) for s in range(6, 10)))
+    huge = local / "b" / "events.out.tfevents.1.host"
+    append(huge, VERSION_RECORD, scalar(0))
+    huge_at = huge.stat().st_size
+    length = (100 * 1024 * 1024).to_bytes(8, "little")
+    with open(huge, "ab") as f:  # a 100 MB record, as its length field says (a valid header), all zeros
+        f.write(length + masked_crc32c(length).to_bytes(4, "little"))
+        f.truncate(huge_at + 12 + 100 * 1024 * 1024 + 4)
+    append(huge, scalar(1))
+
+    tracemalloc.start()
+    try:
+        err = ship(local, "damaged", daemon, capsys)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 32 * 1024 * 1024, f"shipping allocated up to {peak} bytes"  # the 100 MB record is never read
+    assert f"a/events.out.tfevents.1.host: the record at offset {corrupt_at} cannot be read (its data fails" in err
+    assert f"b/events.out.tfevents.1.host: the record at offset {huge_at} is of {100 * 1024 * 1024} bytes" in err
+    last = err.splitlines()[-1]
+    assert "delivered 7 records" in last and "1 files stopped at a corrupt record" in last
+    assert "not whole records yet" not in last
+    assert daemon_records(daemon.logdir / "damaged" / "a") == [scalar(s) for s in range(5)]
+    assert daemon_records(daemon.logdir / "damaged" / "b") == [scalar(0), scalar(1)]
+    # TensorBoard's own loader reads the damaged file exactly as far.
+    loaded = list(RawEventFileLoader(str(bad_crc), detect_file_replacement=False).Load())
+    assert loaded[1:] == [scalar(s) for s in range(5)]
+
+
+def test_ship_and_run_from_the_parent_of_a_clone(daemon: Daemon, tmp_path: Path) -> None:
+    """A folder named `summaryd` in the working directory (the parent of a clone: its `client/` and `server/`
+    folders hold no `__init__.py`) would be a portion of the namespace package `summaryd` wherever the
+    working directory is on `sys.path`: `python -m`, and `''` or `.` on PYTHONPATH, for the console script and
+    the children of `summaryd run` alike. Every entry point imports the installed package all the same."""
+    parent = tmp_path / "parent"
+    for part in ("client", "server", "proto"):
+        (parent / "summaryd" / part / "summaryd").mkdir(parents=True)
+    append(parent / "logs" / "events.out.tfevents.1.host", VERSION_RECORD, *(scalar(s) for s in range(5)))
+    console = str(Path(sys.executable).parent / "summaryd")
+    dotted = {**os.environ, "PYTHONPATH": "."}
+    child = "from summaryd.client import SummaryWriter; print(SummaryWriter.__module__)"
+    commands = [
+        (ship_argv(Path("logs"), "clone", daemon.address, "--once"), os.environ),
+        ([console, *ship_argv(Path("logs"), "clone", daemon.address, "--once", "--state", "again.json")[3:]], dotted),
+        ([console, "run", "--address", daemon.address, "--", sys.executable, "-c", child], dotted),
+    ]
+    for argv, env in commands:
+        done = subprocess.run(argv, cwd=parent, env=env, capture_output=True, text=True, timeout=120, check=False)
+        assert done.returncode == 0 and "Error" not in done.stderr, done.stderr
+        assert "not patching" not in done.stderr, done.stderr
+    assert "summaryd.client.writer" in done.stdout
+    assert daemon_records(daemon.logdir / "clone") == [scalar(s) for s in range(5)] * 2

@@ -7,7 +7,14 @@ already holds when a restarted shipper (or a shipper talking to a restarted daem
 
 Records pass through as they are in the file: never parsed and encoded again, so the daemon's file holds the
 same bytes. Only the file's first record, `file_version`, stays behind: the daemon writes its own. A record not
-yet whole at the end of a file (its writer is still at it) waits for the next pass.
+yet whole at the end of a file (its writer is still at it) waits for the next pass; a corrupt one stops the file
+there, as it stops TensorBoard's reader, and is reported (`_record_reader`).
+
+The checkpoint moves with what the daemon holds durably: on a bucket logdir its `durable_sequence` (uploaded),
+not its acknowledgement (staged on that daemon only), so that a daemon lost with its disk loses nothing: the
+next one resumes the session where the bucket has it and the shipper sends the rest again from its files. A
+file is known by its device and inode: another file under a checkpointed name (rotation by rename, a restarted
+writer), or one shorter than its checkpoint (truncated), is shipped from its start in a new session.
 """
 
 from __future__ import annotations
@@ -15,7 +22,6 @@ from __future__ import annotations
 import logging
 import os
 import socket
-import struct
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -29,18 +35,21 @@ from tensorboard.compat.proto.event_pb2 import Event
 from summaryd.client._channel import ChannelSettings
 from summaryd.client._environment import resolve_addresses, resolve_redirect_allow
 from summaryd.client._failover import DaemonChannel
+from summaryd.client._record_reader import CHUNK_BYTES, Record, RecordReader
 from summaryd.client._sender._grpc_transport import refused_sequence
 from summaryd.client._sender._targets import RedirectRefusedError
 from summaryd.client._ship_state import Checkpoint, FileCursor
 from summaryd.v1 import summaryd_pb2 as pb
 from summaryd.v1.runpath import run_dir_parts
-from summaryd.v1.wire import FRAMING_BYTES, VERSION, read_records
+from summaryd.v1.wire import FRAMING_BYTES, VERSION
 
 log = logging.getLogger("summaryd.ship")
 
 STATE_NAME = ".summaryd-ship.json"
-# Bytes read from a file at once, and so the most a checkpoint can lag behind the daemon.
-_CHUNK_BYTES = 8 * 1024 * 1024
+# What is kept of a file's first bytes to tell it from another file written in its place.
+_HEAD_BYTES = 32
+# The largest event read when the daemon states no limit (its default --max-event-bytes).
+_MAX_EVENT_BYTES = 16 * 1024 * 1024
 # Batches when the daemon states no limit.
 _BATCH_EVENTS = 1024
 _BATCH_BYTES = 1024 * 1024
@@ -62,6 +71,9 @@ class ShipTotals:
     files: int = 0
     refused: int = 0
     waiting_bytes: int = 0
+    corrupt: int = 0
+    oversized: int = 0
+    restarted: int = 0
     error: str | None = None
     runs: set[str] = field(default_factory=set)
 
@@ -74,6 +86,12 @@ class ShipTotals:
         line = f"delivered {self.records} records ({self.bytes} bytes) from {self.files} files to {len(self.runs)} runs"
         if self.refused:
             line += f"; {self.refused} records refused by the daemon (see the log)"
+        if self.oversized:
+            line += f"; {self.oversized} records over the daemon's largest event skipped (see the log)"
+        if self.corrupt:
+            line += f"; {self.corrupt} files stopped at a corrupt record, as TensorBoard's reader stops (see the log)"
+        if self.restarted:
+            line += f"; {self.restarted} files replaced or truncated since checkpointed, shipped from their start"
         if self.waiting_bytes:
             line += f"; {self.waiting_bytes} bytes at file ends not whole records yet (shipped when they are)"
         if self.error:
@@ -102,24 +120,38 @@ def _is_file_version(record: bytes) -> bool:
     return what == "file_version"
 
 
-def whole_records(path: Path, offset: int) -> Iterator[tuple[bytes, int]]:
-    """The whole records of `path` from `offset` on, each with the offset of its end, in chunks."""
-    with open(path, "rb") as f:
-        while True:
-            f.seek(offset)
-            data = f.read(_CHUNK_BYTES)
-            records, _ = read_records(data)
-            if not records and len(data) >= 8:
-                # A record larger than a chunk: read it whole, when the file holds it whole.
-                (length,) = struct.unpack_from("<Q", data)
-                if _CHUNK_BYTES < length + FRAMING_BYTES <= os.fstat(f.fileno()).st_size - offset:
-                    f.seek(offset)
-                    records, _ = read_records(f.read(length + FRAMING_BYTES))
-            if not records:
-                return
-            for record in records:
-                offset += len(record) + FRAMING_BYTES
-                yield record, offset
+def _head(path: Path) -> str:
+    """The first bytes of the file (its first record's header and the start of its `file_version`, which
+    holds the writer's start time): a file rewritten from its start shows other ones."""
+    try:
+        with open(path, "rb") as f:
+            return f.read(_HEAD_BYTES).hex()
+    except FileNotFoundError:
+        return ""
+
+
+class _SessionMovedError(Exception):
+    """The file's session stands elsewhere than the records being sent: read them again from the cursor."""
+
+
+def _numbered(record: Record, cursor: FileCursor) -> bool:
+    """Whether `record` has a sequence number in the cursor's session (not `file_version`, nor skipped)."""
+    if record.start in cursor.skipped:
+        return False
+    return not (record.start == 0 and record.data is not None and _is_file_version(record.data))
+
+
+def _position_of(path: Path, cursor: FileCursor, start: int, first: int, target: int) -> int | None:
+    """Where the record numbered `target` of the cursor's session starts, counting from the record at `start`
+    numbered `first`; None when the file does not reach it."""
+    if first == target:
+        return start
+    sequence = first
+    for record in RecordReader(path, _MAX_EVENT_BYTES).records(start):
+        sequence += _numbered(record, cursor)
+        if sequence == target:
+            return record.end
+    return None
 
 
 class Shipper:
@@ -168,6 +200,7 @@ class Shipper:
         self._opened: dict[str, pb.OpenSessionResponse] = {}
         self._seen: set[str] = set()
         self._used: dict[str, float] = {}  # session id → when it was last opened or written to
+        self._corrupt: dict[str, int] = {}  # file → the offset of the corrupt record it stops at
 
     @property
     def address(self) -> str:
@@ -180,29 +213,84 @@ class Shipper:
         """Ship every whole record the files hold now; return how many were delivered.
 
         Raises:
-            grpc.RpcError: the daemon is away or refused a call; what was acknowledged is checkpointed.
+            grpc.RpcError: the daemon is away or refused a call; what it holds durably is checkpointed.
         """
-        delivered = 0
+        before = self.totals.records
         waiting = 0
+        found = {}
         for path in event_files(self.directory, self.state_path):
+            try:
+                found[path] = path.stat()
+            except FileNotFoundError:
+                continue  # removed since the listing (a writer's cleanup): what was shipped stays shipped
+        displaced = self._displaced({path.relative_to(self.directory).as_posix(): st for path, st in found.items()})
+        for path, stat in found.items():
             name = path.relative_to(self.directory).as_posix()
             run = self._run_of(name)
             if run is None:
                 continue
-            cursor = self._checkpoint.cursor(name)
+            cursor = self._cursor(name, stat, _head(path), displaced)
             if name not in self._seen:
                 self._seen.add(name)
                 self.totals.files += 1
                 self.totals.runs.add(run)
             try:
-                size = path.stat().st_size
-                if size > cursor.offset:
-                    delivered += self._ship_file(path, name, run, cursor)
+                if stat.st_size > cursor.read_offset:
+                    self._ship_file(path, name, run, cursor)
+                elif cursor.marks:
+                    self._learn_durable(path, name, run, cursor)
             except FileNotFoundError:
-                continue  # removed since the listing (a writer's cleanup): what was shipped stays shipped
-            waiting += max(0, size - cursor.offset)
+                continue
+            if name not in self._corrupt:
+                waiting += max(0, stat.st_size - cursor.read_offset)
         self.totals.waiting_bytes = waiting
-        return delivered
+        return self.totals.records - before
+
+    # ---- what a file is -------------------------------------------------------------------------------------
+
+    def _displaced(self, stats: dict[str, os.stat_result]) -> dict[tuple[int, int], tuple[str, FileCursor]]:
+        """The checkpointed files whose name now holds another file, or none: by what they are, so that one
+        renamed (a rotation) carries on under its new name."""
+        displaced = {}
+        for name, cursor in list(self._checkpoint.files.items()):
+            stat = stats.get(name)
+            if cursor.inode and (stat is None or (stat.st_dev, stat.st_ino) != (cursor.device, cursor.inode)):
+                displaced[(cursor.device, cursor.inode)] = (name, cursor)
+        return displaced
+
+    def _cursor(
+        self, name: str, stat: os.stat_result, head: str, displaced: dict[tuple[int, int], tuple[str, FileCursor]]
+    ) -> FileCursor:
+        """The cursor of the file now at `name`: its own, the one it had under an earlier name in the same
+        directory, or a new one (a new file, or another file in the place of the one checkpointed)."""
+        files = self._checkpoint.files
+        identity = (stat.st_dev, stat.st_ino)
+        cursor = files.get(name)
+        if cursor is not None and not cursor.inode:  # checkpointed before files were known by what they are
+            cursor.device, cursor.inode = identity
+        if cursor is not None and (cursor.device, cursor.inode) == identity:
+            if stat.st_size < cursor.read_offset:
+                why = f"is shorter ({stat.st_size} bytes) than when checkpointed ({cursor.read_offset}): truncated"
+            elif head[: len(cursor.head)] != cursor.head:
+                why = "begins with other bytes than when checkpointed: truncated and written again"
+            else:
+                cursor.head = head
+                return cursor
+        else:
+            why = "holds another file than the one checkpointed"
+        old = displaced.pop(identity, None)
+        if cursor is None and old is not None and old[0].rpartition("/")[0] == name.rpartition("/")[0]:
+            log.warning("%s is %s renamed: shipping it on from offset %d", name, old[0], old[1].read_offset)
+            if files.get(old[0]) is old[1]:
+                del files[old[0]]
+            files[name] = old[1]
+            return old[1]
+        if cursor is not None:
+            log.warning("%s %s; shipping it from its start in a new session", name, why)
+            self.totals.restarted += 1
+        files[name] = FileCursor.fresh(0, *identity)
+        files[name].head = head
+        return files[name]
 
     def _run_of(self, name: str) -> str | None:
         parent = name.rpartition("/")[0]
@@ -216,33 +304,79 @@ class Shipper:
             return None
         return run
 
-    def _ship_file(self, path: Path, name: str, run: str, cursor: FileCursor) -> int:
-        delivered = 0
-        pending: list[tuple[bytes, int]] = []
-        pending_bytes = 0
-        for record, end in whole_records(path, cursor.offset):
-            if cursor.offset == 0 and end == len(record) + FRAMING_BYTES and _is_file_version(record):
-                cursor.advance(end)  # the daemon writes its own file_version record
+    def _ship_file(self, path: Path, name: str, run: str, cursor: FileCursor) -> None:
+        for _ in range(3):  # moved at most by each reopen of one pass
+            try:
+                answer, _ = self._open(path, name, run, cursor)
+                self._ship_records(path, name, run, cursor, answer)
+                return
+            except _SessionMovedError:
                 continue
-            pending.append((record, end))
-            pending_bytes += len(record)
-            if pending_bytes >= _CHUNK_BYTES:
-                delivered += self._send(name, run, cursor, pending)
+
+    def _ship_records(
+        self, path: Path, name: str, run: str, cursor: FileCursor, answer: pb.OpenSessionResponse
+    ) -> None:
+        reader = RecordReader(path, answer.max_event_bytes or _MAX_EVENT_BYTES)
+        pending: list[Record] = []
+        pending_bytes = 0
+        for record in reader.records(cursor.read_offset):
+            if record.data is None or (record.start == 0 and _is_file_version(record.data)):
+                if pending:
+                    answer = self._send(path, name, run, cursor, answer, pending)
+                    pending, pending_bytes = [], 0
+                if record.data is None:
+                    log.warning(
+                        "%s: the record at offset %d is of %d bytes, more than the daemon takes in an event (%d); "
+                        "skipped",
+                        name,
+                        record.start,
+                        record.end - record.start - FRAMING_BYTES,
+                        reader.max_event_bytes,
+                    )
+                    self.totals.oversized += 1
+                    cursor.skipped.append(record.start)
+                cursor.acknowledged(record.end)  # the daemon writes its own file_version record
+                cursor.durable_through(0 if record.start == 0 else -1)
+                continue
+            pending.append(record)
+            pending_bytes += len(record.data)
+            if pending_bytes >= CHUNK_BYTES:
+                answer = self._send(path, name, run, cursor, answer, pending)
                 pending, pending_bytes = [], 0
         if pending:
-            delivered += self._send(name, run, cursor, pending)
-        return delivered
+            self._send(path, name, run, cursor, answer, pending)
+        if reader.corrupt is None:
+            self._corrupt.pop(name, None)
+        elif self._corrupt.get(name) != reader.corrupt[0]:
+            self._corrupt[name] = reader.corrupt[0]
+            self.totals.corrupt += 1
+            log.warning(
+                "%s: the record at offset %d cannot be read (%s); the file is shipped up to there, as far as "
+                "TensorBoard's reader reads it",
+                name,
+                *reader.corrupt,
+            )
+
+    def _learn_durable(self, path: Path, name: str, run: str, cursor: FileCursor) -> None:
+        """A file with nothing new whose records are acknowledged but not yet durable: a heartbeat's answer says
+        how far the daemon has uploaded, and the checkpoint follows."""
+        answer, _ = self._open(path, name, run, cursor)
+        if not cursor.marks:
+            return
+        acked, durable, _ = self._write(cursor.session_id, cursor.read_next, [], answer)
+        if cursor.durable_through(durable if answer.durable_acks else acked):
+            self._checkpoint.save()
 
     # ---- sessions and batches -------------------------------------------------------------------------------
 
-    def _open(self, name: str, run: str, cursor: FileCursor) -> tuple[pb.OpenSessionResponse, int]:
-        """The file's session, opened (resumed) once per process; and how many records from the cursor on the
-        daemon already holds in a session that was closed."""
+    def _open(self, path: Path, name: str, run: str, cursor: FileCursor) -> tuple[pb.OpenSessionResponse, bool]:
+        """The file's session, opened (resumed) once per process; and whether the cursor moved to where the
+        daemon holds it (another session, or records to send again)."""
         answer = self._opened.get(cursor.session_id)
         # A session quiet for half its lease may have been released by the daemon: opening it again resumes it.
         if answer is not None and time.monotonic() - self._used.get(cursor.session_id, 0.0) < answer.lease_seconds / 2:
             self._used[cursor.session_id] = time.monotonic()
-            return answer, 0
+            return answer, False
         request = pb.OpenSessionRequest(
             session_id=cursor.session_id,
             run=run,
@@ -250,9 +384,9 @@ class Shipper:
             next_sequence=cursor.next_sequence,
             session_started=cursor.session_started,
         )
-        held = 0
         try:
             answer = self._daemons.stub.OpenSession(request, timeout=self.rpc_timeout)
+            moved = self._resume_where_held(path, name, cursor, answer.last_sequence)
         except grpc.RpcError as exc:
             if exc.code() != grpc.StatusCode.FAILED_PRECONDITION or "was closed" not in (exc.details() or ""):
                 raise
@@ -261,26 +395,71 @@ class Shipper:
             closed = self._daemons.stub.CloseSession(
                 pb.CloseSessionRequest(session_id=cursor.session_id), timeout=self.rpc_timeout
             )
-            held = max(0, closed.acked_sequence - cursor.next_sequence + 1)
-            cursor.renew()
+            offset = self._offset_of(path, name, cursor, closed.acked_sequence + 1)
+            cursor.renew(offset)
             request.session_id, request.next_sequence = cursor.session_id, 1
             request.session_started = cursor.session_started
             answer = self._daemons.stub.OpenSession(request, timeout=self.rpc_timeout)
+            moved = True
         self._opened[cursor.session_id] = answer
         self._used[cursor.session_id] = time.monotonic()
-        return answer, held
+        cursor.durable_through(answer.durable_sequence if answer.durable_acks else answer.last_sequence)
+        return answer, moved
 
-    def _send(self, name: str, run: str, cursor: FileCursor, records: list[tuple[bytes, int]]) -> int:
-        """Deliver `records` (each with its end offset) in the file's session; checkpoint what was acknowledged."""
-        answer, held = self._open(name, run, cursor)
-        last_end = records[-1][1]
-        pending = self._past_held(cursor, records, held)
-        delivered = 0
+    def _resume_where_held(self, path: Path, name: str, cursor: FileCursor, held: int) -> bool:
+        """A daemon holding less of the session than this shipper had acknowledged (it lost what it had staged
+        with its disk, or its state): send again from the record after `held`. Whether the cursor moved."""
+        if held >= cursor.read_next - 1:
+            return False
+        offset = self._offset_of(path, name, cursor, held + 1)
+        log.warning(
+            "%s: the daemon holds its session through record %d of the %d acknowledged; sending again from offset %d",
+            name,
+            held,
+            cursor.read_next - 1,
+            offset,
+        )
+        cursor.reset_to(offset, held + 1)
+        return True
+
+    @staticmethod
+    def _offset_of(path: Path, name: str, cursor: FileCursor, target: int) -> int:
+        """Where the record numbered `target` of the cursor's session starts.
+
+        Raises:
+            ShipError: the file does not reach it (it is not the file the session carried).
+        """
+        if target >= cursor.next_sequence:
+            offset = _position_of(path, cursor, cursor.offset, cursor.next_sequence, target)
+        else:
+            offset = _position_of(path, cursor, cursor.session_offset, 1, target)
+        if offset is None:
+            raise ShipError(f"{name} does not hold record {target} of its session {cursor.session_id}")
+        return offset
+
+    def _send(
+        self,
+        path: Path,
+        name: str,
+        run: str,
+        cursor: FileCursor,
+        answer: pb.OpenSessionResponse,
+        records: list[Record],
+    ) -> pb.OpenSessionResponse:
+        """Deliver `records` in the file's session; checkpoint what the daemon holds durably. Returns the
+        session's answer (another one when it was opened again).
+
+        Raises:
+            _SessionMovedError: opened again, the session stands elsewhere than these records.
+        """
+        pending = records
         reopened = False
         while pending:
-            first = cursor.next_sequence
+            first = cursor.read_next
             try:
-                acked, refused = self._write(cursor.session_id, first, [r for r, _ in pending], answer)
+                acked, durable, refused = self._write(
+                    cursor.session_id, first, [r.data or b"" for r in pending], answer
+                )
             except grpc.RpcError as exc:
                 # The daemon restarted or released the session since this shipper opened it (NOT_FOUND, or
                 # UNAVAILABLE "released"): open it again, once; it resumes where the daemon holds it. A daemon
@@ -289,46 +468,40 @@ class Shipper:
                     raise
                 reopened = True
                 self._opened.pop(cursor.session_id, None)
-                answer, held = self._open(name, run, cursor)
-                pending = self._past_held(cursor, pending, held)
+                answer, moved = self._open(path, name, run, cursor)
+                if moved:
+                    raise _SessionMovedError from None
                 continue
             done = max(0, acked - first + 1)
             if done:
-                delivered += done
                 self.totals.records += done
-                self.totals.bytes += sum(len(r) for r, _ in pending[:done])
-                cursor.advance(pending[done - 1][1], acked + 1)
+                self.totals.bytes += sum(len(r.data or b"") for r in pending[:done])
+                cursor.acknowledged(pending[done - 1].end, acked + 1)
                 pending = pending[done:]
+            cursor.durable_through(durable if answer.durable_acks else acked)
             if refused is not None:
                 # Nothing of the refusing batch was written: drop the refused record and number the rest anew.
-                index = refused - cursor.next_sequence
+                index = refused - cursor.read_next
                 if 0 <= index < len(pending):
-                    log.warning("the daemon refused a record of %s (%d bytes); skipped", name, len(pending[index][0]))
+                    log.warning(
+                        "the daemon refused a record of %s (%d bytes); skipped", name, len(pending[index].data or b"")
+                    )
                     self.totals.refused += 1
+                    cursor.skipped.append(pending[index].start)
                     del pending[index]
             elif done == 0 and pending:
                 raise ShipError(f"the daemon acknowledged nothing of {name} at sequence {first}")
-        cursor.advance(last_end)  # past a refused last record too
+        cursor.acknowledged(records[-1].end)  # past a refused last record too
         self._checkpoint.save()
         if self._progress is not None:
             self._progress(self.totals.records, self.totals.bytes)
-        return delivered
-
-    @staticmethod
-    def _past_held(cursor: FileCursor, records: list[tuple[bytes, int]], held: int) -> list[tuple[bytes, int]]:
-        """`records` without the first `held`, which a closed session of this file already delivered.
-
-        More than these cannot be held: a chunk is read from the checkpointed offset, and a checkpoint lags the
-        daemon by at most the chunk sent last.
-        """
-        if held:
-            cursor.advance(records[min(held, len(records)) - 1][1])
-        return records[held:]
+        return answer
 
     def _write(
         self, session_id: str, first: int, events: Sequence[bytes], limits: pb.OpenSessionResponse
-    ) -> tuple[int, int | None]:
-        """Stream `events` numbered from `first`; return the acknowledged sequence and the refused one, if any."""
+    ) -> tuple[int, int, int | None]:
+        """Stream `events` numbered from `first`; return the acknowledged and durable sequence numbers and the
+        refused one, if any."""
         max_events = limits.max_batch_events or _BATCH_EVENTS
         max_bytes = min(limits.max_message_bytes // 2 or _BATCH_BYTES, _BATCH_BYTES)
 
@@ -345,17 +518,17 @@ class Shipper:
                 size += len(event)
             yield pb.WriteRequest(session_id=session_id, first_sequence=sequence, events=batch)
 
-        acked = first - 1
+        acked, durable = first - 1, 0
         call = self._daemons.stub.Write(requests(), timeout=self.rpc_timeout + len(events) / 10_000)
         try:
             for ack in call:
-                acked = max(acked, ack.acked_sequence)
+                acked, durable = max(acked, ack.acked_sequence), max(durable, ack.durable_sequence)
         except grpc.RpcError as exc:
             refused = refused_sequence(exc)
             if exc.code() != grpc.StatusCode.INVALID_ARGUMENT or refused is None:
                 raise
-            return acked, refused
-        return acked, None
+            return acked, durable, refused
+        return acked, durable, None
 
     # ---- lifecycle ------------------------------------------------------------------------------------------
 
@@ -367,7 +540,7 @@ class Shipper:
                 self._daemons.stub.CloseSession(
                     pb.CloseSessionRequest(session_id=cursor.session_id), timeout=self.rpc_timeout
                 )
-                self._checkpoint.files[name] = FileCursor.fresh(cursor.offset)
+                self._checkpoint.files[name] = cursor.successor()
         self._opened.clear()
         self._checkpoint.save()
         self._daemons.close()

@@ -2,6 +2,10 @@
 
 import sys
 
-from summaryd.server.cli import main
+from summaryd.v1.search_path import unshadow
+
+unshadow()  # `-m` put the working directory first on sys.path
+
+from summaryd.server.cli import main  # noqa: E402 - after the path is mended
 
 sys.exit(main())

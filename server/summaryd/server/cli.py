@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any, NoReturn
 
 from summaryd.server.config import Config, fields
 from summaryd.server.logs import configure_logging
+from summaryd.v1.search_path import unshadow
 from summaryd.v1.wire import DEFAULT_ADDRESS, VERSION
 
 if TYPE_CHECKING:
@@ -384,6 +385,18 @@ def _run(args: argparse.Namespace, sub: argparse.ArgumentParser) -> int:
     )
 
 
+def _ship_reporting(args: argparse.Namespace, sub: argparse.ArgumentParser) -> int:
+    """`ship`, saying on stderr what the shipper finds on the way (a file replaced, a corrupt record), a line each."""
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("summaryd ship: %(message)s"))
+    ship_log = logging.getLogger("summaryd.ship")
+    ship_log.addHandler(handler)
+    try:
+        return _ship(args, sub)
+    finally:
+        ship_log.removeHandler(handler)
+
+
 def _ship(args: argparse.Namespace, sub: argparse.ArgumentParser) -> int:
     import signal
     import threading
@@ -444,6 +457,7 @@ def _ship(args: argparse.Namespace, sub: argparse.ArgumentParser) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the `summaryd` console script."""
+    unshadow()  # before a command imports the client: the working directory may be on sys.path
     parser, subs = _build_parser()
     args, unknown = parser.parse_known_args(argv)
     sub = subs[args.command]
@@ -461,7 +475,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command == "run":
         return _run(args, sub)
     if args.command == "ship":
-        return _ship(args, sub)
+        return _ship_reporting(args, sub)
     try:
         config = config_from(args, os.environ)
     except ValueError as exc:

@@ -358,9 +358,21 @@ class SessionLifecycle:
             raise LimitError(over)
         client = pb.ClientIdentity()
         client.CopyFrom(request.client)
-        # A client that saw more acknowledged than the store remembers (the state directory was lost)
-        # continues its own numbering rather than being stuck.
-        acked = max(record.last if record else 0, request.next_sequence - 1, 0)
+        # A session the daemon has no record of (its state directory was lost, or it never wrote) continues the
+        # client's numbering. One it has a record of resumes where the record stands, even when the client
+        # claims more (the daemon lost staged events with its disk, a bucket's state is behind): the answer's
+        # `last_sequence` tells the client to resend from there, rather than the gap being skipped.
+        claimed = max(request.next_sequence - 1, 0)
+        acked = record.last if record is not None else claimed
+        if claimed > acked:
+            log.warning(
+                "session %s: its client has sequence numbers through %d acknowledged, the daemon holds %d; "
+                "it resumes from %d",
+                session_id,
+                claimed,
+                acked,
+                acked + 1,
+            )
         session = Session(
             session_id, writer, request.worker, request.world_size, client, self.lease, peer=peer, acked=acked
         )

@@ -26,11 +26,17 @@ def _chain() -> None:
 
 
 def _patch() -> None:
+    path = list(sys.path)
     try:
+        from summaryd.v1.search_path import unshadow
+
+        unshadow()  # `''` or `.` on PYTHONPATH: a `summaryd` folder in the working directory is not ours
         from summaryd.client import patch
     except ImportError as exc:  # a child run with another Python, one without summaryd
         print(f"summaryd run: not patching {sys.executable}: {exc}", file=sys.stderr)
         return
+    finally:
+        sys.path[:] = path  # the program's own imports still find what its path gives them
     patch()
 
 

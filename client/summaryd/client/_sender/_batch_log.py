@@ -73,12 +73,14 @@ class BatchLog:
         """The sequence number a session resumes from: after the durable ones when batches are kept for that."""
         return (self.durable if self.keep_until_durable else self.acked) + 1
 
-    def resumed(self, last: int, durable_acks: bool) -> None:
+    def resumed(self, last: int, durable_acks: bool) -> int:
         """A daemon opened the session holding up to `last`: kept batches it lacks are sent again (their events
-        counted once, when first acknowledged)."""
+        counted once, when first acknowledged). Return how many acknowledged events neither the daemon nor this
+        log holds any more (the daemon lost them): the batches after them are numbered on from `last`, so that
+        the session goes on without a gap."""
         self.keep_until_durable = self.keep_until_durable or durable_acks
         if last >= self.acked:
-            return
+            return 0
         while self._kept and self._kept[-1].last > last:
             batch = self._kept.pop()
             self.kept_bytes -= batch.nbytes
@@ -87,6 +89,15 @@ class BatchLog:
             self.held_bytes += batch.nbytes
             self.held_events += batch.count
         self.acked = last
+        start = self._batches[0].first if self._batches else self.next_sequence
+        if start <= last + 1 or any(batch.events is None for batch in self._batches):
+            return 0  # nothing missing; or spilled batches, whose numbers the spool holds: the daemon says the gap
+        sequence = last + 1
+        for batch in self._batches:
+            batch.renumber(sequence)
+            sequence += batch.count
+        self.next_sequence = sequence
+        return start - last - 1
 
     def _keep(self, batch: Batch) -> None:
         if batch.events is None or batch.last <= self.durable:  # spilled batches are not kept back from the spool

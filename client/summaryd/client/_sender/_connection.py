@@ -94,7 +94,17 @@ class Connection:
         self.limits = answer.limits
         self.answered = True
         with self._cond:
-            self._batches.resumed(answer.last_sequence, answer.durable_acks)
+            lost = self._batches.resumed(answer.last_sequence, answer.durable_acks)
+        if lost:
+            log.warning(
+                "summaryd: the daemon at %s holds session %s of run %r only through sequence %d: %d events it "
+                "had acknowledged are lost with its state; the session goes on from there",
+                self._transport.address,
+                self._identity.session_id,
+                self._identity.run,
+                answer.last_sequence,
+                lost,
+            )
         self.on_ack(Ack(answer.last_sequence, answer.durable_sequence))
         self._stream = self._transport.open_stream(self._identity.session_id, self.on_ack, self.on_end)
         with self._cond:
