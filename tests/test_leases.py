@@ -30,3 +30,29 @@ def test_a_lease_names_one_file_per_directory_and_its_document_keeps_the_names()
     doc = json.loads(renamed.document())
     assert doc["files"] == [["run", "events.out.tfevents.3"], ["run/w0", "events.out.tfevents.2"]]
     assert "unfenced" not in doc
+
+
+def test_a_conditional_write_whose_retry_meets_the_write_itself_is_done_and_no_other_is() -> None:
+    """A client retries a request whose answer was lost; when the first attempt had landed, the retry fails its
+    own condition. The bucket takes that as done when what is stored is these very bytes, and as lost otherwise.
+    The lost answer cannot be made on demand against a real store: obstore's in-memory store holds the object
+    the first attempt left."""
+    import asyncio
+
+    import pytest
+    from obstore.store import MemoryStore
+
+    from summaryd.server.bucket import Bucket, PreconditionFailedError
+
+    async def check() -> None:
+        bucket = Bucket("s3://b/p", MemoryStore())
+        first = await bucket.create("segment", b"records")
+        assert await bucket.create("segment", b"records") == first  # the retry of a create that landed
+        with pytest.raises(PreconditionFailedError):
+            await bucket.create("segment", b"")  # a fence meeting a segment: the key is taken
+        second = await bucket.replace("lease", b"v2", await bucket.create("lease", b"v1"))
+        assert await bucket.replace("lease", b"v2", "stale") == second  # the retry of a renewal that landed
+        with pytest.raises(PreconditionFailedError):
+            await bucket.replace("lease", b"v3", "stale")  # another holder's version
+
+    asyncio.run(check())

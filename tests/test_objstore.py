@@ -454,7 +454,7 @@ def test_shutdown_uploads_every_staged_event(tmp_path: Path, seaweed: SeaweedSer
     writer.flush()
     assert segments(seaweed, logdir_url, "drain") == []
     assert daemon.terminate() == 0  # SIGTERM: files closed, then every pending byte sealed and uploaded
-    assert staging_settled(tmp_path, "drain")
+    assert staging_settled(tmp_path, "drain"), daemon.log()
     assert steps_from_bucket(seaweed, logdir_url, "drain", tmp_path / "read") == collections.Counter(range(120))
     writer.close(timeout=1)
 
