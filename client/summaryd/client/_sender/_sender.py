@@ -284,6 +284,8 @@ class Sender:
             self.framework,
             session_started=time.time(),
             aggregate=self.aggregate,
+            addresses=options.addresses,
+            redirect_allow=options.redirect_allow,
         )
         # One lock for every part. Re-entrant: the SIGTERM handler may close the sender while the interrupted
         # caller holds it.
