@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 import grpc
+import numpy as np
 import pytest
 from test_client_checks import _leave_a_spool
 from test_faults_fork import FORKING_WRITER, run_script
@@ -368,3 +369,17 @@ def test_summaryd_replay_tries_every_address_and_the_allow_list_its_spool_record
     assert f"to {daemon.address} (recorded in the spool)" in capsys.readouterr().out
     assert steps_in(daemon.logdir / "recorded") == [0, 1, 2] and not spool.exists()
     assert len(steps_in(daemon.logdir / "left")) == 3 and not old.exists()
+
+
+def test_projector_files_go_to_the_daemon_the_writer_was_sent_to(daemon: Daemon) -> None:
+    """`add_embedding`'s uploads go where the session is: the owner the writer followed a redirect to."""
+    owner = fooled_daemon(daemon.address)
+    try:
+        writer = SummaryWriter("embedded", address=owner.address, redirect_allow=daemon.address, worker="")
+        writer.add_embedding(np.eye(2), tag="x")
+        report = writer.close()
+    finally:
+        owner.stop()
+    assert report.ok and not report.dropped, report
+    assert (daemon.logdir / "embedded" / "00000" / "x" / "tensors.tsv").read_text() == "1.0\t0.0\n0.0\t1.0\n"
+    assert [method for method, _ in owner.recorder.calls] == ["/summaryd.v1.Summaries/OpenSession"]

@@ -342,7 +342,9 @@ class Sender:
 
     @property
     def address(self) -> str:
-        return self.options.address
+        """The daemon talked to now: the first of the options' addresses until the sender fails over or is sent
+        to the run's owner."""
+        return self._connection.address
 
     @property
     def session_id(self) -> str:
