@@ -383,3 +383,13 @@ def test_projector_files_go_to_the_daemon_the_writer_was_sent_to(daemon: Daemon)
     assert report.ok and not report.dropped, report
     assert (daemon.logdir / "embedded" / "00000" / "x" / "tensors.tsv").read_text() == "1.0\t0.0\n0.0\t1.0\n"
     assert [method for method, _ in owner.recorder.calls] == ["/summaryd.v1.Summaries/OpenSession"]
+
+
+@pytest.mark.parametrize("named", ["xds", "dns:6065", "IPv4:7000", "vsock", "google-c2p:443"])
+def test_a_host_grpc_would_read_as_a_target_scheme_is_no_address_and_no_redirect(named: str) -> None:
+    """`xds:6065` would have gRPC ask an xDS control plane where to go, `dns:6065` resolve the name `6065`: neither
+    the user nor a lease may name a daemon so."""
+    with pytest.raises(ValueError, match=r"gRPC reads .* as a target scheme, not a host"):
+        parse_address(named)
+    with pytest.raises(RedirectRefusedError):
+        DaemonTargets(("a:1",), ("b:1",)).redirect(named)
