@@ -140,14 +140,14 @@ def test_grpc_fork_support_draws_a_warning(monkeypatch: pytest.MonkeyPatch, capl
     sender.close(timeout=0)
 
 
-# A writer given its token as an argument (no SUMMARYD_TOKEN) forks a child that logs through it: the parent's
-# courier delivers the child's outbox with the writer's token, as the writer itself does.
-TOKEN_CHILD = textwrap.dedent(
+# A writer made with the arguments given as JSON (its token, say: no SUMMARYD_TOKEN) forks a child that logs
+# through it: the parent's courier delivers the child's outbox with the writer's settings, as the writer itself does.
+FORKING_WRITER = textwrap.dedent(
     """
     import json, os, sys
     from summaryd.client import SummaryWriter
 
-    writer = SummaryWriter("tokened", address=sys.argv[1], worker="", token=sys.argv[2], close_timeout=30)
+    writer = SummaryWriter(sys.argv[1], worker="", close_timeout=30, **json.loads(sys.argv[2]))
     writer.add_scalar("parent", 1.0, 0)
     assert writer.flush().delivered == 1  # the parent used gRPC: its children must not
     child = os.fork()
@@ -157,7 +157,7 @@ TOKEN_CHILD = textwrap.dedent(
         os._exit(0)
     os.waitpid(child, 0)
     report = writer.close()
-    print(json.dumps({"ok": report.ok}))
+    print(json.dumps({"ok": report.ok, "delivered": report.delivered}))
     """
 )
 
@@ -177,7 +177,7 @@ def test_courier_delivers_a_childs_outbox_with_the_writers_own_token(tmp_path: P
     try:
         environ = {k: v for k, v in os.environ.items() if not k.startswith("SUMMARYD_")}
         environ["SUMMARYD_SPOOL_DIR"] = str(tmp_path / "spool")
-        done = run_script(TOKEN_CHILD, [daemon.address, token], environ)
+        done = run_script(FORKING_WRITER, ["tokened", json.dumps({"address": daemon.address, "token": token})], environ)
         assert done.returncode == 0, done.stderr
         assert json.loads(done.stdout.strip().splitlines()[-1])["ok"], done.stdout
         tags = [

@@ -25,6 +25,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+import grpc
 import pytest
 from tensorboard.compat.proto.event_pb2 import Event
 
@@ -42,6 +43,8 @@ from summaryd.server.segments import (
     release_uploaded,
     segment_key,
 )
+from summaryd.v1 import summaryd_pb2 as pb
+from summaryd.v1 import summaryd_pb2_grpc as pb_grpc
 from summaryd.v1 import wire
 
 pytestmark = pytest.mark.objstore
@@ -553,3 +556,34 @@ def test_the_object_storage_benchmark_runs_at_smoke_size(tmp_path: Path) -> None
         "summaryd, s3:// (SeaweedFS)"
     ]
     assert bucket["objects"] >= 1 and bucket["bytes_per_event"] > 0
+
+
+def test_a_store_outage_reaches_clients_as_unavailable_naming_no_store_url_key_or_credential(
+    tmp_path: Path, logdir_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With the store gone, a session that opens answers UNAVAILABLE in one line with none of the store's URL,
+    the bucket, a key or a path of the state directory; the daemon's log has the detail."""
+    store = start_seaweed(tmp_path / "weed")
+    try:
+        create_bucket(store, BUCKET)
+        for name, value in store.environment().items():
+            monkeypatch.setenv(name, value)
+        monkeypatch.setenv("AWS_MAX_ATTEMPTS", "1")
+        daemon = start_bucket_daemon(tmp_path, logdir_url)
+        store.proc.kill()
+        store.proc.wait(30)
+        with grpc.insecure_channel(daemon.address) as channel:
+            stub = pb_grpc.SummariesStub(channel)
+            request = pb.OpenSessionRequest(session_id=str(uuid.uuid4()), run="gone", next_sequence=1)
+            with pytest.raises(grpc.RpcError) as refused:
+                stub.OpenSession(request, timeout=120)
+        daemon.terminate()
+    finally:
+        store.stop()
+    details = refused.value.details()  # type: ignore[attr-defined]
+    assert refused.value.code() == grpc.StatusCode.UNAVAILABLE, details  # type: ignore[attr-defined]
+    assert "\n" not in details and "Traceback" not in details
+    host = urllib.parse.urlsplit(store.endpoint).netloc
+    for secret in (host, BUCKET, "s3://", "http", str(tmp_path), store.environment()["AWS_SECRET_ACCESS_KEY"]):
+        assert secret not in details, details
+    assert host in daemon.log() or BUCKET in daemon.log()

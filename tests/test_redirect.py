@@ -11,6 +11,7 @@ follow a redirect to an address they were given. The same with a forged lease in
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import sys
@@ -22,13 +23,15 @@ from pathlib import Path
 from typing import Any
 
 import grpc
+import numpy as np
 import pytest
 from test_client_checks import _leave_a_spool
+from test_faults_fork import FORKING_WRITER, run_script
 from test_ship import VERSION_RECORD, append, scalar
 from test_zero_code import summaryd_run
 
-from _support import Daemon, log_losses, steps_in, unused_port, wait_for
-from summaryd.client import SummaryWriter
+from _support import Daemon, event_files, log_losses, read_events, steps_in, unused_port, wait_for
+from summaryd.client import Sender, SummaryWriter
 from summaryd.client._environment import address_key, parse_address
 from summaryd.client._options import ClientOptions
 from summaryd.client._sender._targets import DaemonTargets, RedirectRefusedError
@@ -306,3 +309,87 @@ def test_a_following_shipper_keeps_trying_past_a_refused_redirect_and_says_why_a
     totals = shipper.follow(stop, poll_secs=0.05)  # returns (does not raise) once stopped
     assert totals.records == 0 and totals.error is not None and "not followed" in totals.error
     assert capture.recorder.calls == []
+
+
+def test_the_courier_follows_a_redirect_to_the_writers_allow_list_with_a_childs_outbox(
+    tmp_path: Path, daemon: Daemon
+) -> None:
+    owner = fooled_daemon(daemon.address)
+    environ = {k: v for k, v in os.environ.items() if not k.startswith("SUMMARYD_")}
+    environ["SUMMARYD_SPOOL_DIR"] = str(tmp_path / "spool")
+    try:
+        # The parent follows the redirect (the owner is in its allow-list); its courier must too, with the child's.
+        writer = {"address": owner.address, "redirect_allow": daemon.address}
+        done = run_script(FORKING_WRITER, ["owned", json.dumps(writer)], environ)
+    finally:
+        owner.stop()
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout.strip().splitlines()[-1]) == {"ok": True, "delivered": 2}, done.stderr
+    tags = [v.tag for path in event_files(daemon.logdir / "owned") for e in read_events(path) for v in e.summary.value]
+    assert sorted(tags) == ["child", "parent"]
+
+
+def test_summaryd_replay_tries_every_address_and_the_allow_list_its_spool_records(
+    tmp_path: Path, daemon: Daemon, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The spool's writer was given a dead daemon, then one that sends its run to an owner of its allow-list:
+    a plain `summaryd replay` (no `--address`) reaches the owner. A manifest of before (one address) still
+    replays."""
+    owner = fooled_daemon(daemon.address)
+    dead = f"127.0.0.1:{unused_port()}"
+    sender = Sender(
+        "recorded",
+        address=f"{dead},{owner.address}",
+        redirect_allow=daemon.address,
+        spool_dir=tmp_path / "spool",
+        spool_after=0.1,
+        backoff_secs=(0.05, 0.1),
+    )
+    owner.stop()  # away while the writer logs: everything goes to the spool
+    for step in range(3):
+        sender.submit(scalar(step), 40)
+    wait_for(lambda: sender.report().spooled == 3, 30, "the events to be spooled")
+    spool = Path(str(sender.close(timeout=0.5).spool_path))
+    manifest = json.loads((spool / "manifest.json").read_text())
+    assert manifest["addresses"] == [dead, owner.address] and manifest["redirect_allow"] == [daemon.address]
+    owner = fooled_daemon(daemon.address)
+    manifest["addresses"][1] = owner.address  # the owner's stand-in is back, on a port of its own
+    (spool / "manifest.json").write_text(json.dumps(manifest))
+    old = _leave_a_spool(tmp_path / "old", unused_port())
+    written = json.loads((old / "manifest.json").read_text())
+    del written["addresses"], written["redirect_allow"]
+    written["address"] = daemon.address
+    (old / "manifest.json").write_text(json.dumps(written))
+    try:
+        capsys.readouterr()
+        assert main(["replay", str(spool)]) == 0
+        assert main(["replay", str(old)]) == 0
+    finally:
+        owner.stop()
+    assert f"to {daemon.address} (recorded in the spool)" in capsys.readouterr().out
+    assert steps_in(daemon.logdir / "recorded") == [0, 1, 2] and not spool.exists()
+    assert len(steps_in(daemon.logdir / "left")) == 3 and not old.exists()
+
+
+def test_projector_files_go_to_the_daemon_the_writer_was_sent_to(daemon: Daemon) -> None:
+    """`add_embedding`'s uploads go where the session is: the owner the writer followed a redirect to."""
+    owner = fooled_daemon(daemon.address)
+    try:
+        writer = SummaryWriter("embedded", address=owner.address, redirect_allow=daemon.address, worker="")
+        writer.add_embedding(np.eye(2), tag="x")
+        report = writer.close()
+    finally:
+        owner.stop()
+    assert report.ok and not report.dropped, report
+    assert (daemon.logdir / "embedded" / "00000" / "x" / "tensors.tsv").read_text() == "1.0\t0.0\n0.0\t1.0\n"
+    assert [method for method, _ in owner.recorder.calls] == ["/summaryd.v1.Summaries/OpenSession"]
+
+
+@pytest.mark.parametrize("named", ["xds", "dns:6065", "IPv4:7000", "vsock", "google-c2p:443"])
+def test_a_host_grpc_would_read_as_a_target_scheme_is_no_address_and_no_redirect(named: str) -> None:
+    """`xds:6065` would have gRPC ask an xDS control plane where to go, `dns:6065` resolve the name `6065`: neither
+    the user nor a lease may name a daemon so."""
+    with pytest.raises(ValueError, match=r"gRPC reads .* as a target scheme, not a host"):
+        parse_address(named)
+    with pytest.raises(RedirectRefusedError):
+        DaemonTargets(("a:1",), ("b:1",)).redirect(named)

@@ -10,9 +10,10 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import grpc
 import pytest
@@ -25,6 +26,7 @@ from tensorboard.compat.proto.summary_pb2 import Summary
 
 from _support import Daemon, event_files, read_events, start_daemon, wait_healthy
 from summaryd.client import SummaryWriter
+from summaryd.server.refusals import RefusalInterceptor
 from summaryd.v1 import summaryd_pb2 as pb
 from summaryd.v1 import summaryd_pb2_grpc as pb_grpc
 
@@ -301,3 +303,36 @@ def test_refused_callers_are_logged_once_per_kind_without_their_token(guarded: D
     for code in ("UNAUTHENTICATED", "PERMISSION_DENIED"):
         assert len([line for line in warnings if code in line]) == 1, warnings
     assert wrong not in guarded.log() and BOB not in guarded.log()
+
+
+class _Failing(pb_grpc.SummariesServicer):
+    """A servicer whose every call raises what no layer answers, its text naming a store and a state path (a
+    fault made on purpose: the daemon's own layers answer every raise they expect)."""
+
+    async def OpenSession(self, request: pb.OpenSessionRequest, context: Any) -> pb.OpenSessionResponse:
+        raise RuntimeError("s3://private-bucket/runs/.summaryd/leases/x at /var/lib/summaryd/state")
+
+    async def Write(self, requests: Any, context: Any) -> AsyncIterator[pb.WriteAck]:
+        async for _ in requests:
+            raise RuntimeError("s3://private-bucket/runs/.summaryd/leases/x at /var/lib/summaryd/state")
+        yield pb.WriteAck()
+
+
+async def test_a_raise_no_layer_answers_reaches_the_client_without_its_text() -> None:
+    server = grpc.aio.server(interceptors=[RefusalInterceptor()])
+    pb_grpc.add_SummariesServicer_to_server(_Failing(), server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    await server.start()
+    try:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+            stub = pb_grpc.SummariesStub(channel)
+            with pytest.raises(grpc.RpcError) as opened:
+                await stub.OpenSession(pb.OpenSessionRequest(session_id="s"), timeout=30)
+            with pytest.raises(grpc.RpcError) as wrote:
+                async for _ in stub.Write(iter([pb.WriteRequest(session_id="s")]), timeout=30):
+                    pass
+    finally:
+        await server.stop(0)
+    for refused in (opened.value, wrote.value):
+        assert refused.code() == grpc.StatusCode.UNKNOWN  # type: ignore[attr-defined]
+        assert refused.details() == "the daemon failed this call (RuntimeError); its log says why"  # type: ignore[attr-defined]

@@ -15,8 +15,11 @@ sequence numbers (so exactly once, like `summaryd replay`):
   its exited children logged delivered and counted in its report (a child still running goes on logging, and
   the courier delivers it as it comes and at exit).
 
-An outbox the courier could not deliver (the daemon was away until this process ended) stays on disk for
-`summaryd replay`.
+The courier talks to the daemons the child's outbox records (all its writer's addresses) as `summaryd replay`
+does (`_failover.DaemonChannel`): one that is away gives way to the next, and one that names the run's owner
+(a bucket logdir whose run another daemon writes) sends the courier there when that is one of those addresses
+or of the redirect allow-list the outbox records; never anywhere else. An outbox the courier could not deliver
+(the daemons were away until this process ended) stays on disk for `summaryd replay`.
 """
 
 from __future__ import annotations
@@ -36,13 +39,14 @@ from typing import Any
 import grpc
 
 from summaryd.client._batch_fit import DaemonLimits
-from summaryd.client._channel import ChannelSettings, open_channel
+from summaryd.client._channel import ChannelSettings
+from summaryd.client._failover import DaemonChannel
 from summaryd.client._options import ClientOptions
 from summaryd.client._replay import open_request, send_events
 from summaryd.client._sender._report import DeliveryReport
-from summaryd.client._spool import MANIFEST, SpoolLockedError, lock, write_manifest
+from summaryd.client._sender._targets import RedirectRefusedError
+from summaryd.client._spool import MANIFEST, SpoolLockedError, lock, recorded_daemons, write_manifest
 from summaryd.v1 import summaryd_pb2 as pb
-from summaryd.v1 import summaryd_pb2_grpc as pb_grpc
 from summaryd.v1.wire import read_records
 
 log = logging.getLogger("summaryd.client")
@@ -76,7 +80,7 @@ class Courier:
     def __init__(self) -> None:
         self._roots: set[Path] = set()
         self._outboxes: dict[Path, _Outbox] = {}
-        self._channels: dict[str, grpc.Channel] = {}
+        self._channels: dict[tuple[tuple[str, ...], tuple[str, ...]], DaemonChannel] = {}
         # How to reach each daemon: the settings of the senders whose children write the outboxes (a child's
         # outbox names its daemon's address; its token and TLS files are its writer's, carried here).
         self._settings: dict[str, ChannelSettings] = {}
@@ -192,7 +196,7 @@ class Courier:
             try:
                 if self._deliver(outbox, timeout):
                     del self._outboxes[path]
-            except (grpc.RpcError, OSError, ValueError) as exc:
+            except (grpc.RpcError, RedirectRefusedError, OSError, ValueError) as exc:
                 outbox.opened = False  # resume again next round
                 if final:
                     log.debug("summaryd courier: %s: %s", path, exc)
@@ -203,14 +207,16 @@ class Courier:
         manifest: dict[str, Any] = json.loads((path / MANIFEST).read_text())
         return _Outbox(path, manifest, next_sequence=int(manifest["first_sequence"]))
 
-    def _stub(self, address: str) -> pb_grpc.SummariesStub:
-        channel = self._channels.get(address)
-        if channel is None:
+    def _daemons(self, manifest: dict[str, Any]) -> DaemonChannel:
+        """The channel to the daemons an outbox records, following redirects to those and its allow-list only."""
+        key = recorded_daemons(manifest)
+        daemons = self._channels.get(key)
+        if daemons is None:
             with self._lock:
                 # An address no watched sender has (a writer made in the child): the latest settings watched.
-                settings = self._settings.get(address, self._latest) or ChannelSettings()
-            channel = self._channels[address] = open_channel(address, settings)
-        return pb_grpc.SummariesStub(channel)
+                settings = self._settings.get(key[0][0], self._latest) or ChannelSettings()
+            daemons = self._channels[key] = DaemonChannel(key[0], settings, key[1])
+        return daemons
 
     def _deliver(self, outbox: _Outbox, timeout: float = _TIMEOUT) -> bool:
         """Send what the child has appended; True when the outbox is complete, delivered and deleted."""
@@ -223,7 +229,8 @@ class Courier:
             events = self._read_new(outbox)
             if not events and not finished:
                 return False
-            stub = self._stub(str(outbox.manifest["address"]))
+            daemons = self._daemons(outbox.manifest)
+            stub = daemons.stub
             session_id = str(outbox.manifest["session_id"])
             first = outbox.next_sequence - len(events)
             if not outbox.opened:
@@ -247,8 +254,13 @@ class Courier:
             write_manifest(outbox.path, outbox.manifest)
             shutil.rmtree(outbox.path, ignore_errors=True)
             return True
+        except grpc.RpcError as exc:
+            # What was read but not acknowledged is read again next round, from the daemon the failure names (the
+            # run's owner, if it is one the outbox records) or the next one when this one is away.
+            self._rewind(outbox)
+            self._daemons(outbox.manifest).failed(exc)
+            raise
         except BaseException:
-            # What was read but not acknowledged is read again next round.
             self._rewind(outbox)
             raise
         finally:

@@ -13,6 +13,9 @@ from summaryd.v1.wire import DEFAULT_ADDRESS, DEFAULT_PORT
 _ADDRESS_FORMS = (
     f"give HOST:PORT (e.g. localhost:{DEFAULT_PORT}), HOST alone (port {DEFAULT_PORT}), [IPv6]:PORT or unix:/PATH"
 )
+_GRPC_SCHEMES = frozenset({"dns", "ipv4", "ipv6", "unix", "unix-abstract", "vsock", "xds", "google-c2p"})
+"""Target schemes of gRPC's resolvers: `HOST:PORT` with one of these as HOST is read as that scheme's target
+(`xds:6065` asks an xDS control plane, `dns:6065` resolves the name `6065`), never as that host."""
 
 
 def resolve_address(address: str | None, environ: Mapping[str, str] = os.environ) -> str:
@@ -123,6 +126,11 @@ def parse_address(address: str) -> str:
         port_text = port_text_or_empty if colon else None
         if not host:
             raise ValueError(f"address {address!r} names no host; {_ADDRESS_FORMS}")
+        if host.lower() in _GRPC_SCHEMES:
+            raise ValueError(
+                f"address {address!r}: gRPC reads {host!r} as a target scheme, not a host; name the host otherwise "
+                "(its full name or IP address)"
+            )
     port = DEFAULT_PORT
     if port_text is not None:
         if not port_text.isdigit() or not 1 <= int(port_text) <= 65535:

@@ -92,6 +92,7 @@ class FileUploader:
         self._pending = 0
         self._thread: threading.Thread | None = None
         self._channel: grpc.Channel | None = None
+        self._channel_address = ""
         self._stop = threading.Event()
 
     def submit(self, job: Job) -> bool:
@@ -273,8 +274,14 @@ class FileUploader:
                 if sender.unreachable:
                     break  # the daemon is away: keep the file, try again when idle
                 continue
+            # The daemon that holds the session: the sender's of the moment (it may have failed over, or followed
+            # a redirect to the run's owner), never one it was not given.
+            if self._channel is not None and self._channel_address != sender.address:
+                self._channel.close()
+                self._channel = None
             if self._channel is None:
-                self._channel = open_channel(self.options.address, self.options.channel)
+                self._channel_address = sender.address
+                self._channel = open_channel(self._channel_address, self.options.channel)
             request = pb.PutFileRequest(session_id=sender.session_id, path=path, content=content)
             try:
                 pb_grpc.SummariesStub(self._channel).PutFile(request, timeout=self.rpc_timeout)

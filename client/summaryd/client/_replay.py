@@ -13,10 +13,10 @@ same run. A files spool without events is replayed alone the same way.
 
 Once the daemon has confirmed everything (the session is closed, its file synced), the spool is removed, unless
 `keep` asks to leave it (a later replay of a kept spool sends nothing). The daemons are the ones given, else
-`SUMMARYD_ADDRESS`, else the one the spool's process was logging to; the result says which. Of several, one
-that is away gives way to the next, and one that names the run's owner sends the replay there when the owner
-is one of them or of `redirect_allow` (`_failover.DaemonChannel`; a redirect elsewhere is refused and the
-spool kept): each attempt resumes the session, so none doubles an event.
+`SUMMARYD_ADDRESS`, else all those the spool's process was given (with its redirect allow-list); the result
+says which. Of several, one that is away gives way to the next, and one that names the run's owner sends the
+replay there when the owner is one of them or of `redirect_allow` (`_failover.DaemonChannel`; a redirect
+elsewhere is refused and the spool kept): each attempt resumes the session, so none doubles an event.
 """
 
 from __future__ import annotations
@@ -48,6 +48,7 @@ from summaryd.client._spool import (
     SpoolLockedError,
     files_spool_of,
     lock,
+    recorded_daemons,
     spooled_files,
     write_manifest,
 )
@@ -71,6 +72,8 @@ class ReplayResult:
     address: str = ""
     address_from: str = ""
     """Where the address came from: `--address`, `SUMMARYD_ADDRESS`, or `RECORDED`."""
+    recorded_allow: tuple[str, ...] = ()
+    """The redirect allow-list the spool records (followed only with the addresses it records)."""
     events: int = 0
     """Events in the spool."""
     first_sequence: int = 0
@@ -225,7 +228,8 @@ def _remove(spool: Path) -> None:
 
 def _address(result: ReplayResult, manifest: dict[str, Any]) -> None:
     if not result.address:
-        result.address, result.address_from = str(manifest["address"]), RECORDED
+        addresses, result.recorded_allow = recorded_daemons(manifest)
+        result.address, result.address_from = ",".join(addresses), RECORDED
 
 
 @dataclass(frozen=True)
@@ -316,7 +320,9 @@ def _replay_files_alone(directory: Path, timeout: float, result: ReplayResult, r
 
 def _on_a_daemon(result: ReplayResult, reach: _Daemons, deliver: Callable[[pb_grpc.SummariesStub], None]) -> None:
     """`deliver` to the first of the result's daemons that takes it; the result names that one."""
-    daemons = DaemonChannel(parse_addresses(result.address), reach.settings, reach.redirect_allow)
+    # The allow-list the spool records goes with the addresses it records, not with the ones the user gives now.
+    allow = (*reach.redirect_allow, *result.recorded_allow) if result.address_from == RECORDED else reach.redirect_allow
+    daemons = DaemonChannel(parse_addresses(result.address), reach.settings, allow)
     try:
         daemons.call(deliver)
     finally:

@@ -3,8 +3,10 @@
 One directory per session, itself a valid TensorBoard logdir (`tensorboard --logdir <it>` shows the run):
 
     <spool root>/<session id>/
-        manifest.json             session id, run, worker, the daemon's address, and `first_sequence`: the
-                                  sequence number of the event file's first event (they follow without gaps)
+        manifest.json             session id, run, worker, the daemons' addresses (`addresses`, all the writer
+                                  was given; `address`, the first, is what older manifests have) and the
+                                  redirect allow-list, and `first_sequence`: the sequence number of the event
+                                  file's first event (they follow without gaps)
         lock                      held (flock) by the process that owns the session, and by `summaryd replay`
         <run>[/<worker>]/events.out.tfevents.<secs>.<host>.<pid>.spool
                                   `file_version`, then the events in sequence order, as TFRecords
@@ -35,6 +37,7 @@ from typing import Any
 
 from tensorboard.compat.proto.event_pb2 import Event
 
+from summaryd.client._environment import parse_address
 from summaryd.v1.atomic import replace_file
 from summaryd.v1.wire import frame, whole_records
 
@@ -69,6 +72,10 @@ class SpoolIdentity:
     aggregate: bool | tuple[str, ...] = True
     """Cross-worker aggregation: on, off, or the tag patterns aggregated (not kept in a spool's manifest: a
     replayed session is aggregated as the daemon's default has it)."""
+    addresses: tuple[str, ...] = ()
+    """Every daemon the writer was given, `address` first (empty: `address` alone)."""
+    redirect_allow: tuple[str, ...] = ()
+    """The daemons beyond `addresses` a redirect may lead to."""
 
     def manifest(self, format: str) -> dict[str, Any]:
         """The manifest of a spool of this session, written by this process now."""
@@ -79,12 +86,26 @@ class SpoolIdentity:
             "worker": self.worker,
             "world_size": self.world_size,
             "address": self.address,
+            "addresses": list(self.addresses or (self.address,)),
+            "redirect_allow": list(self.redirect_allow),
             "framework": self.framework,
             "host": socket.gethostname(),
             "pid": os.getpid(),
             "created": time.time(),
             "session_started": self.session_started,
         }
+
+
+def recorded_daemons(manifest: Mapping[str, Any]) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """The daemons a spool's manifest names and the redirect allow-list it records (a manifest written before
+    both were recorded names one daemon, `address`, and no allow-list).
+
+    Raises:
+        ValueError: an address recorded is not a daemon address.
+    """
+    addresses = manifest.get("addresses") or [manifest["address"]]
+    allow = manifest.get("redirect_allow") or []
+    return tuple(dict.fromkeys(parse_address(str(a)) for a in addresses)), tuple(parse_address(str(a)) for a in allow)
 
 
 class SpoolLockedError(RuntimeError):

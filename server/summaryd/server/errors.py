@@ -6,6 +6,7 @@ Each message is the one line the client reads: it says what happened and what to
 from __future__ import annotations
 
 import errno
+import os
 
 from summaryd.v1.runpath import RunPathError
 from summaryd.v1.wire import OWNER_ADDRESS_KEY, REFUSED_SEQUENCE_KEY
@@ -136,14 +137,19 @@ class StorageError(Exception):
 
     @classmethod
     def of(cls, exc: OSError, run_dir: str, what: str) -> StorageError:
-        """The error for `exc` failing on run `run_dir`, where `what` says what did not happen."""
+        """The error for `exc` failing on run `run_dir`, where `what` says what did not happen.
+
+        The client's message names the error by its errno alone: the text of `exc` (a store's answer with its
+        URL and keys, a path of the state directory) is for the daemon's log, which the caller writes.
+        """
+        reason = os.strerror(exc.errno) if exc.errno else "an I/O error"
         if exc.errno in _DISK_FULL:
             return DiskFullError(
-                f"the disk holding run {run_dir!r} is full ({exc.strerror}); {what}: keep the events and send them "
+                f"the disk holding run {run_dir!r} is full ({reason}); {what}: keep the events and send them "
                 "again once space is freed",
                 exc,
             )
-        return cls(f"the daemon cannot write run {run_dir!r} ({exc.strerror}); {what}", exc)
+        return cls(f"the daemon cannot write run {run_dir!r} ({reason}); {what}", exc)
 
 
 class DiskFullError(StorageError):

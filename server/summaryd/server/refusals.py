@@ -8,10 +8,16 @@ deserializer that never raises (it returns `Unparsed` instead) and answers an `U
 daemon refuses because of what a client sent (`INVALID_ARGUMENT`, `RESOURCE_EXHAUSTED`, `UNAUTHENTICATED`,
 `PERMISSION_DENIED`) as one WARNING line per method and status at most every few seconds, saying how many more
 were left out.
+
+A raise the servicer does not answer itself would reach the client as gRPC's `UNKNOWN` with the exception's
+text (`Unexpected <class ...>: ...`), which may name the store's URL, a bucket key or a path of the state
+directory: the interceptor answers it `UNKNOWN` with one line naming only the exception's class, and the daemon's
+log keeps the traceback.
 """
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -69,6 +75,20 @@ def _message_name(deserializer: Callable[[bytes], Any] | None) -> str:
     return str(getattr(descriptor, "full_name", "request"))
 
 
+@contextlib.asynccontextmanager
+async def _contained(method: str, context: Context) -> AsyncIterator[None]:
+    """Answer a raise of the block with a message that carries none of its text (the log has it)."""
+    try:
+        yield
+    except aio.AbortError:
+        raise
+    except Exception as exc:
+        log.exception("%s failed", method)
+        await context.abort(
+            grpc.StatusCode.UNKNOWN, f"the daemon failed this call ({type(exc).__name__}); its log says why"
+        )
+
+
 class RefusalInterceptor(aio.ServerInterceptor):  # type: ignore[type-arg]
     """Answers unparseable requests with INVALID_ARGUMENT and logs refusals; see the module docstring.
 
@@ -119,7 +139,8 @@ class RefusalInterceptor(aio.ServerInterceptor):  # type: ignore[type-arg]
                 try:
                     if isinstance(request, Unparsed):
                         await refuse(request, context)
-                    return await inner_unary(request, context)
+                    async with _contained(method, context):
+                        return await inner_unary(request, context)
                 finally:
                     noted(context)
 
@@ -129,8 +150,9 @@ class RefusalInterceptor(aio.ServerInterceptor):  # type: ignore[type-arg]
 
             async def stream_stream(requests: AsyncIterator[Any], context: Context) -> AsyncIterator[Any]:
                 try:
-                    async for answer in inner_stream(checked(requests, context), context):
-                        yield answer
+                    async with _contained(method, context):
+                        async for answer in inner_stream(checked(requests, context), context):
+                            yield answer
                 finally:
                     noted(context)
 
@@ -142,8 +164,9 @@ class RefusalInterceptor(aio.ServerInterceptor):  # type: ignore[type-arg]
                 try:
                     if isinstance(request, Unparsed):
                         await refuse(request, context)
-                    async for answer in inner_out(request, context):
-                        yield answer
+                    async with _contained(method, context):
+                        async for answer in inner_out(request, context):
+                            yield answer
                 finally:
                     noted(context)
 
@@ -155,7 +178,8 @@ class RefusalInterceptor(aio.ServerInterceptor):  # type: ignore[type-arg]
                 try:
                     if isinstance(request, Unparsed):
                         await refuse(request, context)
-                    await inner_writer(request, context)
+                    async with _contained(method, context):
+                        await inner_writer(request, context)
                 finally:
                     noted(context)
 

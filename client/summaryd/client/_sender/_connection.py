@@ -50,11 +50,17 @@ class Connection:
         self._next_attempt = 0.0
         self._backoff = options.backoff_secs[0]
         self.connect_failed = False
+        self._redirected = False  # the last attempt to open the session was redirected to the run's owner
         self._lease = float("inf")
         self.limits = DaemonLimits()
         self.answered = False  # a daemon opened the session once: `limits` are its own
         self._last_sent = 0.0
         self.run_dir: str | None = None
+
+    @property
+    def address(self) -> str:
+        """The daemon of the moment (the transport's)."""
+        return self._transport.address
 
     @property
     def streaming(self) -> bool:
@@ -112,7 +118,7 @@ class Connection:
             overcome = self._status.overcome()  # not the error of what is now delivered
             spooled = self._ledger.spooled
         self._last_sent = time.monotonic()
-        self.connect_failed = False
+        self.connect_failed = self._redirected = False
         if overcome and self._status.warnings.forget("daemon"):
             # The user was told the daemon was away: say it is back, and what becomes of the spool.
             sending = f"; sending the {spooled} spooled events" if spooled else ""
@@ -125,6 +131,13 @@ class Connection:
 
     def _open_failed(self, exc: TransportError) -> str | None:
         self.report_error(exc)
+        if exc.redirected and not self._redirected:
+            # Sent on to the run's owner: open there at once (once in a row, so two daemons naming each other are
+            # not asked without pause); the daemon is not away, and an upload waiting for the session waits on.
+            self._redirected = True
+            self._wake.set()
+            return None
+        self._redirected = False
         self.connect_failed = True
         if exc.permanent:
             return exc.text

@@ -190,7 +190,8 @@ class GrpcTransport:
                 )
             if moved:
                 self._drop_channel()
-            return TransportError("away", f"the daemon at {left} says the run is written by {owner}; moving there")
+            text = f"the daemon at {left} says the run is written by {owner}; moving there"
+            return TransportError("away", text, redirected=moved)
         if error.kind == "away" and self._targets.move_on():
             self._drop_channel()
             return TransportError("away", f"{error.text} (at {left}); moving to {self._targets.current}")

@@ -284,6 +284,8 @@ class Sender:
             self.framework,
             session_started=time.time(),
             aggregate=self.aggregate,
+            addresses=options.addresses,
+            redirect_allow=options.redirect_allow,
         )
         # One lock for every part. Re-entrant: the SIGTERM handler may close the sender while the interrupted
         # caller holds it.
@@ -340,7 +342,9 @@ class Sender:
 
     @property
     def address(self) -> str:
-        return self.options.address
+        """The daemon talked to now: the first of the options' addresses until the sender fails over or is sent
+        to the run's owner."""
+        return self._connection.address
 
     @property
     def session_id(self) -> str:

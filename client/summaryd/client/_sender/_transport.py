@@ -32,9 +32,17 @@ class TransportError(Exception):
     `refused_sequence` names the event it refused, if it did."""
 
     def __init__(
-        self, kind: ErrorKind, text: str, *, details: str | None = None, refused_sequence: int | None = None
+        self,
+        kind: ErrorKind,
+        text: str,
+        *,
+        details: str | None = None,
+        refused_sequence: int | None = None,
+        redirected: bool = False,
     ) -> None:
         super().__init__(text)
+        self.redirected = redirected
+        """The daemon named the run's owner and the transport moved there: try at once, it is no outage."""
         self.kind: ErrorKind = kind
         self.text = text
         self.details = text if details is None else details
