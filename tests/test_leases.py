@@ -56,3 +56,33 @@ def test_a_conditional_write_whose_retry_meets_the_write_itself_is_done_and_no_o
             await bucket.replace("lease", b"v3", "stale")  # another holder's version
 
     asyncio.run(check())
+
+
+def test_an_upload_cancelled_while_its_lease_names_the_file_leaves_the_next_one_the_version_written() -> None:
+    """Shutdown cancels an upload while the lease write that names its file is under way: the write lands and is
+    recorded, and the drain's upload of the same file, taking the run's lock meanwhile, waits for it rather than
+    writing again by the ETag before it (which the store refuses: the run read as taken over, and its staged
+    bytes were never uploaded). obstore's in-memory store stands in for the bucket; the pause is a slow write."""
+    import asyncio
+
+    from obstore.store import MemoryStore
+
+    from summaryd.server.bucket import Bucket
+    from summaryd.server.leases import RunLeases
+    from summaryd.server.run_ownership import RunOwnership
+
+    class SlowReplace(Bucket):
+        async def replace(self, key: str, data: bytes, etag: str) -> str:
+            await asyncio.sleep(0.2)
+            return await super().replace(key, data, etag)
+
+    async def check() -> None:
+        ownership = RunOwnership(RunLeases(SlowReplace("s3://b/p", MemoryStore()), "a", "127.0.0.1:1", 30.0))
+        await ownership.take("run")
+        first = asyncio.ensure_future(ownership.admit("run", "events.out.tfevents.1"))
+        await asyncio.sleep(0.05)  # the lease write naming the file is under way
+        first.cancel()
+        assert await ownership.admit("run", "events.out.tfevents.1")
+        assert ownership.holds("run") and ownership.valid("run")
+
+    asyncio.run(check())

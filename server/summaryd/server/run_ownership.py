@@ -110,6 +110,9 @@ class RunOwnership:
         # Renewals of held leases under way: each is recorded even if whoever asked for it is cancelled (a lease
         # written but not recorded would leave a stale ETag, and the next write would find the lease "lost").
         self._writes: set[asyncio.Task[Lease]] = set()
+        # The one under way per run: a caller cancelled while it waits gives the run's lock up before the write
+        # lands, so whoever takes the lock next waits for it (`_landed`) before it reads the held version.
+        self._in_flight: dict[str, asyncio.Task[Lease]] = {}
         self._renewer: asyncio.Task[None] | None = None
         self._releasing: set[asyncio.Task[None]] = set()
         # Per run, the uploads its sessions that left are waiting for: the lease goes after all of them.
@@ -133,6 +136,7 @@ class RunOwnership:
         if self._count(run_dir):
             return
         async with self._lock_of(run_dir):
+            await self._landed(run_dir)
             if self._count(run_dir):
                 return
             try:
@@ -198,6 +202,7 @@ class RunOwnership:
         if (run_dir, name) in self._held[run][0].files:
             return True
         async with self._lock_of(run):
+            await self._landed(run)
             held = self._held.get(run)
             if held is None or not held[0].live(self.leases.monotonic(), self.leases.duration):
                 return False
@@ -228,8 +233,19 @@ class RunOwnership:
 
         task = asyncio.ensure_future(write())
         self._writes.add(task)
+        self._in_flight[run_dir] = task
         task.add_done_callback(self._writes.discard)
+        task.add_done_callback(
+            lambda done: self._in_flight.pop(run_dir, None) if self._in_flight.get(run_dir) is done else None
+        )
         return await asyncio.shield(task)
+
+    async def _landed(self, run_dir: str) -> None:
+        """Wait (holding the run's lock) for a lease write of `run_dir` still under way, whatever its outcome
+        (its own caller deals with that): the version held is then the one in the bucket."""
+        while (task := self._in_flight.get(run_dir)) is not None and not task.done():
+            with contextlib.suppress(Exception):
+                await asyncio.shield(task)
 
     def holds(self, run_dir: str) -> bool:
         """Whether this daemon holds the lease that covers `run_dir` (a run, or a worker's directory of one)."""
@@ -301,6 +317,7 @@ class RunOwnership:
         come after them). Until then the lease is kept and renewed, and a session opening on the run here takes
         it up again."""
         async with self._lock_of(run_dir):
+            await self._landed(run_dir)
             held = self._held.get(run_dir)
             if held is None:
                 return
@@ -337,6 +354,7 @@ class RunOwnership:
         while pending := self._unsettled(run_dir):
             await asyncio.gather(*pending)
         async with self._lock_of(run_dir):
+            await self._landed(run_dir)
             held = self._held.get(run_dir)
             # Lost meanwhile, taken up again, or left again with uploads of its own (their release follows them).
             if held is None or held[1] > 0 or self._unsettled(run_dir):
@@ -377,6 +395,7 @@ class RunOwnership:
         """Renew one lease (side by side with the others, a bounded number at once); one taken over is
         dropped and its sessions here are released."""
         async with self._renewals, self._lock_of(run_dir):
+            await self._landed(run_dir)
             held = self._held.get(run_dir)
             if held is None:
                 return
