@@ -1,0 +1,246 @@
+"""TensorBoard reads the daemon: `summaryd serve --board-listen` serves TensorBoard's data provider.
+
+A real daemon on loopback, a real `SummaryWriter`, and either TensorBoard's own gRPC stub of the provider or a
+real `tensorboard --grpc_data_provider` (no `--logdir`) whose HTTP API is read back. TensorBoard without
+TensorFlow is what runs here, and is all the provider needs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import grpc
+import numpy as np
+import pytest
+from tensorboard.data.proto import data_provider_pb2 as dp
+from tensorboard.data.proto import data_provider_pb2_grpc as dp_grpc
+
+from _support import Daemon, TensorBoard, event_files, read_events, start_daemon, stop_process, unused_port, wait_for
+from summaryd.client import SummaryWriter
+from summaryd.server.board import downsample
+from summaryd.server.board_index import Datum, Reservoir, SamplesPerPlugin
+
+pytestmark = pytest.mark.timeout(180)
+
+STEPS = 1500  # above the scalars plugin's 1,000 points: TensorBoard's downsampling shows
+
+
+def value(step: int) -> float:
+    return step / 4  # exact in the float32 of `simple_value`
+
+
+class Board:
+    """A daemon serving the board on a free loopback port, and TensorBoard's stub of it."""
+
+    def __init__(self, tmp_path: Path, *flags: str, logdir: Path | None = None) -> None:
+        self.address = f"127.0.0.1:{unused_port()}"
+        self.daemon: Daemon = start_daemon(tmp_path, "--board-listen", self.address, *flags, logdir=logdir)
+        self._channel = grpc.insecure_channel(self.address)
+        self.stub = dp_grpc.TensorBoardDataProviderStub(self._channel)
+
+    def close(self) -> None:
+        self._channel.close()
+        self.daemon.stop()
+
+    def scalars(self, run: str, tag: str, num_points: int = 10_000) -> list[tuple[int, float]]:
+        answer = self.stub.ReadScalars(
+            dp.ReadScalarsRequest(
+                plugin_filter=dp.PluginFilter(plugin_name="scalars"),
+                run_tag_filter=dp.RunTagFilter(runs=dp.RunFilter(names=[run]), tags=dp.TagFilter(names=[tag])),
+                downsample=dp.Downsample(num_points=num_points),
+            )
+        )
+        return [
+            (s, v) for entry in answer.runs for t in entry.tags for s, v in zip(t.data.step, t.data.value, strict=True)
+        ]
+
+
+@pytest.fixture
+def board(tmp_path: Path) -> Iterator[Board]:
+    b = Board(tmp_path)
+    try:
+        yield b
+    finally:
+        b.close()
+
+
+def test_tensorboard_serves_scalars_histograms_images_and_text_through_the_daemon(board: Board, tmp_path: Path) -> None:
+    writer = SummaryWriter("exp", address=board.daemon.address)
+    for step in range(STEPS):
+        writer.add_scalar("loss", value(step), step)
+    writer.add_histogram("weights", np.arange(100, dtype=np.float64), 7)
+    image = np.zeros((3, 4, 5), dtype=np.float32)
+    image[0] = 1.0  # a red image: 3 channels, 4 high, 5 wide
+    writer.add_image("sample", image, 3)
+    writer.add_text("note", "hello from summaryd", 2)
+    assert writer.close().ok
+
+    tb = TensorBoard(["--grpc_data_provider", board.address], tmp_path)
+    try:
+        assert tb.get("/data/runs") == ["exp"]
+        # The scalars plugin reads 1,000 points of the 1,500: a sample of what was logged, the newest in it.
+        served = tb.get("/data/plugin/scalars/scalars", run="exp", tag="loss")
+        assert len(served) == 1000
+        steps = [step for _, step, _ in served]
+        assert steps == sorted(set(steps)) and steps[-1] == STEPS - 1
+        assert all(v == value(step) for _, step, v in served)
+
+        histograms = tb.get("/data/plugin/histograms/histograms", run="exp", tag="weights")
+        assert [h[1] for h in histograms] == [7]
+        buckets = histograms[0][2]
+        assert sum(count for _, _, count in buckets) == 100
+
+        images = tb.get("/data/plugin/images/images", run="exp", tag="sample")
+        assert [i["step"] for i in images] == [3]
+        png = tb.raw("/data/plugin/images/individualImage?" + images[0]["query"])
+        on_disk = [
+            v.image.encoded_image_string
+            for path in event_files(board.daemon.logdir / "exp")
+            for e in read_events(path)
+            for v in e.summary.value
+            if v.tag == "sample"
+        ]
+        assert on_disk == [png]
+
+        text = tb.get("/data/plugin/text/text", run="exp", tag="note")
+        assert [t["step"] for t in text] == [2] and "hello from summaryd" in text[0]["text"]
+    finally:
+        stop_process(tb.proc, 10)
+
+
+def test_read_scalars_keeps_the_newest_point_and_honours_num_points(board: Board) -> None:
+    writer = SummaryWriter("exp", address=board.daemon.address)
+    for step in range(300):
+        writer.add_scalar("loss", value(step), step)
+    assert writer.close().ok
+    assert board.scalars("exp", "loss") == [(s, value(s)) for s in range(300)]
+    # TensorBoard reads "the latest value" as a read of one point.
+    assert board.scalars("exp", "loss", num_points=1) == [(299, value(299))]
+    some = board.scalars("exp", "loss", num_points=20)
+    assert len(some) == 20 and some[-1] == (299, value(299))
+    assert [s for s, _ in some] == sorted({s for s, _ in some})
+    assert board.scalars("exp", "loss", num_points=0) == []
+
+
+def test_a_point_is_served_as_soon_as_its_batch_is_acknowledged(board: Board) -> None:
+    writer = SummaryWriter("exp", address=board.daemon.address)
+    try:
+        writer.add_scalar("loss", 1.5, 41)
+        assert writer.flush().ok  # acknowledged: written, and so in the index, with no file read back
+        assert board.scalars("exp", "loss") == [(41, 1.5)]
+    finally:
+        writer.close()
+
+
+def test_a_restart_at_a_lower_step_purges_that_series_from_that_step(board: Board) -> None:
+    first = SummaryWriter("exp", address=board.daemon.address)
+    for step in range(100):
+        first.add_scalar("loss", value(step), step)
+        first.add_scalar("lr", 1.0, step)
+    assert first.close().ok
+    resumed = SummaryWriter("exp", address=board.daemon.address)  # resumed from the checkpoint of step 60
+    for step in range(60, 80):
+        resumed.add_scalar("loss", -value(step), step)
+    assert resumed.close().ok
+    want = [(s, value(s)) for s in range(60)] + [(s, -value(s)) for s in range(60, 80)]
+    assert board.scalars("exp", "loss") == want
+    # A series the restart did not log again keeps its points (TensorBoard purges by tag, RustBoard too).
+    assert len(board.scalars("exp", "lr")) == 100
+
+
+def test_a_session_log_start_purges_every_series_of_its_run_from_its_step(board: Board) -> None:
+    writer = SummaryWriter("exp", address=board.daemon.address)
+    for step in range(50):
+        writer.add_scalar("loss", value(step), step)
+    assert writer.close().ok
+    # torch's `purge_step` writes SessionLog.START at that step: TensorBoard drops every later point of the run.
+    purged = SummaryWriter("exp", address=board.daemon.address, purge_step=30)
+    assert purged.close().ok
+    assert board.scalars("exp", "loss") == [(s, value(s)) for s in range(30)]
+
+
+def test_runs_already_on_disk_are_served_after_a_restart_and_live_points_follow_them(tmp_path: Path) -> None:
+    logdir = tmp_path / "runs"
+    first = start_daemon(tmp_path, logdir=logdir)
+    try:
+        for run in ("a", "b/c"):
+            writer = SummaryWriter(run, address=first.address)
+            for step in range(40):
+                writer.add_scalar("loss", value(step), step)
+            assert writer.close().ok
+    finally:
+        first.stop()
+
+    board = Board(tmp_path, logdir=logdir)
+    try:
+        wait_for(lambda: len(board.scalars("b/c", "loss")) == 40, 60, "the runs on disk to be read")
+        assert board.scalars("a", "loss") == [(s, value(s)) for s in range(40)]
+        writer = SummaryWriter("a", address=board.daemon.address)
+        writer.add_scalar("loss", 99.0, 40)
+        assert writer.close().ok
+        assert board.scalars("a", "loss")[-2:] == [(39, value(39)), (40, 99.0)]
+        runs = board.stub.ListRuns(dp.ListRunsRequest())
+        assert sorted(r.name for r in runs.runs) == ["a", "b/c"]
+    finally:
+        board.close()
+
+
+def test_list_filters_select_runs_tags_and_plugins(board: Board) -> None:
+    for run in ("a", "b"):
+        writer = SummaryWriter(run, address=board.daemon.address)
+        writer.add_scalar("loss", 1.0, 1)
+        writer.add_scalar("acc", 0.5, 1)
+        writer.add_text("note", "x", 1)
+        assert writer.close().ok
+    listed = board.stub.ListScalars(
+        dp.ListScalarsRequest(
+            plugin_filter=dp.PluginFilter(plugin_name="scalars"),
+            run_tag_filter=dp.RunTagFilter(runs=dp.RunFilter(names=["b"])),
+        )
+    )
+    assert [(r.run_name, sorted(t.tag_name for t in r.tags)) for r in listed.runs] == [("b", ["acc", "loss"])]
+    assert listed.runs[0].tags[0].metadata.max_step == 1
+    # Text is a tensor of the text plugin: not a scalar, and not listed under another plugin.
+    tensors = board.stub.ListTensors(dp.ListTensorsRequest(plugin_filter=dp.PluginFilter(plugin_name="text")))
+    assert [(r.run_name, [t.tag_name for t in r.tags]) for r in tensors.runs] == [("a", ["note"]), ("b", ["note"])]
+    none = board.stub.ListTensors(dp.ListTensorsRequest(plugin_filter=dp.PluginFilter(plugin_name="scalars")))
+    assert not none.runs
+    plugins = board.stub.ListPlugins(dp.ListPluginsRequest())
+    assert sorted(p.name for p in plugins.plugins) == ["scalars", "text"]
+
+
+def test_samples_per_plugin_bounds_a_series_and_all_keeps_every_point(tmp_path: Path) -> None:
+    b = Board(tmp_path, "--samples-per-plugin", "scalars=25")
+    try:
+        writer = SummaryWriter("exp", address=b.daemon.address)
+        for step in range(200):
+            writer.add_scalar("loss", value(step), step)
+        assert writer.close().ok
+        kept = b.scalars("exp", "loss")
+        assert len(kept) == 25 and kept[-1] == (199, value(199))
+    finally:
+        b.close()
+    assert SamplesPerPlugin.parse("scalars=all,images=3").capacity("scalars") == 0
+    assert SamplesPerPlugin.parse("images=3").capacity("images") == 3
+    assert SamplesPerPlugin.parse("").capacity("custom") == 10
+
+
+def test_a_bad_blob_key_and_a_negative_num_points_are_clear_errors(board: Board) -> None:
+    with pytest.raises(grpc.RpcError) as bad_key:
+        list(board.stub.ReadBlob(dp.ReadBlobRequest(blob_key="not-a-key")))
+    assert bad_key.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    with pytest.raises(grpc.RpcError) as negative:
+        board.stub.ReadScalars(dp.ReadScalarsRequest(downsample=dp.Downsample(num_points=-1)))
+    assert negative.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "num_points" in (negative.value.details() or "")
+
+
+def test_the_reservoir_keeps_the_newest_point_and_a_uniform_sample() -> None:
+    reservoir = Reservoir(10)
+    for step in range(1000):
+        reservoir.offer(Datum(step, 0.0, float(step)))
+    steps = [d.step for d in reservoir.items]
+    assert len(steps) == 10 and steps[-1] == 999 and steps == sorted(steps)
+    assert steps[0] < 500  # not simply the last ten
+    assert [d.step for d in downsample(reservoir.items, 3)][-1] == 999
