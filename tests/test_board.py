@@ -7,6 +7,8 @@ TensorFlow is what runs here, and is all the provider needs.
 
 from __future__ import annotations
 
+import json
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -20,6 +22,7 @@ from _support import Daemon, TensorBoard, event_files, read_events, start_daemon
 from summaryd.client import SummaryWriter
 from summaryd.server.board import downsample
 from summaryd.server.board_index import Datum, Reservoir, SamplesPerPlugin
+from summaryd.server.cli import main
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -65,7 +68,7 @@ def board(tmp_path: Path) -> Iterator[Board]:
         b.close()
 
 
-def test_tensorboard_serves_scalars_histograms_images_and_text_through_the_daemon(board: Board, tmp_path: Path) -> None:
+def test_tensorboard_serves_every_dashboards_data_through_the_daemon(board: Board, tmp_path: Path) -> None:
     writer = SummaryWriter("exp", address=board.daemon.address)
     for step in range(STEPS):
         writer.add_scalar("loss", value(step), step)
@@ -74,11 +77,15 @@ def test_tensorboard_serves_scalars_histograms_images_and_text_through_the_daemo
     image[0] = 1.0  # a red image: 3 channels, 4 high, 5 wide
     writer.add_image("sample", image, 3)
     writer.add_text("note", "hello from summaryd", 2)
+    writer.add_audio("clip", np.sin(np.arange(800) / 10.0).astype(np.float32), 4, sample_rate=8000)
+    writer.add_pr_curve("pr", np.array([1, 0, 1, 1]), np.array([0.9, 0.2, 0.7, 0.4]), 5)
+    writer.add_custom_scalars({"group": {"chart": ["Multiline", ["loss"]]}})
+    writer.add_hparams({"lr": 0.1}, {"hparam/acc": 0.5}, run_name="trial")
     assert writer.close().ok
 
     tb = TensorBoard(["--grpc_data_provider", board.address], tmp_path)
     try:
-        assert tb.get("/data/runs") == ["exp"]
+        assert tb.get("/data/runs") == ["exp", "exp/trial"]
         # The scalars plugin reads 1,000 points of the 1,500: a sample of what was logged, the newest in it.
         served = tb.get("/data/plugin/scalars/scalars", run="exp", tag="loss")
         assert len(served) == 1000
@@ -105,6 +112,26 @@ def test_tensorboard_serves_scalars_histograms_images_and_text_through_the_daemo
 
         text = tb.get("/data/plugin/text/text", run="exp", tag="note")
         assert [t["step"] for t in text] == [2] and "hello from summaryd" in text[0]["text"]
+
+        audio = tb.get("/data/plugin/audio/audio", run="exp", tag="clip")
+        assert [a["step"] for a in audio] == [4]
+        assert tb.raw("/data/plugin/audio/individualAudio?" + audio[0]["query"])[:4] == b"RIFF"  # a WAV file
+
+        curves = tb.get("/data/plugin/pr_curves/pr_curves", run="exp", tag="pr")["exp"]
+        assert [c["step"] for c in curves] == [5] and curves[0]["precision"][0] == 0.75  # 3 of the 4 are positive
+
+        layout = tb.get("/data/plugin/custom_scalars/layout")
+        assert layout["category"][0]["chart"][0]["multiline"]["tag"] == ["loss"]
+
+        request = urllib.request.Request(
+            tb.url + "/data/plugin/hparams/experiment",
+            data=json.dumps({"experimentName": ""}).encode(),
+            headers={"Content-Type": "application/json"},
+        )
+        with urllib.request.urlopen(request, timeout=30) as answer:
+            experiment = json.loads(answer.read())
+        assert [h["name"] for h in experiment["hparamInfos"]] == ["lr"]
+        assert [m["name"]["tag"] for m in experiment["metricInfos"]] == ["hparam/acc"]
     finally:
         stop_process(tb.proc, 10)
 
@@ -244,3 +271,22 @@ def test_the_reservoir_keeps_the_newest_point_and_a_uniform_sample() -> None:
     assert len(steps) == 10 and steps[-1] == 999 and steps == sorted(steps)
     assert steps[0] < 500  # not simply the last ten
     assert [d.step for d in downsample(reservoir.items, 3)][-1] == 999
+
+
+@pytest.mark.parametrize(
+    ("flags", "reason"),
+    [
+        (["--board-listen", "0.0.0.0:6106"], "--board-listen 0.0.0.0:6106 reaches beyond this machine"),
+        (["--board-listen", "localhost"], "needs HOST:PORT"),
+        (["--board-listen", "127.0.0.1:0", "--samples-per-plugin", "scalars=many"], "scalars='many'"),
+        (["--board-listen", "127.0.0.1:0", "--samples-per-plugin", "images"], "needs PLUGIN=N or PLUGIN=all"),
+    ],
+)
+def test_a_bad_board_setting_is_one_usage_line(
+    flags: list[str], reason: str, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    with pytest.raises(SystemExit) as exited:
+        main(["serve", "--logdir", str(tmp_path / "runs"), *flags])
+    assert exited.value.code == 2
+    assert reason in capsys.readouterr().err
+    assert not (tmp_path / "runs").exists()
