@@ -290,3 +290,17 @@ def test_a_bad_board_setting_is_one_usage_line(
     assert exited.value.code == 2
     assert reason in capsys.readouterr().err
     assert not (tmp_path / "runs").exists()
+
+
+def test_board_runs_serves_only_the_runs_under_its_prefix(tmp_path: Path) -> None:
+    b = Board(tmp_path, "--board-runs", "team-a")
+    try:
+        for run in ("team-a/exp", "team-b/exp", "team-ab"):
+            writer = SummaryWriter(run, address=b.daemon.address)
+            writer.add_scalar("loss", 1.0, 1)
+            assert writer.close().ok
+        assert [r.name for r in b.stub.ListRuns(dp.ListRunsRequest()).runs] == ["team-a/exp"]
+        assert b.scalars("team-b/exp", "loss") == []
+        assert b.scalars("team-a/exp", "loss") == [(1, 1.0)]
+    finally:
+        b.close()

@@ -14,8 +14,8 @@ at step s purges every series of its run at steps >= s. Capacities are per plugi
 from __future__ import annotations
 
 import base64
-import contextlib
 import json
+import logging
 import random
 import threading
 from collections.abc import Iterable, Iterator, Sequence
@@ -35,8 +35,12 @@ from tensorboard.compat.proto.summary_pb2 import (
 from tensorboard.compat.proto.tensor_pb2 import TensorProto
 from tensorboard.util import tensor_util
 
+from summaryd.server.logs import Throttle
 from summaryd.server.scalar_points import points
 from summaryd.server.scalar_records import ScalarRecords
+
+log = logging.getLogger(__name__)
+_failures = Throttle(log)
 
 # TensorBoard's defaults (`data_ingester.DEFAULT_TENSOR_SIZE_GUIDANCE`, and 10 for any other plugin).
 DEFAULT_SAMPLES = {"scalars": 1000, "images": 10, "audio": 10, "histograms": 500, "pr_curves": 100}
@@ -132,7 +136,8 @@ class Series:
 
     @property
     def max_step(self) -> int:
-        return max((d.step for d in self.reservoir.items), default=0)
+        items = self.reservoir.items  # in step order: a step not above the last one purges from it first
+        return items[-1].step if items else 0
 
     @property
     def max_wall_time(self) -> float:
@@ -262,8 +267,14 @@ class BoardIndex:
                 run.add_scalar(tag, step, wall_time, value)
             return
         for data in events:
-            with contextlib.suppress(DecodeError):  # refused before it was written; never reaches here
+            try:
                 run.add_event(Event.FromString(data))
+            except DecodeError:  # refused before it was written; never reaches here
+                continue
+            except Exception as exc:  # the batch is written: an event the index cannot take must not fail it
+                _failures.warning(
+                    "board-event", "board: an event TensorBoard's migration refused is not indexed: %r", exc
+                )
 
     def hold(self, run_dir: str) -> None:
         """Make `run_dir`'s live batches wait until its older files are read (`backfilled`)."""
