@@ -15,6 +15,7 @@ from pathlib import Path
 import grpc
 import numpy as np
 import pytest
+import torch
 from tensorboard.data.proto import data_provider_pb2 as dp
 from tensorboard.data.proto import data_provider_pb2_grpc as dp_grpc
 
@@ -68,6 +69,9 @@ def board(tmp_path: Path) -> Iterator[Board]:
         b.close()
 
 
+# torch.jit.trace (add_graph) is deprecated in favour of torch.export, and says so (see test_torch_parity).
+@pytest.mark.filterwarnings("ignore::DeprecationWarning:torch.*")
+@pytest.mark.filterwarnings("ignore::FutureWarning:torch.*")
 def test_tensorboard_serves_every_dashboards_data_through_the_daemon(board: Board, tmp_path: Path) -> None:
     writer = SummaryWriter("exp", address=board.daemon.address)
     for step in range(STEPS):
@@ -81,6 +85,10 @@ def test_tensorboard_serves_every_dashboards_data_through_the_daemon(board: Boar
     writer.add_pr_curve("pr", np.array([1, 0, 1, 1]), np.array([0.9, 0.2, 0.7, 0.4]), 5)
     writer.add_custom_scalars({"group": {"chart": ["Multiline", ["loss"]]}})
     writer.add_hparams({"lr": 0.1}, {"hparam/acc": 0.5}, run_name="trial")
+    writer.add_graph(torch.nn.Linear(3, 2), torch.zeros(1, 3))
+    vertices = torch.tensor([[[1.0, 1, 1], [-1, -1, 1], [1, -1, -1], [-1, 1, -1]]])
+    faces = torch.tensor([[[0, 2, 3], [0, 3, 1], [0, 1, 2], [1, 3, 2]]], dtype=torch.int32)
+    writer.add_mesh("tetrahedron", vertices=vertices, faces=faces, global_step=6)
     assert writer.close().ok
 
     tb = TensorBoard(["--grpc_data_provider", board.address], tmp_path)
@@ -110,7 +118,8 @@ def test_tensorboard_serves_every_dashboards_data_through_the_daemon(board: Boar
         ]
         assert on_disk == [png]
 
-        text = tb.get("/data/plugin/text/text", run="exp", tag="note")
+        assert tb.get("/data/plugin/text/tags") == {"exp": ["note/text_summary"]}  # torch's tag for add_text
+        text = tb.get("/data/plugin/text/text", run="exp", tag="note/text_summary")
         assert [t["step"] for t in text] == [2] and "hello from summaryd" in text[0]["text"]
 
         audio = tb.get("/data/plugin/audio/audio", run="exp", tag="clip")
@@ -132,6 +141,15 @@ def test_tensorboard_serves_every_dashboards_data_through_the_daemon(board: Boar
             experiment = json.loads(answer.read())
         assert [h["name"] for h in experiment["hparamInfos"]] == ["lr"]
         assert [m["name"]["tag"] for m in experiment["metricInfos"]] == ["hparam/acc"]
+
+        assert tb.get("/data/plugin/graphs/info")["exp"]["run_graph"] is True
+        assert b'op: "IO Node"' in tb.raw("/data/plugin/graphs/graph", run="exp")  # the graph as pbtxt
+
+        meshes = tb.get("/data/plugin/mesh/meshes", run="exp", tag="tetrahedron", sample="0")
+        assert {(m["step"], tuple(m["data_shape"])) for m in meshes} == {(6, (1, 4, 3))}
+        query = {"run": "exp", "tag": "tetrahedron", "sample": "0", "step": "6"}
+        vertex_bytes = tb.raw("/data/plugin/mesh/data", content_type="VERTEX", **query)
+        assert np.frombuffer(vertex_bytes, dtype="<f4").tolist() == vertices.flatten().tolist()
     finally:
         stop_process(tb.proc, 10)
 
