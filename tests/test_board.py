@@ -27,6 +27,8 @@ from summaryd.server.cli import main
 
 pytestmark = pytest.mark.timeout(180)
 
+# torch is imported here (add_graph, add_mesh), so add_text builds torch's summary, whose tag has its suffix.
+NOTE = "note/text_summary"
 STEPS = 1500  # above the scalars plugin's 1,000 points: TensorBoard's downsampling shows
 
 
@@ -118,8 +120,8 @@ def test_tensorboard_serves_every_dashboards_data_through_the_daemon(board: Boar
         ]
         assert on_disk == [png]
 
-        assert tb.get("/data/plugin/text/tags") == {"exp": ["note/text_summary"]}  # torch's tag for add_text
-        text = tb.get("/data/plugin/text/text", run="exp", tag="note/text_summary")
+        assert tb.get("/data/plugin/text/tags") == {"exp": [NOTE]}
+        text = tb.get("/data/plugin/text/text", run="exp", tag=NOTE)
         assert [t["step"] for t in text] == [2] and "hello from summaryd" in text[0]["text"]
 
         audio = tb.get("/data/plugin/audio/audio", run="exp", tag="clip")
@@ -248,7 +250,7 @@ def test_list_filters_select_runs_tags_and_plugins(board: Board) -> None:
     assert listed.runs[0].tags[0].metadata.max_step == 1
     # Text is a tensor of the text plugin: not a scalar, and not listed under another plugin.
     tensors = board.stub.ListTensors(dp.ListTensorsRequest(plugin_filter=dp.PluginFilter(plugin_name="text")))
-    assert [(r.run_name, [t.tag_name for t in r.tags]) for r in tensors.runs] == [("a", ["note"]), ("b", ["note"])]
+    assert [(r.run_name, [t.tag_name for t in r.tags]) for r in tensors.runs] == [("a", [NOTE]), ("b", [NOTE])]
     none = board.stub.ListTensors(dp.ListTensorsRequest(plugin_filter=dp.PluginFilter(plugin_name="scalars")))
     assert not none.runs
     plugins = board.stub.ListPlugins(dp.ListPluginsRequest())
