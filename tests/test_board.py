@@ -22,7 +22,7 @@ from tensorboard.data.proto import data_provider_pb2_grpc as dp_grpc
 from _support import Daemon, TensorBoard, event_files, read_events, start_daemon, stop_process, unused_port, wait_for
 from summaryd.client import SummaryWriter
 from summaryd.server.board import downsample
-from summaryd.server.board_index import Datum, Reservoir, SamplesPerPlugin
+from summaryd.server.board_index import Datum, Reservoir, SamplesPerPlugin, ScalarPoints
 from summaryd.server.cli import main
 
 pytestmark = pytest.mark.timeout(180)
@@ -324,3 +324,14 @@ def test_board_runs_serves_only_the_runs_under_its_prefix(tmp_path: Path) -> Non
         assert b.scalars("team-a/exp", "loss") == [(1, 1.0)]
     finally:
         b.close()
+
+
+def test_scalar_columns_sample_and_purge_exactly_as_a_list_of_points() -> None:
+    columns, points = Reservoir(50, ScalarPoints()), Reservoir(50)
+    offered = [*range(400), *range(300, 350), *range(200, 260)]  # two restarts, at steps 300 and 200
+    for step in offered:
+        for reservoir in (columns, points):
+            reservoir.offer(Datum(step, 1.0e9 + step, step / 8))
+    assert list(columns.items) == list(points.items)
+    assert len(points.items) == 50 and points.items[-1].step == 259
+    assert all(d.step < 260 for d in points.items)

@@ -14,7 +14,7 @@ import os
 import random
 import threading
 import time
-from collections.abc import AsyncIterator, Iterator, Sequence
+from collections.abc import AsyncIterator, Iterator
 from typing import Any, Protocol, TypeVar
 
 import grpc
@@ -25,7 +25,7 @@ from tensorboard.compat.proto.summary_pb2 import DATA_CLASS_BLOB_SEQUENCE, DATA_
 from tensorboard.data.proto import data_provider_pb2 as dp
 from tensorboard.data.proto import data_provider_pb2_grpc as dp_grpc
 
-from summaryd.server.board_index import BoardIndex, Datum, Series, blob_key, parse_blob_key
+from summaryd.server.board_index import BoardIndex, Datum, Points, Series, blob_key, parse_blob_key
 
 log = logging.getLogger(__name__)
 
@@ -43,7 +43,7 @@ _Response = TypeVar("_Response", bound=_PerRun)
 BLOB_CHUNK_BYTES = 1 << 20  # one ReadBlob message: below gRPC's default 4 MiB limit of TensorBoard's channel
 
 
-def downsample(items: Sequence[Datum], k: int) -> list[Datum]:
+def downsample(items: Points, k: int) -> list[Datum]:
     """At most `k` of `items`, in order, the last always kept; the others drawn uniformly (seed 0, as
     TensorBoard's own provider draws them)."""
     if k <= 0:
@@ -98,7 +98,7 @@ class BoardService(dp_grpc.TensorBoardDataProviderServicer):  # type: ignore[mis
         return response
 
     async def ListPlugins(self, request: dp.ListPluginsRequest, context: Context) -> dp.ListPluginsResponse:
-        plugins = {s.plugin for _, run in self._runs(None) for s in run.series.values() if s.reservoir.items}
+        plugins = {s.plugin for _, run in self._runs(None) for s in run.series.values() if len(s.reservoir.items)}
         return dp.ListPluginsResponse(plugins=[dp.Plugin(name=p) for p in sorted(plugins)])
 
     async def ListRuns(self, request: dp.ListRunsRequest, context: Context) -> dp.ListRunsResponse:
