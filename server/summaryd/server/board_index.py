@@ -222,10 +222,27 @@ class RunIndex:
         if event.HasField("session_log") and event.session_log.status == SessionLog.START:
             for series in self.series.values():
                 series.reservoir.purge(event.step)
+        if event.HasField("summary") and self._took_simple_values(event):
+            return
         for migrated in data_compat_events(event, self._initial):
             if migrated.HasField("summary"):
                 for value in migrated.summary.value:
                     self._add_value(migrated.step, migrated.wall_time, value)
+
+    def _took_simple_values(self, event: Event) -> bool:
+        """Take an event of `simple_value`s of known scalar series directly (most events: migrating one through
+        TensorBoard's `data_compat` costs ~50x more); False, taking nothing, for any other event."""
+        values = event.summary.value
+        series = [self.series.get(v.tag) for v in values]
+        if not all(
+            s is not None and s.data_class == DATA_CLASS_SCALAR and v.WhichOneof("value") == "simple_value"
+            for s, v in zip(series, values, strict=True)
+        ):
+            return False
+        for s, v in zip(series, values, strict=True):
+            assert s is not None
+            s.reservoir.offer(Datum(event.step, event.wall_time, float(v.simple_value)))
+        return True
 
     def add_scalar(self, tag: str, step: int, wall_time: float, number: float) -> None:
         """A point of a batch of scalar columns (what `add_scalar` sends: the scalars plugin's `simple_value`)."""
@@ -305,7 +322,7 @@ class BoardIndex:
         # Runs whose files from before the start are still being read: their live batches wait here, in order.
         self._waiting: dict[str, list[Sequence[bytes]]] = {}
 
-    def written(self, run_dir: str, events: Sequence[bytes]) -> None:
+    def written(self, run_dir: str, session_id: str, events: Sequence[bytes]) -> None:
         """Take a batch right after it was written to `run_dir` (a `runs.WriteObserver`); never raises."""
         with self._lock:
             waiting = self._waiting.get(run_dir)

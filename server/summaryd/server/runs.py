@@ -26,10 +26,11 @@ log = logging.getLogger(__name__)
 
 
 class WriteObserver(Protocol):
-    """Told of each batch right after it is written to a run's file, on the event loop: the records new to
-    the file (serialized events, or scalar columns). Must not raise or block."""
+    """Told of each batch right after it is written to a run's file, on the event loop: the session that wrote
+    it ("" for the daemon's own records) and the records new to the file (serialized events, or scalar
+    columns). Must not raise or block."""
 
-    def written(self, run_dir: str, events: Sequence[bytes]) -> None: ...
+    def written(self, run_dir: str, session_id: str, events: Sequence[bytes]) -> None: ...
 
 
 @dataclass(eq=False)
@@ -78,7 +79,7 @@ class RunWriter:
                 metrics.write_queue.dec()
         self.events_written += len(events)
         for observer in self.observers:
-            observer.written(self.run_dir, events)
+            observer.written(self.run_dir, session_id, events)
         if metrics is not None:
             metrics.write_seconds.observe(time.perf_counter() - started)
             if self._counters is None:  # looked up once per run: `labels` costs a lock and a key per batch
