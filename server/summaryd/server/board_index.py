@@ -365,13 +365,9 @@ class BoardIndex:
         for event in events:
             run.add_event(event)
         with self._lock:
-            live = self._runs.pop(run_dir, None)
-            if live is not None and live.series:  # not held: live points came first; keep them as they are
-                self._runs[run_dir] = live
-            else:
-                self._runs[run_dir] = run
+            self._runs[run_dir] = run
             for batch in self._waiting.pop(run_dir, []):
-                self._take(self._runs[run_dir], batch)
+                self._take(run, batch)
 
     def snapshot(self) -> Iterator[tuple[str, RunIndex]]:
         """The runs, by name, as (name, run) pairs; the caller reads them on the thread that feeds `written`."""
