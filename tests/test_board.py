@@ -152,6 +152,16 @@ def test_tensorboard_serves_every_dashboards_data_through_the_daemon(board: Boar
         query = {"run": "exp", "tag": "tetrahedron", "sample": "0", "step": "6"}
         vertex_bytes = tb.raw("/data/plugin/mesh/data", content_type="VERTEX", **query)
         assert np.frombuffer(vertex_bytes, dtype="<f4").tolist() == vertices.flatten().tolist()
+
+        # Live: a point acknowledged is in TensorBoard's very next answer (a --logdir TensorBoard rereads files
+        # every 5 s, the reload interval), in a run TensorBoard has not seen before.
+        live = SummaryWriter("live", address=board.daemon.address)
+        try:
+            live.add_scalar("loss", 2.5, 7)
+            assert live.flush().ok
+            assert tb.get("/data/plugin/scalars/scalars", run="live", tag="loss")[-1][1:] == [7, 2.5]
+        finally:
+            live.close()
     finally:
         stop_process(tb.proc, 10)
 
