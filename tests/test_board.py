@@ -21,7 +21,7 @@ from tensorboard.data.proto import data_provider_pb2_grpc as dp_grpc
 
 from _support import Daemon, TensorBoard, event_files, read_events, start_daemon, stop_process, unused_port, wait_for
 from summaryd.client import SummaryWriter
-from summaryd.server.board import downsample
+from summaryd.server.board import downsample, sample_indices
 from summaryd.server.board_index import Datum, Reservoir, SamplesPerPlugin, ScalarPoints
 from summaryd.server.cli import main
 
@@ -339,9 +339,17 @@ def test_board_runs_serves_only_the_runs_under_its_prefix(tmp_path: Path) -> Non
 def test_scalar_columns_sample_and_purge_exactly_as_a_list_of_points() -> None:
     columns, points = Reservoir(50, ScalarPoints()), Reservoir(50)
     offered = [*range(400), *range(300, 350), *range(200, 260)]  # two restarts, at steps 300 and 200
-    for step in offered:
+    for i, step in enumerate(offered):
+        wall_time = 1.0e9 + (i * 7919) % 1000  # not in order: the largest one is sometimes evicted
         for reservoir in (columns, points):
-            reservoir.offer(Datum(step, 1.0e9 + step, step / 8))
+            reservoir.offer(Datum(step, wall_time, step / 8))
+        assert isinstance(columns.items, ScalarPoints)
+        assert columns.items.max_wall_time() == max(d.wall_time for d in points.items)
     assert list(columns.items) == list(points.items)
     assert len(points.items) == 50 and points.items[-1].step == 259
     assert all(d.step < 260 for d in points.items)
+    for k in (0, 1, 7, 50, 80):
+        steps, wall_times, values = columns.items.columns(sample_indices(50, k))
+        assert list(zip(steps, wall_times, values, strict=True)) == [
+            (d.step, d.wall_time, d.value) for d in downsample(points.items, k)
+        ]

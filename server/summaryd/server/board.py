@@ -14,7 +14,7 @@ import os
 import random
 import threading
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Iterator, Sequence
 from typing import Any, Protocol, TypeVar
 
 import grpc
@@ -25,7 +25,7 @@ from tensorboard.compat.proto.summary_pb2 import DATA_CLASS_BLOB_SEQUENCE, DATA_
 from tensorboard.data.proto import data_provider_pb2 as dp
 from tensorboard.data.proto import data_provider_pb2_grpc as dp_grpc
 
-from summaryd.server.board_index import BoardIndex, Datum, Points, Series, blob_key, parse_blob_key
+from summaryd.server.board_index import BoardIndex, Datum, Points, ScalarPoints, Series, blob_key, parse_blob_key
 
 log = logging.getLogger(__name__)
 
@@ -43,15 +43,19 @@ _Response = TypeVar("_Response", bound=_PerRun)
 BLOB_CHUNK_BYTES = 1 << 20  # one ReadBlob message: below gRPC's default 4 MiB limit of TensorBoard's channel
 
 
-def downsample(items: Points, k: int) -> list[Datum]:
-    """At most `k` of `items`, in order, the last always kept; the others drawn uniformly (seed 0, as
-    TensorBoard's own provider draws them)."""
+def sample_indices(n: int, k: int) -> Sequence[int]:
+    """Which of `n` points, in order, a read of at most `k` returns: all when there are `k` or fewer, else the
+    last and `k - 1` others drawn uniformly (seed 0, as TensorBoard's own provider draws them)."""
     if k <= 0:
-        return []
-    if len(items) <= k:
-        return list(items)
-    chosen = sorted(random.Random(0).sample(range(len(items) - 1), k - 1))
-    return [items[i] for i in chosen] + [items[-1]]
+        return ()
+    if n <= k:
+        return range(n)
+    return [*sorted(random.Random(0).sample(range(n - 1), k - 1)), n - 1]
+
+
+def downsample(items: Points, k: int) -> list[Datum]:
+    """The points of `items` that `sample_indices` picks."""
+    return [items[i] for i in sample_indices(len(items), k)]
 
 
 class BoardService(dp_grpc.TensorBoardDataProviderServicer):  # type: ignore[misc]
@@ -126,7 +130,14 @@ class BoardService(dp_grpc.TensorBoardDataProviderServicer):  # type: ignore[mis
             entry = response.runs.add(run_name=name)
             for tag, s in series:
                 data = entry.tags.add(tag_name=tag).data
-                chosen = downsample(s.reservoir.items, k)
+                items = s.reservoir.items
+                if isinstance(items, ScalarPoints):  # column to column, no point built
+                    steps, wall_times, values = items.columns(sample_indices(len(items), k))
+                    data.step.extend(steps)
+                    data.wall_time.extend(wall_times)
+                    data.value.extend(values)
+                    continue
+                chosen = downsample(items, k)
                 data.step.extend(d.step for d in chosen)
                 data.wall_time.extend(d.wall_time for d in chosen)
                 for d in chosen:

@@ -102,12 +102,14 @@ class Points(Protocol):
 
 
 class ScalarPoints:
-    """Scalar points as three columns (24 bytes a point, where a list of `Datum` takes about 150)."""
+    """Scalar points as three columns (24 bytes a point, where a list of `Datum` takes about 150), with their
+    largest wall time kept (wall times mostly grow, so it is rarely recomputed)."""
 
     def __init__(self) -> None:
         self._step = array("q")
         self._wall_time = array("d")
         self._value = array("d")  # float32 values and float64 ones, both exact
+        self._max_wall_time: float | None = 0.0
 
     def __len__(self) -> int:
         return len(self._step)
@@ -116,10 +118,14 @@ class ScalarPoints:
         return Datum(self._step[index], self._wall_time[index], self._value[index])
 
     def __setitem__(self, index: int, datum: Datum) -> None:
-        self._step[index], self._wall_time[index], self._value[index] = datum.step, datum.wall_time, float(datum.value)  # type: ignore[arg-type]
+        self._forget(self._wall_time[index])
+        self._step[index], self._wall_time[index] = datum.step, datum.wall_time
+        self._value[index] = float(datum.value)  # type: ignore[arg-type]
+        self._grown(datum.wall_time)
 
     def __delitem__(self, index: slice) -> None:
         del self._step[index], self._wall_time[index], self._value[index]
+        self._max_wall_time = None
 
     def __iter__(self) -> Iterator[Datum]:
         return map(Datum, self._step, self._wall_time, self._value)
@@ -128,12 +134,35 @@ class ScalarPoints:
         self._step.append(datum.step)
         self._wall_time.append(datum.wall_time)
         self._value.append(float(datum.value))  # type: ignore[arg-type]
+        self._grown(datum.wall_time)
 
     def pop(self, index: int) -> Datum:
-        return Datum(self._step.pop(index), self._wall_time.pop(index), self._value.pop(index))
+        datum = Datum(self._step.pop(index), self._wall_time.pop(index), self._value.pop(index))
+        self._forget(datum.wall_time)
+        return datum
+
+    def columns(self, indices: Sequence[int]) -> tuple[Sequence[int], Sequence[float], Sequence[float]]:
+        """The steps, wall times and values of the points at `indices` (in order)."""
+        if isinstance(indices, range) and indices == range(len(self)):
+            return self._step, self._wall_time, self._value
+        return (
+            [self._step[i] for i in indices],
+            [self._wall_time[i] for i in indices],
+            [self._value[i] for i in indices],
+        )
 
     def max_wall_time(self) -> float:
-        return max(self._wall_time, default=0.0)
+        if self._max_wall_time is None:
+            self._max_wall_time = max(self._wall_time, default=0.0)
+        return self._max_wall_time
+
+    def _grown(self, wall_time: float) -> None:
+        if self._max_wall_time is not None and (wall_time > self._max_wall_time or len(self) == 1):
+            self._max_wall_time = wall_time
+
+    def _forget(self, wall_time: float) -> None:
+        if self._max_wall_time is not None and wall_time >= self._max_wall_time:
+            self._max_wall_time = None
 
 
 class Reservoir:
