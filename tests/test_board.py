@@ -8,6 +8,7 @@ TensorFlow is what runs here, and is all the provider needs.
 from __future__ import annotations
 
 import json
+import socket
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -24,6 +25,8 @@ from summaryd.client import SummaryWriter
 from summaryd.server.board import downsample, sample_indices
 from summaryd.server.board_index import Datum, Reservoir, SamplesPerPlugin, ScalarPoints
 from summaryd.server.cli import main
+from summaryd.server.config import Config
+from summaryd.server.server import ListenError, Server
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -353,3 +356,18 @@ def test_scalar_columns_sample_and_purge_exactly_as_a_list_of_points() -> None:
         assert list(zip(steps, wall_times, values, strict=True)) == [
             (d.step, d.wall_time, d.value) for d in downsample(points.items, k)
         ]
+
+
+async def test_a_board_port_in_use_stops_start_up_before_anything_is_made(tmp_path: Path) -> None:
+    logdir = tmp_path / "runs"
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        server = Server(Config(logdir=str(logdir), listen="127.0.0.1:0", board_listen=f"127.0.0.1:{port}"))
+        with pytest.raises(ListenError, match="choose another --board-listen"):
+            await server.serve()
+    assert not logdir.exists()
+    assert server.port is not None
+    with socket.socket() as probe:  # the gRPC port it had bound is free again
+        probe.bind(("127.0.0.1", server.port))
