@@ -313,6 +313,8 @@ def test_the_reservoir_keeps_the_newest_point_and_a_uniform_sample() -> None:
         (["--board-listen", "localhost"], "needs HOST:PORT"),
         (["--board-listen", "127.0.0.1:0", "--samples-per-plugin", "scalars=many"], "scalars='many'"),
         (["--board-listen", "127.0.0.1:0", "--samples-per-plugin", "images"], "needs PLUGIN=N or PLUGIN=all"),
+        (["--samples-per-plugin", "images=3"], "settings of --board-listen: give it too"),
+        (["--board-runs", "team-a"], "settings of --board-listen: give it too"),
     ],
 )
 def test_a_bad_board_setting_is_one_usage_line(

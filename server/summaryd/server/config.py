@@ -236,6 +236,8 @@ class Config:
             self._check_metrics_listen()
         if self.board_listen:
             self._check_board_listen()
+        elif self.board_runs or self.samples_per_plugin:
+            raise ValueError("--board-runs and --samples-per-plugin are settings of --board-listen: give it too")
         _ = self.tokens  # read now, so that a bad file is one line before anything is created
 
     @functools.cached_property
