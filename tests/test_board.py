@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import socket
+import urllib.parse
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -105,6 +106,12 @@ def test_tensorboard_serves_every_dashboards_data_through_the_daemon(board: Boar
         steps = [step for _, step, _ in served]
         assert steps == sorted(set(steps)) and steps[-1] == STEPS - 1
         assert all(v == value(step) for _, step, v in served)
+        # The Time Series dashboard reads the same series (its own plugin's routes).
+        assert tb.get("/data/plugin/timeseries/tags")["scalars"]["runTagInfo"]["exp"] == ["loss"]
+        form = urllib.parse.urlencode({"requests": json.dumps([{"plugin": "scalars", "tag": "loss"}])}).encode()
+        with urllib.request.urlopen(tb.url + "/data/plugin/timeseries/timeSeries", data=form, timeout=30) as answer:
+            series = json.loads(answer.read())[0]["runToSeries"]["exp"]
+        assert [(p["step"], p["value"]) for p in series] == [(step, v) for _, step, v in served]
 
         histograms = tb.get("/data/plugin/histograms/histograms", run="exp", tag="weights")
         assert [h[1] for h in histograms] == [7]
