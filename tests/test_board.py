@@ -23,8 +23,8 @@ from tensorboard.data.proto import data_provider_pb2_grpc as dp_grpc
 
 from _support import Daemon, TensorBoard, event_files, read_events, start_daemon, stop_process, unused_port, wait_for
 from summaryd.client import SummaryWriter
-from summaryd.server.board import downsample, sample_indices
-from summaryd.server.board_index import Datum, Reservoir, SamplesPerPlugin, ScalarPoints
+from summaryd.server.board import Backfill, downsample, sample_indices
+from summaryd.server.board_index import BoardIndex, Datum, Reservoir, SamplesPerPlugin, ScalarPoints
 from summaryd.server.cli import main
 from summaryd.server.config import Config
 from summaryd.server.server import ListenError, Server
@@ -380,3 +380,15 @@ async def test_a_board_port_in_use_stops_start_up_before_anything_is_made(tmp_pa
     assert server.port is not None
     with socket.socket() as probe:  # the gRPC port it had bound is free again
         probe.bind(("127.0.0.1", server.port))
+
+
+def test_a_run_on_disk_being_written_to_is_read_before_the_others() -> None:
+    index = BoardIndex()
+    backfill = Backfill(index, {"a": [], "b": [], "c": []})  # not started: only its choice is asked here
+    assert backfill.next_run({"a": [], "b": [], "c": []}) == "a"
+    index.written("c", "", [])  # a live batch of run c waits until c's older files are read
+    assert index.awaited() == ["c"]
+    assert backfill.next_run({"a": [], "b": [], "c": []}) == "c"
+    index.backfilled("c", iter(()))
+    assert index.awaited() == []
+    assert backfill.next_run({"a": [], "b": []}) == "a"

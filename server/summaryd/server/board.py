@@ -232,12 +232,21 @@ class Backfill:
         if self._thread.is_alive():
             self._thread.join()
 
+    def next_run(self, remaining: dict[str, list[str]]) -> str:
+        """The run to read next: one being written to now (its live batches wait for it), else the next in order."""
+        for run in self._index.awaited():
+            if run in remaining:
+                return run
+        return next(iter(remaining))
+
     def _read_all(self) -> None:
         started = time.monotonic()
-        for run, paths in self._runs.items():
-            if self._stop.is_set():
-                return
-            self._index.backfilled(run, self._events(run, paths))
+        remaining = dict(self._runs)
+        while remaining and not self._stop.is_set():
+            run = self.next_run(remaining)
+            self._index.backfilled(run, self._events(run, remaining.pop(run)))
+        if self._stop.is_set():
+            return
         log.info("board: read %d runs already on disk in %.1fs", len(self._runs), time.monotonic() - started)
 
     def _events(self, run: str, paths: list[str]) -> Iterator[Event]:

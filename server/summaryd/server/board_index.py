@@ -404,6 +404,11 @@ class BoardIndex:
             runs = sorted(self._runs.items())
         return iter(runs)
 
+    def awaited(self) -> list[str]:
+        """The held runs that live batches wait for, those written to first first."""
+        with self._lock:
+            return [run for run, batches in self._waiting.items() if batches]
+
     @property
     def pending_runs(self) -> int:
         """Runs already on disk whose files are not read yet."""
