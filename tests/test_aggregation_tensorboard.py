@@ -7,27 +7,20 @@ Slow tier: it starts TensorBoard and Chromium (Debian's `chromium` package). The
 
 from __future__ import annotations
 
-import json
 import os
-import re
 import shutil
 import subprocess
-import sys
-import urllib.parse
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import pytest
 
-from _support import Daemon, stop_process, wait_for
+from _support import Daemon, TensorBoard, stop_process, wait_for
 from summaryd.client import SummaryWriter
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
-SERVING = re.compile(r"TensorBoard \S+ at http://127\.0\.0\.1:(\d+)/")
 WORLD, STEPS = 4, 200
 ARTIFACTS = Path(os.environ.get("SUMMARYD_ARTIFACTS_DIR", Path(__file__).resolve().parent.parent / "artifacts"))
 
@@ -36,33 +29,9 @@ def loss(rank: int, step: int) -> float:
     return float(np.float32(2.0 * np.exp(-step / 60) + 0.1 * rank + 0.05 * np.sin(step / 5 + rank)))
 
 
-class TensorBoard:
-    """`tensorboard` on a loopback port the OS picks, stopped by its pid."""
-
-    def __init__(self, logdir: Path, workdir: Path) -> None:
-        self.log_path = workdir / "tensorboard.log"
-        env = {**os.environ, "TMPDIR": str(workdir)}
-        args = [sys.executable, "-m", "tensorboard.main", "--logdir", str(logdir), "--host", "127.0.0.1"]
-        args += ["--port", "0", "--reload_interval", "1", "--load_fast=false"]
-        with open(self.log_path, "wb") as log:
-            self.proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env)
-        wait_for(lambda: self.proc.poll() is not None or SERVING.search(self.log()), 120, "TensorBoard to serve")
-        match = SERVING.search(self.log())
-        assert match is not None, self.log()
-        self.url = f"http://127.0.0.1:{match.group(1)}"
-
-    def log(self) -> str:
-        return self.log_path.read_text(errors="replace")
-
-    def get(self, path: str, **query: str) -> Any:
-        url = self.url + path + ("?" + urllib.parse.urlencode(query) if query else "")
-        with urllib.request.urlopen(url, timeout=30) as answer:
-            return json.loads(answer.read())
-
-
 @pytest.fixture
 def tensorboard(daemon: Daemon, tmp_path: Path) -> Iterator[TensorBoard]:
-    tb = TensorBoard(daemon.logdir, tmp_path)
+    tb = TensorBoard(["--logdir", str(daemon.logdir), "--reload_interval", "1", "--load_fast=false"], tmp_path)
     try:
         yield tb
     finally:

@@ -12,6 +12,7 @@ from typing import Any
 
 from summaryd.server.aggregation import AggregationSettings
 from summaryd.server.auth import TokenTable
+from summaryd.server.board_index import SamplesPerPlugin
 from summaryd.server.bucket import is_bucket_url, split_url
 from summaryd.server.limits import DEFAULT as _LIMITS
 from summaryd.server.limits import Limits, flag
@@ -146,6 +147,19 @@ class Config:
         "serve Prometheus metrics over HTTP on HOST:PORT (off when empty; no token or TLS, keep it on loopback)",
         "HOST:PORT",
     )
+    board_listen: str = _option(
+        "",
+        "serve TensorBoard's data provider on HOST:PORT for `tensorboard --grpc_data_provider HOST:PORT` (off when "
+        "empty; TensorBoard sends no token, so keep it on loopback or give --insecure)",
+        "HOST:PORT",
+    )
+    board_runs: str = _option("", "serve only the runs under this prefix on --board-listen (all when empty)", "PREFIX")
+    samples_per_plugin: str = _option(
+        "",
+        "points kept per series on --board-listen, as TensorBoard's --samples_per_plugin: scalars=1000,images=all,"
+        "... (defaults scalars=1000, images=10, audio=10, histograms=500, pr_curves=100, others 10)",
+        "PLUGIN=N,...",
+    )
     log_format: str = _option("text", "log lines as 'text' or 'json' (one object a line, for log shippers)", "FORMAT")
     aggregate: bool = _option(
         True,
@@ -228,6 +242,10 @@ class Config:
             )
         if self.metrics_listen:
             self._check_metrics_listen()
+        if self.board_listen:
+            self._check_board_listen()
+        elif self.board_runs or self.samples_per_plugin:
+            raise ValueError("--board-runs and --samples-per-plugin are settings of --board-listen: give it too")
         _ = self.tokens  # read now, so that a bad file is one line before anything is created
 
     @functools.cached_property
@@ -258,6 +276,24 @@ class Config:
                 "token nor TLS: serve them on loopback (e.g. 127.0.0.1:9090) behind a proxy, or give --insecure "
                 "to accept that"
             )
+
+    def _check_board_listen(self) -> None:
+        # TensorBoard's data provider client sends no token: whoever reaches the address reads every run it serves.
+        value = self.board_listen
+        host, sep, port = value.rpartition(":")
+        if not (sep and host and port.isdigit() and int(port) <= 65535):
+            raise ValueError(f"--board-listen {value!r} needs HOST:PORT, e.g. 127.0.0.1:6106")
+        if not (_is_loopback(_host(value)) or self.insecure):
+            raise ValueError(
+                f"--board-listen {value} reaches beyond this machine, and TensorBoard sends no token: anyone who "
+                "reaches it could read every run; serve it on loopback (e.g. 127.0.0.1:6106) or give --insecure"
+            )
+        _ = self.samples  # a bad --samples-per-plugin is one line before anything is created
+
+    @functools.cached_property
+    def samples(self) -> SamplesPerPlugin:
+        """The board index's points per series (`--samples-per-plugin`). Raises ValueError: a bad entry."""
+        return SamplesPerPlugin.parse(self.samples_per_plugin)
 
     @property
     def peer_addresses(self) -> tuple[str, ...] | None:

@@ -10,7 +10,7 @@ import time
 from collections.abc import Sequence
 from concurrent.futures import Executor
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from summaryd.server.event_check import check_and_frame
 from summaryd.server.event_file import EventFile, EventSink, next_name
@@ -23,6 +23,14 @@ from summaryd.server.scalar_records import ScalarRecords
 from summaryd.server.session_store import SessionRecord
 
 log = logging.getLogger(__name__)
+
+
+class WriteObserver(Protocol):
+    """Told of each batch right after it is written to a run's file, on the event loop: the session that wrote
+    it ("" for the daemon's own records) and the records new to the file (serialized events, or scalar
+    columns). Must not raise or block."""
+
+    def written(self, run_dir: str, session_id: str, events: Sequence[bytes]) -> None: ...
 
 
 @dataclass(eq=False)
@@ -50,6 +58,7 @@ class RunWriter:
     metrics: Metrics | None = None
     limits: Limits = DEFAULT
     sink: EventSink | None = None
+    observers: Sequence[WriteObserver] = ()
     _counters: tuple[Any, Any] | None = field(default=None, init=False, repr=False)
 
     async def write(self, session_id: str, last: int, events: Sequence[bytes]) -> None:
@@ -69,6 +78,8 @@ class RunWriter:
             if metrics is not None:
                 metrics.write_queue.dec()
         self.events_written += len(events)
+        for observer in self.observers:
+            observer.written(self.run_dir, session_id, events)
         if metrics is not None:
             metrics.write_seconds.observe(time.perf_counter() - started)
             if self._counters is None:  # looked up once per run: `labels` costs a lock and a key per batch
@@ -216,6 +227,8 @@ class RunRegistry:
         self._journal_dir_fd = journal_dir_fd
         self._runs: dict[str, RunWriter] = {}
         self._lock = asyncio.Lock()
+        # Told of every batch written to any run, the daemon's own records too (the board index).
+        self.observers: list[WriteObserver] = []
 
     @property
     def runs(self) -> list[RunWriter]:
@@ -250,6 +263,7 @@ class RunRegistry:
                     metrics=self.metrics,
                     limits=limits,
                     sink=self.sink,
+                    observers=self.observers,
                 )
                 self._runs[run_dir] = writer
             writer.sessions += 1

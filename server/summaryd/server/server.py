@@ -20,9 +20,12 @@ from grpc import aio
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1.health import aio as health_aio  # type: ignore[attr-defined]  # stubs predate aio
 from grpc_reflection.v1alpha import reflection
+from tensorboard.data.proto import data_provider_pb2_grpc as dp_grpc
 
 from summaryd.server.aggregation import Aggregation
 from summaryd.server.auth import AuthInterceptor, TokenTable, current_caller
+from summaryd.server.board import Backfill, BoardService, runs_on_disk
+from summaryd.server.board_index import BoardIndex
 from summaryd.server.bucket import Bucket, BucketError
 from summaryd.server.bucket_sessions import BucketSessions
 from summaryd.server.config import Config
@@ -79,6 +82,7 @@ class Server:
         self.auth: AuthInterceptor | None = None
         self.metrics = Metrics()
         self.metrics_port: int | None = None
+        self.board_port: int | None = None
         self._serving: _Serving | None = None
         self._shutting_down = False
         self._stop = asyncio.Event()
@@ -141,6 +145,7 @@ class Server:
         server = self._bind(health)
         listener = _Listener(server)
         resources.push_async_callback(listener.close)
+        board = self._bind_board(resources) if config.board_listen else None
         if config.metrics_listen:
             resources.callback(self._serve_metrics())
         executor = io_executor(config.io_threads)
@@ -196,6 +201,8 @@ class Server:
             registry, state.store, config.session_lease, config.limits, ownership, aggregation=aggregation
         )
         service = SummariesService(lifecycle)
+        if board is not None:
+            await self._serve_board(board, registry, resources)
         self.metrics.registry.register(SessionCollector(lifecycle))
         if self.auth is not None:
             log.info("clients need a bearer token (%d in %s)", len(self.auth.tokens), config.token_file)
@@ -342,6 +349,42 @@ class Server:
         sys.stderr.write(captured[0])  # the bind succeeded: whatever the core said is not about a failure
         self.port = port
         return server
+
+    def _bind_board(self, resources: contextlib.AsyncExitStack) -> aio.Server:
+        """Bind `--board-listen` (served once the index exists, `_serve_board`), beside the gRPC address: a port
+        in use stops start-up before anything is made on disk."""
+        config = self.config
+        server = aio.server(options=[("grpc.so_reuseport", 0)])
+        try:
+            port = server.add_insecure_port(config.board_listen)
+        except RuntimeError:
+            port = 0
+        if not port:
+            raise ListenError(
+                f"cannot serve the board on {config.board_listen}: the port is in use or the address is not this "
+                "machine; choose another --board-listen"
+            )
+        resources.push_async_callback(server.stop, 0)
+        self.board_port = port
+        return server
+
+    async def _serve_board(
+        self, server: aio.Server, registry: RunRegistry, resources: contextlib.AsyncExitStack
+    ) -> None:
+        """Serve TensorBoard's data provider on the bound board address, over an index fed by every batch written
+        and, on a local logdir, by the runs already there (read in the background)."""
+        config = self.config
+        index = BoardIndex(config.samples)
+        registry.observers.append(index)
+        location = config.logdir if config.is_bucket else registry.logdir
+        dp_grpc.add_TensorBoardDataProviderServicer_to_server(BoardService(index, location, config.board_runs), server)
+        await server.start()
+        if not config.is_bucket:
+            backfill = Backfill(index, await asyncio.to_thread(runs_on_disk, registry.logdir))
+            backfill.start()
+            resources.callback(backfill.stop)
+        host = config.board_listen.rsplit(":", 1)[0]
+        log.info("TensorBoard reads the daemon: tensorboard --grpc_data_provider %s:%d", host, self.board_port)
 
     def _serve_metrics(self) -> Callable[[], None]:
         """Serve `/metrics` on `--metrics-listen`; return what stops it."""

@@ -1,0 +1,394 @@
+"""TensorBoard reads the daemon: `summaryd serve --board-listen` serves TensorBoard's data provider.
+
+A real daemon on loopback, a real `SummaryWriter`, and either TensorBoard's own gRPC stub of the provider or a
+real `tensorboard --grpc_data_provider` (no `--logdir`) whose HTTP API is read back. TensorBoard without
+TensorFlow is what runs here, and is all the provider needs.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import urllib.parse
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import grpc
+import numpy as np
+import pytest
+import torch
+from tensorboard.data.proto import data_provider_pb2 as dp
+from tensorboard.data.proto import data_provider_pb2_grpc as dp_grpc
+
+from _support import Daemon, TensorBoard, event_files, read_events, start_daemon, stop_process, unused_port, wait_for
+from summaryd.client import SummaryWriter
+from summaryd.server.board import Backfill, downsample, sample_indices
+from summaryd.server.board_index import BoardIndex, Datum, Reservoir, SamplesPerPlugin, ScalarPoints
+from summaryd.server.cli import main
+from summaryd.server.config import Config
+from summaryd.server.server import ListenError, Server
+
+pytestmark = pytest.mark.timeout(180)
+
+# torch is imported here (add_graph, add_mesh), so add_text builds torch's summary, whose tag has its suffix.
+NOTE = "note/text_summary"
+STEPS = 1500  # above the scalars plugin's 1,000 points: TensorBoard's downsampling shows
+
+
+def value(step: int) -> float:
+    return step / 4  # exact in the float32 of `simple_value`
+
+
+class Board:
+    """A daemon serving the board on a free loopback port, and TensorBoard's stub of it."""
+
+    def __init__(self, tmp_path: Path, *flags: str, logdir: Path | None = None) -> None:
+        self.address = f"127.0.0.1:{unused_port()}"
+        self.daemon: Daemon = start_daemon(tmp_path, "--board-listen", self.address, *flags, logdir=logdir)
+        self._channel = grpc.insecure_channel(self.address)
+        self.stub = dp_grpc.TensorBoardDataProviderStub(self._channel)
+
+    def close(self) -> None:
+        self._channel.close()
+        self.daemon.stop()
+
+    def scalars(self, run: str, tag: str, num_points: int = 10_000) -> list[tuple[int, float]]:
+        answer = self.stub.ReadScalars(
+            dp.ReadScalarsRequest(
+                plugin_filter=dp.PluginFilter(plugin_name="scalars"),
+                run_tag_filter=dp.RunTagFilter(runs=dp.RunFilter(names=[run]), tags=dp.TagFilter(names=[tag])),
+                downsample=dp.Downsample(num_points=num_points),
+            )
+        )
+        return [
+            (s, v) for entry in answer.runs for t in entry.tags for s, v in zip(t.data.step, t.data.value, strict=True)
+        ]
+
+
+@pytest.fixture
+def board(tmp_path: Path) -> Iterator[Board]:
+    b = Board(tmp_path)
+    try:
+        yield b
+    finally:
+        b.close()
+
+
+# torch.jit.trace (add_graph) is deprecated in favour of torch.export, and says so (see test_torch_parity).
+@pytest.mark.filterwarnings("ignore::DeprecationWarning:torch.*")
+@pytest.mark.filterwarnings("ignore::FutureWarning:torch.*")
+def test_tensorboard_serves_every_dashboards_data_through_the_daemon(board: Board, tmp_path: Path) -> None:
+    writer = SummaryWriter("exp", address=board.daemon.address)
+    for step in range(STEPS):
+        writer.add_scalar("loss", value(step), step)
+    writer.add_histogram("weights", np.arange(100, dtype=np.float64), 7)
+    image = np.zeros((3, 4, 5), dtype=np.float32)
+    image[0] = 1.0  # a red image: 3 channels, 4 high, 5 wide
+    writer.add_image("sample", image, 3)
+    writer.add_text("note", "hello from summaryd", 2)
+    writer.add_audio("clip", np.sin(np.arange(800) / 10.0).astype(np.float32), 4, sample_rate=8000)
+    writer.add_pr_curve("pr", np.array([1, 0, 1, 1]), np.array([0.9, 0.2, 0.7, 0.4]), 5)
+    writer.add_custom_scalars({"group": {"chart": ["Multiline", ["loss"]]}})
+    writer.add_hparams({"lr": 0.1}, {"hparam/acc": 0.5}, run_name="trial")
+    writer.add_graph(torch.nn.Linear(3, 2), torch.zeros(1, 3))
+    vertices = torch.tensor([[[1.0, 1, 1], [-1, -1, 1], [1, -1, -1], [-1, 1, -1]]])
+    faces = torch.tensor([[[0, 2, 3], [0, 3, 1], [0, 1, 2], [1, 3, 2]]], dtype=torch.int32)
+    writer.add_mesh("tetrahedron", vertices=vertices, faces=faces, global_step=6)
+    assert writer.close().ok
+
+    tb = TensorBoard(["--grpc_data_provider", board.address], tmp_path)
+    try:
+        assert tb.get("/data/runs") == ["exp", "exp/trial"]
+        # The scalars plugin reads 1,000 points of the 1,500: a sample of what was logged, the newest in it.
+        served = tb.get("/data/plugin/scalars/scalars", run="exp", tag="loss")
+        assert len(served) == 1000
+        steps = [step for _, step, _ in served]
+        assert steps == sorted(set(steps)) and steps[-1] == STEPS - 1
+        assert all(v == value(step) for _, step, v in served)
+        # The Time Series dashboard reads the same series (its own plugin's routes).
+        assert tb.get("/data/plugin/timeseries/tags")["scalars"]["runTagInfo"]["exp"] == ["loss"]
+        form = urllib.parse.urlencode({"requests": json.dumps([{"plugin": "scalars", "tag": "loss"}])}).encode()
+        with urllib.request.urlopen(tb.url + "/data/plugin/timeseries/timeSeries", data=form, timeout=30) as answer:
+            series = json.loads(answer.read())[0]["runToSeries"]["exp"]
+        assert [(p["step"], p["value"]) for p in series] == [(step, v) for _, step, v in served]
+
+        histograms = tb.get("/data/plugin/histograms/histograms", run="exp", tag="weights")
+        assert [h[1] for h in histograms] == [7]
+        buckets = histograms[0][2]
+        assert sum(count for _, _, count in buckets) == 100
+
+        images = tb.get("/data/plugin/images/images", run="exp", tag="sample")
+        assert [i["step"] for i in images] == [3]
+        png = tb.raw("/data/plugin/images/individualImage?" + images[0]["query"])
+        on_disk = [
+            v.image.encoded_image_string
+            for path in event_files(board.daemon.logdir / "exp")
+            for e in read_events(path)
+            for v in e.summary.value
+            if v.tag == "sample"
+        ]
+        assert on_disk == [png]
+
+        assert tb.get("/data/plugin/text/tags") == {"exp": [NOTE]}
+        text = tb.get("/data/plugin/text/text", run="exp", tag=NOTE)
+        assert [t["step"] for t in text] == [2] and "hello from summaryd" in text[0]["text"]
+
+        audio = tb.get("/data/plugin/audio/audio", run="exp", tag="clip")
+        assert [a["step"] for a in audio] == [4]
+        assert tb.raw("/data/plugin/audio/individualAudio?" + audio[0]["query"])[:4] == b"RIFF"  # a WAV file
+
+        curves = tb.get("/data/plugin/pr_curves/pr_curves", run="exp", tag="pr")["exp"]
+        assert [c["step"] for c in curves] == [5] and curves[0]["precision"][0] == 0.75  # 3 of the 4 are positive
+
+        layout = tb.get("/data/plugin/custom_scalars/layout")
+        assert layout["category"][0]["chart"][0]["multiline"]["tag"] == ["loss"]
+
+        request = urllib.request.Request(
+            tb.url + "/data/plugin/hparams/experiment",
+            data=json.dumps({"experimentName": ""}).encode(),
+            headers={"Content-Type": "application/json"},
+        )
+        with urllib.request.urlopen(request, timeout=30) as answer:
+            experiment = json.loads(answer.read())
+        assert [h["name"] for h in experiment["hparamInfos"]] == ["lr"]
+        assert [m["name"]["tag"] for m in experiment["metricInfos"]] == ["hparam/acc"]
+
+        assert tb.get("/data/plugin/graphs/info")["exp"]["run_graph"] is True
+        assert b'op: "IO Node"' in tb.raw("/data/plugin/graphs/graph", run="exp")  # the graph as pbtxt
+
+        meshes = tb.get("/data/plugin/mesh/meshes", run="exp", tag="tetrahedron", sample="0")
+        assert {(m["step"], tuple(m["data_shape"])) for m in meshes} == {(6, (1, 4, 3))}
+        query = {"run": "exp", "tag": "tetrahedron", "sample": "0", "step": "6"}
+        vertex_bytes = tb.raw("/data/plugin/mesh/data", content_type="VERTEX", **query)
+        assert np.frombuffer(vertex_bytes, dtype="<f4").tolist() == vertices.flatten().tolist()
+
+        # Live: a point acknowledged is in TensorBoard's very next answer (a --logdir TensorBoard rereads files
+        # every 5 s, the reload interval), in a run TensorBoard has not seen before.
+        live = SummaryWriter("live", address=board.daemon.address)
+        try:
+            live.add_scalar("loss", 2.5, 7)
+            assert live.flush().ok
+            assert tb.get("/data/plugin/scalars/scalars", run="live", tag="loss")[-1][1:] == [7, 2.5]
+        finally:
+            live.close()
+    finally:
+        stop_process(tb.proc, 10)
+
+
+def test_read_scalars_keeps_the_newest_point_and_honours_num_points(board: Board) -> None:
+    writer = SummaryWriter("exp", address=board.daemon.address)
+    for step in range(300):
+        writer.add_scalar("loss", value(step), step)
+    assert writer.close().ok
+    assert board.scalars("exp", "loss") == [(s, value(s)) for s in range(300)]
+    # TensorBoard reads "the latest value" as a read of one point.
+    assert board.scalars("exp", "loss", num_points=1) == [(299, value(299))]
+    some = board.scalars("exp", "loss", num_points=20)
+    assert len(some) == 20 and some[-1] == (299, value(299))
+    assert [s for s, _ in some] == sorted({s for s, _ in some})
+    assert board.scalars("exp", "loss", num_points=0) == []
+
+
+def test_a_point_is_served_as_soon_as_its_batch_is_acknowledged(board: Board) -> None:
+    writer = SummaryWriter("exp", address=board.daemon.address)
+    try:
+        writer.add_scalar("loss", 1.5, 41)
+        assert writer.flush().ok  # acknowledged: written, and so in the index, with no file read back
+        assert board.scalars("exp", "loss") == [(41, 1.5)]
+    finally:
+        writer.close()
+
+
+def test_a_restart_at_a_lower_step_purges_that_series_from_that_step(board: Board) -> None:
+    first = SummaryWriter("exp", address=board.daemon.address)
+    for step in range(100):
+        first.add_scalar("loss", value(step), step)
+        first.add_scalar("lr", 1.0, step)
+    assert first.close().ok
+    resumed = SummaryWriter("exp", address=board.daemon.address)  # resumed from the checkpoint of step 60
+    for step in range(60, 80):
+        resumed.add_scalar("loss", -value(step), step)
+    assert resumed.close().ok
+    want = [(s, value(s)) for s in range(60)] + [(s, -value(s)) for s in range(60, 80)]
+    assert board.scalars("exp", "loss") == want
+    # A series the restart did not log again keeps its points (TensorBoard purges by tag, RustBoard too).
+    assert len(board.scalars("exp", "lr")) == 100
+
+
+def test_a_session_log_start_purges_every_series_of_its_run_from_its_step(board: Board) -> None:
+    writer = SummaryWriter("exp", address=board.daemon.address)
+    for step in range(50):
+        writer.add_scalar("loss", value(step), step)
+    assert writer.close().ok
+    # torch's `purge_step` writes SessionLog.START at that step: TensorBoard drops every later point of the run.
+    purged = SummaryWriter("exp", address=board.daemon.address, purge_step=30)
+    assert purged.close().ok
+    assert board.scalars("exp", "loss") == [(s, value(s)) for s in range(30)]
+
+
+def test_runs_already_on_disk_are_served_after_a_restart_and_live_points_follow_them(tmp_path: Path) -> None:
+    logdir = tmp_path / "runs"
+    first = start_daemon(tmp_path, logdir=logdir)
+    try:
+        for run in ("a", "b/c"):
+            writer = SummaryWriter(run, address=first.address)
+            for step in range(40):
+                writer.add_scalar("loss", value(step), step)
+            assert writer.close().ok
+    finally:
+        first.stop()
+
+    board = Board(tmp_path, logdir=logdir)
+    try:
+        wait_for(lambda: len(board.scalars("b/c", "loss")) == 40, 60, "the runs on disk to be read")
+        assert board.scalars("a", "loss") == [(s, value(s)) for s in range(40)]
+        writer = SummaryWriter("a", address=board.daemon.address)
+        writer.add_scalar("loss", 99.0, 40)
+        assert writer.close().ok
+        assert board.scalars("a", "loss")[-2:] == [(39, value(39)), (40, 99.0)]
+        runs = board.stub.ListRuns(dp.ListRunsRequest())
+        assert sorted(r.name for r in runs.runs) == ["a", "b/c"]
+    finally:
+        board.close()
+
+
+def test_list_filters_select_runs_tags_and_plugins(board: Board) -> None:
+    for run in ("a", "b"):
+        writer = SummaryWriter(run, address=board.daemon.address)
+        writer.add_scalar("loss", 1.0, 1)
+        writer.add_scalar("acc", 0.5, 1)
+        writer.add_text("note", "x", 1)
+        assert writer.close().ok
+    listed = board.stub.ListScalars(
+        dp.ListScalarsRequest(
+            plugin_filter=dp.PluginFilter(plugin_name="scalars"),
+            run_tag_filter=dp.RunTagFilter(runs=dp.RunFilter(names=["b"])),
+        )
+    )
+    assert [(r.run_name, sorted(t.tag_name for t in r.tags)) for r in listed.runs] == [("b", ["acc", "loss"])]
+    assert listed.runs[0].tags[0].metadata.max_step == 1
+    # Text is a tensor of the text plugin: not a scalar, and not listed under another plugin.
+    tensors = board.stub.ListTensors(dp.ListTensorsRequest(plugin_filter=dp.PluginFilter(plugin_name="text")))
+    assert [(r.run_name, [t.tag_name for t in r.tags]) for r in tensors.runs] == [("a", [NOTE]), ("b", [NOTE])]
+    none = board.stub.ListTensors(dp.ListTensorsRequest(plugin_filter=dp.PluginFilter(plugin_name="scalars")))
+    assert not none.runs
+    plugins = board.stub.ListPlugins(dp.ListPluginsRequest())
+    assert sorted(p.name for p in plugins.plugins) == ["scalars", "text"]
+
+
+def test_samples_per_plugin_bounds_a_series_and_all_keeps_every_point(tmp_path: Path) -> None:
+    b = Board(tmp_path, "--samples-per-plugin", "scalars=25")
+    try:
+        writer = SummaryWriter("exp", address=b.daemon.address)
+        for step in range(200):
+            writer.add_scalar("loss", value(step), step)
+        assert writer.close().ok
+        kept = b.scalars("exp", "loss")
+        assert len(kept) == 25 and kept[-1] == (199, value(199))
+    finally:
+        b.close()
+    assert SamplesPerPlugin.parse("scalars=all,images=3").capacity("scalars") == 0
+    assert SamplesPerPlugin.parse("images=3").capacity("images") == 3
+    assert SamplesPerPlugin.parse("").capacity("custom") == 10
+
+
+def test_a_bad_blob_key_and_a_negative_num_points_are_clear_errors(board: Board) -> None:
+    with pytest.raises(grpc.RpcError) as bad_key:
+        list(board.stub.ReadBlob(dp.ReadBlobRequest(blob_key="not-a-key")))
+    assert bad_key.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    with pytest.raises(grpc.RpcError) as negative:
+        board.stub.ReadScalars(dp.ReadScalarsRequest(downsample=dp.Downsample(num_points=-1)))
+    assert negative.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "num_points" in (negative.value.details() or "")
+
+
+def test_the_reservoir_keeps_the_newest_point_and_a_uniform_sample() -> None:
+    reservoir = Reservoir(10)
+    for step in range(1000):
+        reservoir.offer(Datum(step, 0.0, float(step)))
+    steps = [d.step for d in reservoir.items]
+    assert len(steps) == 10 and steps[-1] == 999 and steps == sorted(steps)
+    assert steps[0] < 500  # not simply the last ten
+    assert [d.step for d in downsample(reservoir.items, 3)][-1] == 999
+
+
+@pytest.mark.parametrize(
+    ("flags", "reason"),
+    [
+        (["--board-listen", "0.0.0.0:6106"], "--board-listen 0.0.0.0:6106 reaches beyond this machine"),
+        (["--board-listen", "localhost"], "needs HOST:PORT"),
+        (["--board-listen", "127.0.0.1:0", "--samples-per-plugin", "scalars=many"], "scalars='many'"),
+        (["--board-listen", "127.0.0.1:0", "--samples-per-plugin", "images"], "needs PLUGIN=N or PLUGIN=all"),
+        (["--samples-per-plugin", "images=3"], "settings of --board-listen: give it too"),
+        (["--board-runs", "team-a"], "settings of --board-listen: give it too"),
+    ],
+)
+def test_a_bad_board_setting_is_one_usage_line(
+    flags: list[str], reason: str, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    with pytest.raises(SystemExit) as exited:
+        main(["serve", "--logdir", str(tmp_path / "runs"), *flags])
+    assert exited.value.code == 2
+    assert reason in capsys.readouterr().err
+    assert not (tmp_path / "runs").exists()
+
+
+def test_board_runs_serves_only_the_runs_under_its_prefix(tmp_path: Path) -> None:
+    b = Board(tmp_path, "--board-runs", "team-a")
+    try:
+        for run in ("team-a/exp", "team-b/exp", "team-ab"):
+            writer = SummaryWriter(run, address=b.daemon.address)
+            writer.add_scalar("loss", 1.0, 1)
+            assert writer.close().ok
+        assert [r.name for r in b.stub.ListRuns(dp.ListRunsRequest()).runs] == ["team-a/exp"]
+        assert b.scalars("team-b/exp", "loss") == []
+        assert b.scalars("team-a/exp", "loss") == [(1, 1.0)]
+    finally:
+        b.close()
+
+
+def test_scalar_columns_sample_and_purge_exactly_as_a_list_of_points() -> None:
+    columns, points = Reservoir(50, ScalarPoints()), Reservoir(50)
+    offered = [*range(400), *range(300, 350), *range(200, 260)]  # two restarts, at steps 300 and 200
+    for i, step in enumerate(offered):
+        wall_time = 1.0e9 + (i * 7919) % 1000  # not in order: the largest one is sometimes evicted
+        for reservoir in (columns, points):
+            reservoir.offer(Datum(step, wall_time, step / 8))
+        assert isinstance(columns.items, ScalarPoints)
+        assert columns.items.max_wall_time() == max(d.wall_time for d in points.items)
+    assert list(columns.items) == list(points.items)
+    assert len(points.items) == 50 and points.items[-1].step == 259
+    assert all(d.step < 260 for d in points.items)
+    for k in (0, 1, 7, 50, 80):
+        steps, wall_times, values = columns.items.columns(sample_indices(50, k))
+        assert list(zip(steps, wall_times, values, strict=True)) == [
+            (d.step, d.wall_time, d.value) for d in downsample(points.items, k)
+        ]
+
+
+async def test_a_board_port_in_use_stops_start_up_before_anything_is_made(tmp_path: Path) -> None:
+    logdir = tmp_path / "runs"
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        server = Server(Config(logdir=str(logdir), listen="127.0.0.1:0", board_listen=f"127.0.0.1:{port}"))
+        with pytest.raises(ListenError, match="choose another --board-listen"):
+            await server.serve()
+    assert not logdir.exists()
+    assert server.port is not None
+    with socket.socket() as probe:  # the gRPC port it had bound is free again
+        probe.bind(("127.0.0.1", server.port))
+
+
+def test_a_run_on_disk_being_written_to_is_read_before_the_others() -> None:
+    index = BoardIndex()
+    backfill = Backfill(index, {"a": [], "b": [], "c": []})  # not started: only its choice is asked here
+    assert backfill.next_run({"a": [], "b": [], "c": []}) == "a"
+    index.written("c", "", [])  # a live batch of run c waits until c's older files are read
+    assert index.awaited() == ["c"]
+    assert backfill.next_run({"a": [], "b": [], "c": []}) == "c"
+    index.backfilled("c", iter(()))
+    assert index.awaited() == []
+    assert backfill.next_run({"a": [], "b": []}) == "a"
