@@ -146,7 +146,7 @@ TOKEN_CHILD = textwrap.dedent(
 
     writer = SummaryWriter("tokened", address=sys.argv[1], worker="", token=sys.argv[2], close_timeout=30)
     writer.add_scalar("parent", 1.0, 0)
-    assert writer.flush().delivered == 1  # the parent used gRPC: its children must not
+    assert writer.flush(timeout=10).delivered == 1  # the parent used gRPC: its children must not
     child = os.fork()
     if child == 0:
         writer.add_scalar("child", 2.0, 1)
