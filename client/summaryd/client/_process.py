@@ -45,6 +45,8 @@ class Closable(Protocol):
 
     def close(self, timeout: float | None = None) -> object: ...
 
+    def done(self) -> bool: ...
+
     def forget_parent_after_fork(self) -> None: ...
 
     def pause_for_fork(self, timeout: float) -> bool: ...
@@ -81,6 +83,8 @@ def unregister(sender: Closable) -> None:
 def keep_until_closed(sender: Closable) -> None:
     """`sender` began closing: keep it (its writer may be gone, or reopened in a new session) until `close()`
     or the exit finishes it, so that the exit waits for what it still delivers."""
+    for finished in [s for s in _closing if s.done()]:
+        finished.close(0.0)  # its thread ended: settle its account now rather than keep it until exit
     _closing.add(sender)
 
 

@@ -585,12 +585,18 @@ class Sender:
     def begin_close(self, deadline: float) -> None:
         """Stop taking events and start delivering the rest by `deadline`, in the background: the thread ends by
         then (what is not delivered spooled), and the process's exit waits for it; `close()` waits for it too."""
-        _process.keep_until_closed(self)
         with self._cond:
+            first = not self._status.closing
             self._status.begin_close(deadline)
             self._queue.fast_until = 0  # callers take the lock again, and see that it no longer accepts
             self._cond.notify_all()
         self._wake.set()
+        if first:
+            _process.keep_until_closed(self)
+
+    def done(self) -> bool:
+        """Whether it is closing and its thread has ended: nothing is left for `close()` to wait for."""
+        return self._status.closing and not self._loop.alive()
 
     def close(self, timeout: float | None = None) -> DeliveryReport:
         """Deliver what is queued, have the daemon fsync it and release the session; safe to call twice.
