@@ -38,6 +38,10 @@ _TRAIN = textwrap.dedent(
                 super().__init__()
                 self.save_hyperparameters({"lr": 0.05})  # add_hparams at fit start
                 self.fc = torch.nn.Linear(4, 1)
+                self.example_input_array = torch.zeros(1, 4)  # log_graph: add_graph at fit start
+
+            def forward(self, x):
+                return self.fc(x)
 
             def training_step(self, batch, index):
                 loss = (self.fc(batch[0]) - batch[1]).pow(2).mean()
@@ -51,7 +55,8 @@ _TRAIN = textwrap.dedent(
         data = TensorDataset(torch.randn(STEPS, 4), torch.randn(STEPS, 1))
         trainer = L.Trainer(
             max_epochs=1, log_every_n_steps=1, accelerator="cpu", enable_checkpointing=False, default_root_dir=root,
-            enable_progress_bar=False, enable_model_summary=False, logger=L.pytorch.loggers.TensorBoardLogger(root),
+            enable_progress_bar=False, enable_model_summary=False,
+            logger=L.pytorch.loggers.TensorBoardLogger(root, log_graph=True),
         )
         started = time.perf_counter()
         trainer.fit(Linear(), DataLoader(data, batch_size=1))
@@ -81,14 +86,17 @@ _TRAIN = textwrap.dedent(
     train = lightning if framework == "lightning" else transformers
     train("warm-up")  # imports and first calls, once for every case
     import torch.utils.tensorboard as tb
+    import torch.utils.tensorboard.writer as tb_writer
     import summaryd.client
 
-    torch_writer = tb.SummaryWriter
+    # What patch() replaces, and torch's writer reaches (its SummaryWriter makes a FileWriter of its module's).
+    torch_classes = {(m, n): getattr(m, n) for m in (tb, tb_writer) for n in ("SummaryWriter", "FileWriter")}
     times = {}
     for round_ in range(rounds):
         for case, address in (("torch", None), ("daemon up", up), ("daemon slow", slow), ("daemon absent", absent)):
             if address is None:
-                tb.SummaryWriter = torch_writer  # what the frameworks import when they make their writer
+                for (module, name), cls in torch_classes.items():
+                    setattr(module, name, cls)
             else:
                 summaryd.client.patch()  # summaryd's writer in its place, at SUMMARYD_ADDRESS
                 os.environ["SUMMARYD_ADDRESS"] = address
@@ -110,6 +118,7 @@ def measure(framework: str, rounds: int, steps: int, workdir: Path, up: Daemon, 
     script = workdir / "train.py"
     script.write_text(_TRAIN)
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "PYTHONWARNINGS": "ignore"}
+    env["SUMMARYD_SPOOL_DIR"] = str(workdir / "spool")  # what the slow and absent cases spool, removed after
     with refused_address() as absent:
         argv = [sys.executable, str(script), framework, str(rounds), str(steps), up.address, slow.address]
         argv += [str(slow.pid), absent]

@@ -105,7 +105,8 @@ def test_patched_writers_exit_under_one_deadline_and_the_first_away_line_says_wh
     done = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, timeout=120, check=False)
     exited = time.monotonic()
     finished = float(done.stdout.split("done ", 1)[1].split()[0])
-    assert exited - finished < 4 * 5.0 / 2, (exited - finished, done.stderr)
+    # In turn they would take 4 x 5 s at least; under one deadline about 5 s.
+    assert exited - finished < 3 * 5.0, (exited - finished, done.stderr)
     away = [line for line in done.stderr.splitlines() if address in line and "summaryd serve" in line]
     assert away, done.stderr
     first = away[0]
