@@ -42,7 +42,7 @@ def prepare(raw: Mapping[str, Any]) -> Callable[[], dict[str, Any]]:
     # A writer that has been in use: for summaryd connected, its session open and its event file created.
     add_scalar("warm-up", 0.0, 0)
     if ours:
-        opened.writer.flush()
+        opened.writer.flush(timeout=10)
 
     def run() -> dict[str, Any]:
         for step in range(params.pending):

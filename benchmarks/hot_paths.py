@@ -31,7 +31,7 @@ def client(scalars: int) -> str:
     with tempfile.TemporaryDirectory() as workdir, running_daemon(Path(workdir)) as daemon:
         writer = SummaryWriter("hot-path", daemon.address)
         writer.add_scalar("warm-up", 0.0, 0)
-        writer.flush()
+        writer.flush(timeout=10)
         add_scalar = writer.add_scalar
         threads_before, cpu_before = threads_cpu(), process_cpu()
         began = time.perf_counter()

@@ -38,7 +38,7 @@ def main() -> None:
     stall = spec.get("stall")
     for step in range(*spec["steps"]):
         if stall is not None and step == stall["at"]:
-            writer.flush()
+            writer.flush(timeout=10)
             (barrier / f"stalled-{rank}").touch()
             _wait(Path(stall["go"]))
         v = value(rank, step)

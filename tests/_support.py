@@ -124,7 +124,7 @@ def log_losses(writer: SummaryWriter, steps: range, tag: str = "loss", flush_eve
     for step in steps:
         writer.add_scalar(tag, float(step), step)
         if flush_every and (step + 1) % flush_every == 0:
-            writer.flush()
+            writer.flush(timeout=10)
 
 
 def unused_port() -> int:

@@ -332,7 +332,7 @@ def test_status_shows_each_aggregated_workers_lag(
         writers[1].add_scalar("loss", 1.0, 0)
         single.add_scalar("loss", 1.0, 0)
         for writer in [*writers, single]:
-            writer.flush()
+            writer.flush(timeout=10)
         status = stub.GetStatus(pb.GetStatusRequest(), timeout=10)
         lags = {s.run_dir: (s.aggregated, s.lag_steps) for s in status.sessions}
         assert lags == {"job/rank-0": (True, 0), "job/rank-1": (True, 9), "solo": (False, 0)}

@@ -54,7 +54,7 @@ def test_a_session_moves_to_the_next_daemon_when_its_daemon_dies(tmp_path: Path,
     writer = SummaryWriter("moved", address=f"{a.address},{b.address}", backoff_secs=(0.05, 0.2))
     try:
         log_losses(writer, range(100))
-        writer.flush()
+        writer.flush(timeout=10)
         assert a.terminate() == 0
         log_losses(writer, range(100, 200))
     finally:

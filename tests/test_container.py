@@ -307,7 +307,7 @@ def test_compose_bucket_profile_serves_two_daemons_on_one_bucket_through_its_ten
     writers = [on_a, on_b, first]
     try:
         first.add_scalar("first", 0.0, 0)
-        first.flush()  # a holds the run's lease from here
+        first.flush(timeout=10)  # a holds the run's lease from here
         # A second worker of the run asks b, which refuses it naming a's advertised address, one of its own; it
         # follows.
         second = SummaryWriter("shared", address=f"{b},{a}", backoff_secs=(0.05, 0.2))
@@ -317,7 +317,7 @@ def test_compose_bucket_profile_serves_two_daemons_on_one_bucket_through_its_ten
         log_losses(second, range(100), "second")
         log_losses(first, range(1, 100), "first")
         for writer in writers:
-            writer.flush()
+            writer.flush(timeout=10)
         expected = {
             (run, tag): [(step, float(step)) for step in range(100)]
             for run, tag in (("on-a", "loss"), ("on-b", "loss"), ("shared", "first"), ("shared", "second"))

@@ -141,7 +141,7 @@ def test_a_client_fails_over_from_a_lost_daemon_and_nothing_is_lost_or_doubled(
         log_losses(writer, range(50))
         writer.flush(durable=True)  # 0..49 in the bucket
         log_losses(writer, range(50, 100))
-        writer.flush()  # 50..99 acknowledged: staged on a, not uploaded
+        writer.flush(timeout=10)  # 50..99 acknowledged: staged on a, not uploaded
         assert steps_from_bucket(seaweed, logdir_url, "moving", tmp_path / "before") == collections.Counter(range(50))
         # a is lost with its disk (staging and state): the client resends what was not durable to b.
         a.proc.kill()

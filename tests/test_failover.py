@@ -72,8 +72,8 @@ def test_two_daemons_on_one_bucket_each_write_their_own_runs(
     with SummaryWriter("left", address=a.address) as left, SummaryWriter("right", address=b.address) as right:
         log_losses(left, range(100))
         log_losses(right, range(100))
-        left.flush()
-        right.flush()
+        left.flush(timeout=10)
+        right.flush(timeout=10)
         # Each run's lease names the daemon writing it, while its sessions are open.
         held = {run: lease_of(logdir_url, run) for run in ("left", "right")}
         assert {run: lease.address for run, lease in held.items() if lease} == {"left": a.address, "right": b.address}
@@ -115,7 +115,7 @@ def test_an_expired_lease_is_taken_over_and_a_live_one_is_not(
 
     with SummaryWriter("stale", address=daemon.address) as writer:
         log_losses(writer, range(50))
-        writer.flush()
+        writer.flush(timeout=10)
         lease = lease_of(logdir_url, "stale")
         assert lease is not None and lease.address == daemon.address and lease.holder != "gone-daemon"
     daemon.terminate()
@@ -176,7 +176,7 @@ def test_two_clients_of_one_run_on_two_daemons_end_on_one_daemon(
     first = SummaryWriter("job", address=a.address)
     try:
         first.add_scalar("first", 0.0, 0)
-        first.flush()  # a owns the run from here
+        first.flush(timeout=10)  # a owns the run from here
         # The second worker is sent to b, which refuses it naming a, one of its addresses; it follows and writes
         # there (an owner it was not given it would not follow: `test_redirect`).
         with SummaryWriter("job", address=f"{b.address},{a.address}", backoff_secs=(0.05, 0.2)) as second:
@@ -202,7 +202,7 @@ def test_the_workers_of_one_run_on_two_daemons_end_on_one_daemon(
     rank0 = SummaryWriter("ranks", worker="rank-0", world_size=2, address=a.address)
     try:
         rank0.add_scalar("loss", 0.0, 0)
-        rank0.flush()  # a owns the run `ranks` from here
+        rank0.flush(timeout=10)  # a owns the run `ranks` from here
         code, _, trailing = refusal(b.address, "ranks")
         assert code == grpc.StatusCode.FAILED_PRECONDITION and trailing[OWNER_ADDRESS_KEY] == a.address
         allow = {"redirect_allow": a.address, "backoff_secs": (0.05, 0.2)}  # a, not listed: followed when allowed
@@ -234,7 +234,7 @@ def test_a_session_moves_to_another_daemon_on_the_bucket_when_its_daemon_dies(
     writer = SummaryWriter("moving", address=f"{a.address},{b.address}", backoff_secs=(0.05, 0.2))
     try:
         log_losses(writer, range(100))
-        writer.flush()
+        writer.flush(timeout=10)
         # What a acknowledged is uploaded before it dies (without a durable watermark, the client would not
         # send it again).
         wait_for(lambda: sum(steps_of(seaweed, logdir_url, tmp_path).values()) == 100, 60, "the first upload")
@@ -261,12 +261,12 @@ def test_status_shows_each_runs_lease_holder_staged_bytes_and_last_upload(
 
     with SummaryWriter("watched", address=daemon.address) as writer:
         writer.add_scalar("loss", 0.0, 0)
-        writer.flush()
+        writer.flush(timeout=10)
         before = status_of("watched")
         assert before["lease_holder"] == daemon.address
         assert before["staged_bytes"] >= before["bytes_written"] > 0 and before["last_upload_unix"] == 0
         log_losses(writer, range(1, 1000), flush_every=100)  # past --seal-bytes: uploads while the run is open
-        writer.flush()
+        writer.flush(timeout=10)
         wait_for(lambda: status_of("watched")["last_upload_unix"] > 0, 60, "a first upload")
         after = status_of("watched")
         assert 0 <= after["staged_bytes"] < after["bytes_written"]
@@ -326,7 +326,7 @@ def test_close_and_a_durable_flush_return_once_the_events_are_uploaded(
     keeper = SummaryWriter("durable", address=daemon.address)
     try:
         keeper.add_scalar("other", 0.0, 0)
-        keeper.flush()
+        keeper.flush(timeout=10)
         assert segments(seaweed, logdir_url, "durable") == []
         with SummaryWriter("durable", address=daemon.address) as writer:
             log_losses(writer, range(50))

@@ -149,7 +149,7 @@ FORKING_WRITER = textwrap.dedent(
 
     writer = SummaryWriter(sys.argv[1], worker="", close_timeout=30, **json.loads(sys.argv[2]))
     writer.add_scalar("parent", 1.0, 0)
-    assert writer.flush().delivered == 1  # the parent used gRPC: its children must not
+    assert writer.flush(timeout=10).delivered == 1  # the parent used gRPC: its children must not
     child = os.fork()
     if child == 0:
         writer.add_scalar("child", 2.0, 1)

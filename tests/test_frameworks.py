@@ -19,6 +19,7 @@ from tensorboard.compat.proto.event_pb2 import Event
 from tensorboard.plugins.hparams.plugin_data_pb2 import HParamsPluginData
 
 from _support import Daemon, event_files, read_events
+from benchmarks.framework_cost import CASES, rows
 
 pytestmark = pytest.mark.frameworks
 
@@ -209,3 +210,14 @@ def test_lightning_ddp_rank_zero_lands_in_its_worker_directory(daemon: Daemon, t
     assert sorted(p.name for p in version.iterdir()) == ["rank-0"]
     steps = [e.step for p in event_files(version / "rank-0") for e in read_events(p) if e.HasField("summary")]
     assert len(steps) >= 4
+
+
+def test_framework_cost_benchmark_runs_every_case(capsys: pytest.CaptureFixture[str]) -> None:
+    """`benchmarks/framework_cost.py` at a tiny size: a row per framework and case (the figures, and the
+    1.1 times torch's target, live in benchmarks/RESULTS.md)."""
+    lines = rows(rounds=1, steps=4)
+    with capsys.disabled():
+        print("\n" + "\n".join(lines))
+    assert [line.split()[:2] for line in lines[1:]] == [
+        [framework, case.split()[0]] for framework in ("lightning", "transformers") for case in CASES
+    ]

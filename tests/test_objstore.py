@@ -349,7 +349,7 @@ def test_tensorboard_serves_every_scalar_from_the_bucket_while_the_run_is_open(
             for step in range(len(logged), len(logged) + 150):
                 writer.add_scalar("loss", step * 0.25, step)
                 logged.append((step, step * 0.25))
-            writer.flush()
+            writer.flush(timeout=10)
             # Sealed by age (1 s) while the session is open, read at the next reload (1 s): no close needed.
             wait_for(lambda: len(scalars()) == len(logged), 60, f"TensorBoard to serve {len(logged)} points")
             assert [(p[1], p[2]) for p in scalars()] == logged
@@ -380,7 +380,7 @@ def test_upload_volume_is_linear_in_the_data(tmp_path: Path, seaweed: SeaweedSer
                 for step in range(n):
                     writer.add_scalar("loss", float(step), step)
                     if step % 100 == 99:  # batches of at most 100 scalars, far below --seal-bytes
-                        writer.flush()
+                        writer.flush(timeout=10)
         for run in ("x1", "x4"):
             wait_for(lambda run=run: staging_settled(tmp_path, run), 60, f"{run} to be uploaded")
         with urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=5) as answer:
@@ -417,7 +417,7 @@ def test_daemon_killed_mid_run_uploads_its_staged_segment_at_restart(
     try:
         for step in range(150):
             writer.add_scalar("loss", float(step), step)
-        writer.flush()
+        writer.flush(timeout=10)
         assert segments(seaweed, logdir_url, "crash") == []
         daemons[0].proc.kill()
         daemons[0].proc.wait(30)
@@ -454,7 +454,7 @@ def test_shutdown_uploads_every_staged_event(tmp_path: Path, seaweed: SeaweedSer
     writer = SummaryWriter("drain", address=daemon.address)
     for step in range(120):
         writer.add_scalar("loss", float(step), step)
-    writer.flush()
+    writer.flush(timeout=10)
     assert segments(seaweed, logdir_url, "drain") == []
     assert daemon.terminate() == 0  # SIGTERM: files closed, then every pending byte sealed and uploaded
     assert staging_settled(tmp_path, "drain"), daemon.log()
@@ -486,13 +486,13 @@ def test_uploads_wait_while_the_store_is_down_and_go_through_once_it_is_back(
         with SummaryWriter("outage", address=daemon.address) as writer:
             for step in range(100):
                 writer.add_scalar("loss", float(step), step)
-            writer.flush()
+            writer.flush(timeout=10)
             wait_for(lambda: segments(store, logdir_url, "outage"), 30, "a first segment")
             store.proc.kill()
             store.proc.wait(30)
             for step in range(100, 200):
                 writer.add_scalar("loss", float(step), step)
-            writer.flush()  # acknowledged: staged and journaled, not uploaded
+            writer.flush(timeout=10)  # acknowledged: staged and journaled, not uploaded
             store = start_seaweed(tmp_path / "weed", store.ports)
         wait_for(lambda: staging_settled(tmp_path, "outage"), 240, "the staged events to be uploaded")
         daemon.terminate()
@@ -511,7 +511,7 @@ def test_staging_keeps_about_the_pending_bytes_of_an_open_run(
             for step in range(8000):
                 writer.add_scalar("loss", float(step), step)
                 if step % 100 == 99:
-                    writer.flush()
+                    writer.flush(timeout=10)
             wait_for(lambda: len(segments(seaweed, logdir_url, "long")) >= 10, 60, "ten segments")
             (staged,) = (tmp_path / "state" / "staging" / "long").glob("*tfevents*")
             uploaded = sum(size for _, size in segments(seaweed, logdir_url, "long"))

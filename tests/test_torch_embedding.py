@@ -64,7 +64,7 @@ def compare_with_torch(daemon: Daemon, tmp_path: Path) -> None:
         exercise(theirs, inputs)
     with SummaryWriter("exp", address=daemon.address, worker="") as ours:
         exercise(ours, inputs)
-        report = ours.flush()
+        report = ours.flush(timeout=10)
     assert not any(report.dropped.values()), report
     expected, actual = projector_files(tmp_path / "torch" / "exp"), projector_files(daemon.logdir / "exp")
     assert sorted(actual) == sorted(expected)
@@ -227,7 +227,7 @@ def test_projector_files_spooled_alone_reach_their_run(tmp_path: Path, capsys: p
     daemon = start_daemon(tmp_path)
     writer = SummaryWriter("late", address=daemon.address, worker="", spool_dir=spool_root)
     writer.add_scalar("loss", 0.5, 1)
-    assert writer.flush().delivered == 1
+    assert writer.flush(timeout=10).delivered == 1
     daemon.terminate()
     writer.add_embedding(np.eye(3), metadata=["a", "b", "c"])
     report = writer.close(timeout=3)

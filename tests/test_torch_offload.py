@@ -78,15 +78,15 @@ def test_a_large_image_costs_the_caller_what_a_small_one_does(
     large = torch.rand(3, 1024, 1024)
     with _writer(daemon) as writer:
         writer.add_image("warm-up", small, 0)  # first use: the sender thread starts, builders are imported
-        assert writer.flush().delivered == 1
+        assert writer.flush(timeout=10).delivered == 1
         encodes.clear()
 
         small_calls = calls_on_this_thread(lambda: writer.add_image("image", small, 1))
         # Each call meets an empty queue (the first event of a batch wakes the sender; later ones do not).
-        assert writer.flush().delivered == 2
+        assert writer.flush(timeout=10).delivered == 2
         large_calls = calls_on_this_thread(lambda: writer.add_image("image", large, 2))
         on_caller = [e for e in encodes if e[0] == threading.current_thread().name]
-        report = writer.flush()
+        report = writer.flush(timeout=10)
 
     assert report.delivered == 3 and report.ok
     assert small_calls == large_calls, "the caller's thread ran different code for the large image"
@@ -111,13 +111,13 @@ def test_histograms_are_bucketed_on_the_sender_thread(
     values = torch.randn(1_000_000)
     with _writer(daemon) as writer:
         writer.add_histogram("warm-up", torch.randn(10), 0)
-        assert writer.flush().delivered == 1
+        assert writer.flush(timeout=10).delivered == 1
         # Both over the size queued without the lock (`FAST_ITEM_BYTES`): the same path, whatever the size.
         small_calls = calls_on_this_thread(lambda: writer.add_histogram("weights", values[:100], 1))
-        assert writer.flush().delivered == 2  # the large one meets an empty queue too
+        assert writer.flush(timeout=10).delivered == 2  # the large one meets an empty queue too
         large_calls = calls_on_this_thread(lambda: writer.add_histogram("weights", values, 2))
         values.zero_()  # the caller may change its tensor right away: the copy taken at the call is logged
-        assert writer.flush().delivered == 3
+        assert writer.flush(timeout=10).delivered == 3
 
     assert small_calls == large_calls
     assert threads == ["summaryd-sender[offload]"] * 3

@@ -174,7 +174,7 @@ def test_every_method_gives_the_same_tensorboard_data_as_torch(daemon: Daemon, t
         exercise(theirs, inputs)
     with SummaryWriter("exp", address=daemon.address, worker="", purge_step=0) as ours:
         exercise(ours, inputs)
-        report = ours.flush()
+        report = ours.flush(timeout=10)
     assert report.delivered > 0 and report.undelivered == 0
     assert not any(report.dropped.values())
 
@@ -254,7 +254,7 @@ def test_add_scalar_raises_at_the_call_what_torch_raises(daemon: Daemon, tmp_pat
         with pytest.raises(torch_raised.type):
             ours.add_scalar(*args)
         ours.add_scalar(b"bytes-tag", 2.0, 3)  # torch takes a UTF-8 bytes tag too
-        report = ours.flush()
+        report = ours.flush(timeout=10)
     assert report.delivered == 1 and not any(report.dropped.values())
     [event] = [e for e in read_events(event_files(daemon.logdir / "bad")[0]) if e.HasField("summary")]
     assert (event.step, event.summary.value[0].tag, event.summary.value[0].simple_value) == (3, "bytes-tag", 2.0)

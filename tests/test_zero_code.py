@@ -33,7 +33,7 @@ ATTRIBUTES = textwrap.dedent(
     seen["all_writers"] = list(writer.all_writers)
     for step in range(5):
         writer.add_scalar("loss", step / 2, step)
-    writer.flush()
+    writer.flush(timeout=10)
     writer.close()
     seen["file_writer_closed"] = writer.file_writer
     seen["all_writers_closed"] = writer.all_writers

@@ -20,6 +20,7 @@ import json
 import os
 import socket
 import sys
+import time
 import weakref
 from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime
@@ -27,9 +28,10 @@ from types import MappingProxyType, ModuleType
 from typing import Any
 
 from summaryd.client._environment import detect_worker
-from summaryd.client._sender import DeliveryReport
+from summaryd.client._files import FileUploader
+from summaryd.client._sender import DeliveryReport, Sender
 from summaryd.client._tensorboardx import TensorboardXFileWriterMethods, TensorboardXMethods
-from summaryd.client.writer import SummaryWriter
+from summaryd.client.writer import SummaryWriter, _merge
 
 RUN_ROOT_ENV = "SUMMARYD_RUN_ROOT"
 # The daemon's logdir (a path or a URL, as `summaryd status` shows it), set by `summaryd run`: see `run_path`.
@@ -142,11 +144,29 @@ class PatchedWriter(SummaryWriter):
         return self
 
     def close(self, timeout: float | None = None) -> DeliveryReport:
+        """`close()` (what frameworks call at the end of `fit` and `train`) costs the loop what torch's does: the
+        writer stops taking events, has them sent now and returns what is known; the rest is delivered in the
+        background and the process's exit waits for it (every writer under one deadline, `close_timeout`). A
+        later event reopens the writer, as torch's does. `close(timeout=T)` waits up to `T` seconds, as
+        `SummaryWriter.close` does."""
+        if timeout is None:
+            if not self._closed:
+                self._close_in_background(time.monotonic() + self._options.close_timeout)
+            return _merge([s.send_now() for s in (self.sender, *self._sub_senders.values())], self._uploader)
         was_open = not self._closed
         report = super().close(timeout)
         if was_open and self.write_to_disk:  # each session once (a writer reopened reports again)
             _append_report(self.run, report)
         return report
+
+    def _close_in_background(self, deadline: float) -> None:
+        senders = self._begin_close(deadline)
+        _delivering.append((self.run, senders, self._uploader))
+
+
+# The sessions of writers closed without a wait, still delivering: the exit finishes them and reports each.
+_delivering: list[tuple[str, list[Sender], FileUploader | None]] = []
+os.register_at_fork(after_in_child=_delivering.clear)  # the parent's to finish
 
 
 def _append_report(run: str, report: DeliveryReport) -> None:
@@ -323,5 +343,14 @@ def patch() -> None:
 
 
 def _close_live() -> None:
-    for writer in list(_live):
-        writer.close()
+    """At exit: the writers still open, and those closed without a wait, finish under one deadline."""
+    writers = [w for w in list(_live) if not w._closed]
+    timeout = max((w._options.close_timeout for w in writers), default=0.0)
+    timeout = max([timeout, *(s.options.close_timeout for _, senders, _ in _delivering for s in senders)])
+    deadline = time.monotonic() + timeout
+    for writer in writers:
+        writer._close_in_background(deadline)
+    while _delivering:
+        run, senders, uploader = _delivering.pop(0)
+        report = _merge([s.close(max(0.0, deadline - time.monotonic())) for s in senders], uploader)
+        _append_report(run, report)

@@ -45,6 +45,8 @@ class Closable(Protocol):
 
     def close(self, timeout: float | None = None) -> object: ...
 
+    def done(self) -> bool: ...
+
     def forget_parent_after_fork(self) -> None: ...
 
     def pause_for_fork(self, timeout: float) -> bool: ...
@@ -53,6 +55,7 @@ class Closable(Protocol):
 
 
 _live: weakref.WeakSet[Closable] = weakref.WeakSet()
+_closing: set[Closable] = set()
 # This process opened gRPC channels (its pid), so its forked children must not use gRPC.
 pid = os.getpid()
 """This process's id, kept current by the fork handler below: reading it costs the caller's hot path nothing,
@@ -74,6 +77,15 @@ def register(sender: Closable) -> None:
 
 def unregister(sender: Closable) -> None:
     _live.discard(sender)
+    _closing.discard(sender)
+
+
+def keep_until_closed(sender: Closable) -> None:
+    """`sender` began closing: keep it (its writer may be gone, or reopened in a new session) until `close()`
+    or the exit finishes it, so that the exit waits for what it still delivers."""
+    for finished in [s for s in _closing if s.done()]:
+        finished.close(0.0)  # its thread ended: settle its account now rather than keep it until exit
+    _closing.add(sender)
 
 
 def note_grpc_used() -> None:
@@ -102,7 +114,7 @@ def close_all(timeout: float | None = None) -> None:
         return
     _closing_all = True
     try:
-        senders = [s for s in list(_live) if s.owned_here()]
+        senders = [s for s in {*_live, *_closing} if s.owned_here()]
         if timeout is None:
             timeout = max((s.options.close_timeout for s in senders), default=5.0)
         deadline = time.monotonic() + timeout
@@ -187,6 +199,7 @@ def _after_fork_in_child() -> None:
     pid = os.getpid()
     _closing_all = False
     _paused.clear()
+    _closing.clear()  # the parent's to finish
     if _outbox_pid is None and _grpc_pid is not None:
         _outbox_pid = _grpc_pid
     _grpc_pid = None

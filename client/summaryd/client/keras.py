@@ -215,7 +215,7 @@ class SummaryCallback(tf.keras.callbacks.Callback):  # type: ignore[misc]
             for name, value in logs.items():
                 writer.add_scalar(f"evaluation_{name}_vs_iterations", _scalar(value), step)
             if not self._training:  # `model.evaluate()` on its own: make its results visible now
-                writer.flush()
+                writer.flush(timeout=self._options.rpc_timeout)
 
     # ---- what the TensorBoard callback reads from the model ------------------------------------------------
 

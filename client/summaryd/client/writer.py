@@ -15,6 +15,7 @@ import logging
 import os
 import socket
 import time
+import weakref
 from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime
 from types import TracebackType
@@ -108,6 +109,15 @@ def _aggregate_option(aggregate: bool | str | Sequence[str]) -> bool | tuple[str
     return patterns or False
 
 
+def _close_dropped(senders: list[Sender], timeout: float) -> None:
+    """A writer's finalizer: its senders still open deliver what they hold within `timeout`, in the background,
+    then their threads end (the exit waits for them). Never waits: it may run on the training thread."""
+    deadline = time.monotonic() + timeout
+    for sender in senders:
+        sender.begin_close(deadline)
+    senders.clear()
+
+
 class SummaryWriter:
     """Writes TensorBoard summaries for one run through the summaryd daemon.
 
@@ -178,6 +188,11 @@ class SummaryWriter:
         self._framework = framework
         self._aggregate = _aggregate_option(aggregate)
         self._options = carried_or_made(sender_options.pop("options", None), address, sender_options)
+        # The senders not yet closing. A writer dropped without close() (garbage collected, or at exit) has them
+        # deliver the rest and end their threads; the finalizer holds them, never the writer.
+        self._open: list[Sender] = []
+        self._closing: dict[str, Sender] = {}  # by run: the senders a reopened writer's follow
+        weakref.finalize(self, _close_dropped, self._open, self._options.close_timeout)
         self._sender = self._new_sender(self.run)
         # Import torch's builders now, on the constructing thread: a first import later, racing a fork of
         # another thread (a DataLoader worker), could leave the child holding the import lock.
@@ -191,7 +206,7 @@ class SummaryWriter:
             self._sender.submit(start.SerializeToString())
 
     def _new_sender(self, run: str) -> Sender:
-        return Sender(
+        sender = Sender(
             run,
             worker=self._worker,
             world_size=self._world_size,
@@ -199,6 +214,11 @@ class SummaryWriter:
             aggregate=self._aggregate,
             options=self._options,
         )
+        self._open.append(sender)
+        predecessor = self._closing.pop(run, None)
+        if predecessor is not None:
+            sender.open_after(predecessor)
+        return sender
 
     def _sub_sender(self, name: str) -> Sender:
         """The sender of the sub-run `<log_dir>/<name>` (add_scalars, add_hparams), opened on first use."""
@@ -680,41 +700,57 @@ class SummaryWriter:
     # ---- lifecycle -----------------------------------------------------------------------------------------
 
     def flush(self, timeout: float | None = None, *, durable: bool = False) -> DeliveryReport:
-        """Wait until everything logged so far is in the run's event file (with `durable`, fsynced too), and the
-        projector's files are uploaded."""
+        """Send everything logged so far now; with `timeout` or `durable`, wait for it.
+
+        `flush()` (what frameworks call after every logged step: Lightning's `logger.save()`, Transformers'
+        `TensorBoardCallback`) returns at once, as torch's does: the events queued so far leave without waiting
+        for `linger_secs`, and the report says what is known now (those on their way count as `undelivered`).
+        `flush(timeout=T)` waits up to `T` seconds until the daemon has them in the run's event file and the
+        projector's files are uploaded; `durable=True` waits (up to `timeout`, default `rpc_timeout`) until the
+        daemon has also fsynced the file.
+        """
+        senders = [self._sender, *self._sub_senders.values()]
+        if timeout is None and not durable:
+            return _merge([s.send_now() for s in senders], self._uploader)
         deadline = None if timeout is None else time.monotonic() + timeout
         if self._uploader is not None:
             self._uploader.wait(self._options.rpc_timeout * 2 if deadline is None else timeout)
-        senders = [self._sender, *self._sub_senders.values()]
         reports = [s.flush(_remaining(deadline), durable=durable) for s in senders]
         return _merge(reports, self._uploader)
 
     def close(self, timeout: float | None = None) -> DeliveryReport:
         """Deliver everything, have the daemon fsync it, and release the session; safe to call twice.
 
-        Returns within about `timeout` seconds (default the sender's `close_timeout`); the report says how
-        many events could not be delivered. Pending projector uploads are finished first (within the timeout).
+        Returns within about `timeout` seconds (default the sender's `close_timeout`), the runs of `add_scalars`
+        and `add_hparams` under the same deadline; the report says how many events could not be delivered.
+        Pending projector uploads are finished first (within the timeout).
         """
+        deadline = time.monotonic() + (self._options.close_timeout if timeout is None else timeout)
+        senders = self._begin_close(deadline)
+        reports = [s.close(max(0.0, deadline - time.monotonic())) for s in senders]
+        # What children forked with this writer logged through it, delivered by this process's courier.
+        reports.append(_process.courier.settle(self._owns_run, max(0.0, deadline - time.monotonic())))
+        return _merge(reports, self._uploader)
+
+    def _begin_close(self, deadline: float) -> list[Sender]:
+        """Stop taking events and have every sender deliver the rest in the background by `deadline` (projector
+        uploads are finished first, within it); the senders, for `close()` to wait for."""
         self._closed = True
         main, subs = self._sender, dict(self._sub_senders)
-        deadline = time.monotonic() + (self._options.close_timeout if timeout is None else timeout)
         if self._uploader is None:  # closed from the start: a later add_embedding is counted, not sent
             self._uploader = _files.FileUploader(self._sender)
         self._uploader.close(max(0.0, deadline - time.monotonic()))
         senders = [main, *subs.values()]
-        if timeout is None:
-            reports = [s.close() for s in senders]
-        else:
-            reports = [s.close(max(0.0, deadline - time.monotonic())) for s in senders]
-        # What children forked with this writer logged through it, delivered by this process's courier.
-        reports.append(_process.courier.settle(self._owns_run, max(0.0, deadline - time.monotonic())))
+        for sender in senders:  # all at once: a writer's runs share one deadline
+            sender.begin_close(deadline)
+        self._open.clear()  # kept by `_process` until they are closed
         if self.reopens_on_use:
             # The closed senders hand each later event on to a reopened writer's, so that the caller's hot path
             # has no check of its own.
             main.hand_over_after_close(functools.partial(self._reopened, None))
             for run, sender in subs.items():
                 sender.hand_over_after_close(functools.partial(self._reopened, run))
-        return _merge(reports, self._uploader)
+        return senders
 
     def _owns_run(self, run: str) -> bool:
         """Whether `run` is this writer's main run or one of its sub-runs."""
@@ -732,6 +768,7 @@ class SummaryWriter:
         while the writer is open."""
         if not self._closed:
             return
+        self._closing = {s.run: s for s in (self._sender, *self._sub_senders.values())}
         self._sender = self._new_sender(self.run)
         self._sub_senders = {}
         self._uploader = None

@@ -152,11 +152,24 @@ class Connection:
     def report_error(self, exc: TransportError) -> None:
         with self._cond:
             self._status.note_error(exc.text, passing=exc.passing)
+        if exc.kind == "away":
+            log.debug("summaryd: daemon at %s: %s", self._transport.address, exc.text)
+            self._status.warnings.warn("daemon", self._away_message())
+            return
         # Say what becomes of the events, so that the line is not read as data lost.
         then = "; the events are kept and sent when it answers" if exc.passing else ""
         self._status.warnings.warn(
             "daemon", f"daemon at {self._transport.address} for run {self._identity.run!r}: {exc.text}{then}"
         )
+
+    def _away_message(self) -> str:
+        """What the user reads when the daemon does not answer: what to check, and where the events are."""
+        options = self._options
+        kept = f"run {self._identity.run!r} keeps its events in memory and sends them when it answers"
+        if options.spool_enabled:
+            spool = options.spool_root / self._identity.session_id
+            kept += f"; after {options.spool_after:g}s they go to the spool {spool} (`summaryd replay` delivers it)"
+        return f"no daemon answers at {self._transport.address}: is `summaryd serve` running there? {kept}"
 
     def on_ack(self, ack: Ack) -> None:
         """The stream's thread (and an opened session): settle every batch the daemon acknowledged."""

@@ -59,6 +59,7 @@ class SenderLoop:
         self._encoder = EventEncoder()
         self._refill_below = options.max_queue_bytes // FAST_ITEM_BYTES // 2
         self._thread: threading.Thread | None = None
+        self.after: SenderLoop | None = None  # a closing sender of the same run, to finish before this one opens
         self.started = False
         """Whether the thread was started: a plain attribute, since the caller's hot path reads it."""
 
@@ -112,12 +113,18 @@ class SenderLoop:
                 in_outbox = not self._queue and not self._batches.held_events
                 if self._outbox_pid is not None and self._status.closing and in_outbox:
                     return False  # all in the outbox: the parent's courier delivers it
-            if self._abandon.is_set():
+            # Told to stop, or closing past the deadline with no one waiting (a writer dropped, or closed by a
+            # framework, without a wait): what is left goes to the spool, and the thread ends.
+            if self._abandon.is_set() or (self._status.closing and time.monotonic() >= self._status.close_deadline):
                 self._spiller.spill(everything=True, number=self.number)
                 return False
             self._handle_refusal()
             self._spiller.discard_when_acknowledged()
-            if self._outbox_pid is None:
+            if self.after is not None and not self.after.alive():
+                self.after = None
+            # A session opens after its predecessor's is done, so that the daemon's new file sorts after the one
+            # it finished (TensorBoard reads a run's files in name order and never goes back).
+            if self._outbox_pid is None and self.after is None:
                 refused = self._connection.poll()
                 if refused is not None:
                     self._give_up(refused)
@@ -149,7 +156,7 @@ class SenderLoop:
                         return
                 elif self._batches.in_flight >= options.max_in_flight:
                     return
-                lingering = time.monotonic() - self._queue.queued_at < options.linger_secs
+                lingering = self._queue.lingering and time.monotonic() - self._queue.queued_at < options.linger_secs
                 small = len(self._queue) < options.max_batch_events and self._queue.under(options.max_batch_bytes)
                 if lingering and small and not self._status.closing:
                     return
@@ -288,7 +295,7 @@ class SenderLoop:
 
     def _next_wakeup(self) -> float:
         now = time.monotonic()
-        waits = [self._connection.wait_hint(now), 1.0]
+        waits = [self._connection.wait_hint(now), 1.0, self._status.close_deadline - now]
         with self._cond:
             if self._queue:
                 waits.append(self._options.linger_secs - (now - self._queue.queued_at))

@@ -30,6 +30,11 @@ class QueuedEvents(Protocol):
     def queued_at(self) -> float:
         """When the oldest event of the next batch arrived (what linger counts from)."""
 
+    @property
+    def lingering(self) -> bool:
+        """Whether the next batch may wait for more events (`linger_secs`): not while events a `flush()` asked
+        to send now are still queued."""
+
     def __len__(self) -> int: ...
 
     def take_run(self, max_events: int, max_bytes: int, scalars_apart: bool = False) -> list[Queued]:

@@ -57,6 +57,12 @@ class EventQueue:
         self.queued_at = 0.0  # when the oldest event of the next batch arrived (what linger counts from)
         self.room_wanted = 0  # bytes a caller waits to queue (policies spill and block)
         self.fast_until = 0  # callers append without the lock while fewer events are queued (0: never)
+        self.send_now_until = 0  # events accepted before this count are sent without lingering (`flush()`)
+
+    @property
+    def lingering(self) -> bool:
+        """Whether the next batch may wait for more events: not while some a `flush()` asked to send remain."""
+        return self.taken >= self.send_now_until
 
     def __len__(self) -> int:
         return len(self.items)
@@ -381,6 +387,11 @@ class Sender:
         """Start the sender thread (the first event does), e.g. to open the session before any event."""
         self._loop.start()
 
+    def open_after(self, predecessor: Sender) -> None:
+        """Open this sender's session only once `predecessor` (closing, of the same run) has ended: the events of
+        a writer reopened after `close()` land after those it closed with. Logging meanwhile queues as usual."""
+        self._loop.after = predecessor._loop
+
     def hand_over_after_close(self, successor: Callable[[], Sender]) -> None:
         """Once closed, pass each event queued here to the sender `successor()` returns instead of dropping it
         (a writer that reopens on use, as torch's does after `close()`)."""
@@ -428,7 +439,7 @@ class Sender:
             if not self._queue.take_back(item):
                 return True
             status = self._status
-            successor = self._successor if status.closed else None
+            successor = self._successor if status.closing else None
             if successor is None:
                 self._ledger.refuse("closed" if status.closing else "rejected")
                 return False
@@ -443,7 +454,7 @@ class Sender:
         with self._lock:
             status = self._status
             if not status.accepting:
-                if status.closed and self._successor is not None:
+                if status.closing and self._successor is not None:
                     return self._successor().enqueue(item)
                 self._ledger.refuse("closed" if status.closing else "rejected")
                 return False
@@ -541,6 +552,14 @@ class Sender:
                 synced=self._status.synced, error=self._status.error, spool_path=self._spiller.path
             )
 
+    def send_now(self) -> DeliveryReport:
+        """Have the sender thread send everything queued so far at once (no linger), without waiting for it; the
+        counts as of now. What a framework's `flush()` after every logged step costs: a lock and a wake-up."""
+        with self._lock:
+            self._queue.send_now_until = self._queue.accepted
+        self._wake.set()
+        return self.report()
+
     def flush(self, timeout: float | None = None, *, durable: bool = False) -> DeliveryReport:
         """Wait until everything submitted so far is acknowledged (visible in the event file).
 
@@ -551,6 +570,7 @@ class Sender:
         ledger = self._ledger
         with self._cond:
             target = ledger.accepted
+            self._queue.send_now_until = self._queue.accepted
             if not self._loop.started and target > ledger.settled:
                 return self.report()
         self._wake.set()
@@ -567,12 +587,20 @@ class Sender:
         return self.report()
 
     def begin_close(self, deadline: float) -> None:
-        """Stop taking events and start delivering the rest; `close()` waits for it."""
+        """Stop taking events and start delivering the rest by `deadline`, in the background: the thread ends by
+        then (what is not delivered spooled), and the process's exit waits for it; `close()` waits for it too."""
         with self._cond:
+            first = not self._status.closing
             self._status.begin_close(deadline)
             self._queue.fast_until = 0  # callers take the lock again, and see that it no longer accepts
             self._cond.notify_all()
         self._wake.set()
+        if first:
+            _process.keep_until_closed(self)
+
+    def done(self) -> bool:
+        """Whether it is closing and its thread has ended: nothing is left for `close()` to wait for."""
+        return self._status.closing and not self._loop.alive()
 
     def close(self, timeout: float | None = None) -> DeliveryReport:
         """Deliver what is queued, have the daemon fsync it and release the session; safe to call twice.
