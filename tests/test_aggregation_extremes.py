@@ -88,7 +88,7 @@ def test_one_point_far_ahead_never_makes_later_steps_late(tmp_path: Path) -> Non
         log_steps(ranks, range(50), 1.0)
         ranks[0].add_scalar("loss", 5.0, 10**12)
         for writer in ranks:
-            writer.flush()
+            writer.flush(timeout=30)
         job = daemon.logdir / "job"
         # The far step is overdue: held now (or, wrongly, written).
         wait_for(lambda: "steps held" in daemon.log() or 10**12 in dict(scalars(job / "mean", "loss")), 60, "timeout")
@@ -126,7 +126,7 @@ def test_a_run_aggregates_at_most_its_tag_limit_and_frees_it(tmp_path: Path) -> 
             for writer in ranks:
                 for tag in tags:
                     writer.add_scalar(tag, 1.0, step)
-                writer.flush()
+                writer.flush(timeout=30)
         job = daemon.logdir / "job"
         wait_for(lambda: scalars(job / "mean", "tag-099") == [(0, 1.0), (1, 1.0)], 60, "the aggregates")
         metrics = _scrape(port)

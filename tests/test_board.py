@@ -168,7 +168,7 @@ def test_tensorboard_serves_every_dashboards_data_through_the_daemon(board: Boar
         live = SummaryWriter("live", address=board.daemon.address)
         try:
             live.add_scalar("loss", 2.5, 7)
-            assert live.flush().ok
+            assert live.flush(timeout=30).ok
             assert tb.get("/data/plugin/scalars/scalars", run="live", tag="loss")[-1][1:] == [7, 2.5]
         finally:
             live.close()
@@ -194,7 +194,7 @@ def test_a_point_is_served_as_soon_as_its_batch_is_acknowledged(board: Board) ->
     writer = SummaryWriter("exp", address=board.daemon.address)
     try:
         writer.add_scalar("loss", 1.5, 41)
-        assert writer.flush().ok  # acknowledged: written, and so in the index, with no file read back
+        assert writer.flush(timeout=30).ok  # acknowledged: written, and so in the index, with no file read back
         assert board.scalars("exp", "loss") == [(41, 1.5)]
     finally:
         writer.close()

@@ -76,7 +76,7 @@ def test_many_daemons_on_one_bucket_lose_and_double_nothing_whatever_befalls_the
         for round_ in range(ROUNDS):
             for writer in writers:
                 log_losses(writer, range(round_ * STEPS, (round_ + 1) * STEPS))
-                writer.flush()
+                writer.flush(timeout=30)
             fault, i = rng.choice(FAULTS), rng.randrange(3)
             print(f"round {round_}: {fault} (daemon {i})")
             if fault in ("kill", "lose its disk"):

@@ -200,7 +200,7 @@ CHILDREN_THEN_CLOSE = textwrap.dedent(
 
     writer = SummaryWriter("children", worker="", close_timeout=30)
     writer.add_scalar("parent", 1.0, 0)
-    assert writer.flush().delivered == 1
+    assert writer.flush(timeout=30).delivered == 1
     children = []
     for index in range(4):
         pid = os.fork()
@@ -244,7 +244,7 @@ CHILDREN_THEN_DAEMON_GONE = textwrap.dedent(
 
     writer = SummaryWriter("children", worker="", close_timeout=30)
     writer.add_scalar("parent", 1.0, 0)
-    assert writer.flush().delivered == 1
+    assert writer.flush(timeout=30).delivered == 1
     pid = os.fork()
     if pid == 0:
         os.kill(int(sys.argv[1]), 9)  # the daemon goes before the child logs

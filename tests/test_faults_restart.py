@@ -308,17 +308,17 @@ def test_a_daemon_that_lost_acknowledged_events_tells_the_writer_instead_of_skip
     writer = SummaryWriter("behind", address=daemons[0].address, backoff_secs=(0.05, 0.2))
     try:
         log_losses(writer, range(20))
-        writer.flush()
+        writer.flush(timeout=30)
         shutil.copytree(logdir, tmp_path / "earlier")  # the daemon is idle: it holds events 1..20
         log_losses(writer, range(20, 50))
-        writer.flush()
+        writer.flush(timeout=30)
         daemons[0].proc.kill()
         daemons[0].proc.wait()
         shutil.rmtree(logdir)
         shutil.copytree(tmp_path / "earlier", logdir)
         daemons.append(start_daemon(tmp_path, "--listen", f"127.0.0.1:{daemons[0].port}", logdir=logdir))
         log_losses(writer, range(50, 60))
-        writer.flush()  # sent from memory once the writer is back (closing first would spool them)
+        writer.flush(timeout=30)  # sent from memory once the writer is back (closing first would spool them)
     finally:
         report = writer.close(timeout=60)
     assert not report.dropped and report.error is None, report

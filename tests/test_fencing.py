@@ -53,7 +53,7 @@ def write_across(a: Daemon, b: Daemon, run: str, fault: Callable[[], object], st
     writer = SummaryWriter(run, address=f"{a.address},{b.address}", backoff_secs=(0.05, 0.5))
     try:
         log_losses(writer, range(100))
-        writer.flush()
+        writer.flush(timeout=30)
         fault()
         log_losses(writer, range(100, steps))
     finally:
