@@ -331,7 +331,9 @@ def test_no_run_reaches_the_state_directory_wherever_it_is(tmp_path: Path, daemo
         stub = pb_grpc.SummariesStub(channel)
         for run in ("exp/state/open", "exp/state"):
             with pytest.raises(grpc.RpcError) as refused:
-                stub.OpenSession(pb.OpenSessionRequest(session_id=f"s-{run}", run=run, next_sequence=1), timeout=10)
+                stub.OpenSession(
+                    pb.OpenSessionRequest(session_id=f"s-{len(run)}", run=run, next_sequence=1), timeout=10
+                )
             assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
             assert "state directory" in (refused.value.details() or "")
         stub.OpenSession(pb.OpenSessionRequest(session_id="ok", run="exp", next_sequence=1), timeout=10)

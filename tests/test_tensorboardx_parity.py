@@ -44,7 +44,12 @@ def patching(monkeypatch: pytest.MonkeyPatch, daemon: Daemon, tmp_path: Path) ->
     """`patch()` in this process when called (tensorboardX's own writer runs unpatched before), undone at the
     end; the daemon's address in the environment and a working directory of the test's own (the patched writer
     makes the framework's local directory there)."""
-    for module in (tensorboardX, tensorboardX.writer):
+    import torch.utils.tensorboard
+    import torch.utils.tensorboard.writer
+
+    # patch() replaces torch's writers too (torch is imported here): undone with tensorboardX's, or the later
+    # tests' torch writers would be ours.
+    for module in (tensorboardX, tensorboardX.writer, torch.utils.tensorboard, torch.utils.tensorboard.writer):
         monkeypatch.setattr(module, "SummaryWriter", module.SummaryWriter)
         monkeypatch.setattr(module, "FileWriter", module.FileWriter)
     monkeypatch.setattr(sys, "meta_path", list(sys.meta_path))
@@ -158,7 +163,7 @@ def test_every_method_gives_the_same_tensorboard_data_as_tensorboardx(
     ours = patching()("exp", purge_step=0)
     assert ours.logdir == ours.get_logdir() == "exp"
     exercise(ours, inputs, openvino, tmp_path / "ours.json")
-    report = ours.close()
+    report = ours.close(timeout=30)
     assert report.delivered > 0 and report.undelivered == 0
     assert not any(report.dropped.values())
 
@@ -278,7 +283,7 @@ def test_tensorboardx_file_writer_gives_the_same_events(
     patching()
     ours = tensorboardX.FileWriter("plain")
     exercise_file_writer(ours)
-    ours.close()
+    ours.close(timeout=30)
     expected, actual = runs(tmp_path / "tensorboardX"), runs(daemon.logdir)
     assert [describe(e) for e in actual["plain"]] == [describe(e) for e in expected["plain"]]
     assert actual == expected

@@ -24,7 +24,7 @@ import time
 import weakref
 from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime
-from types import MappingProxyType, ModuleType
+from types import MappingProxyType, ModuleType, TracebackType
 from typing import Any
 
 from summaryd.client._environment import detect_worker
@@ -158,6 +158,13 @@ class PatchedWriter(SummaryWriter):
         if was_open and self.write_to_disk:  # each session once (a writer reopened reports again)
             _append_report(self.run, report)
         return report
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        # A `with` block is the script's own scope (frameworks call `close()`): leaving it waits, as torch's
+        # writer has its files written when the block ends.
+        self.close(timeout=self._options.close_timeout)
 
     def _close_in_background(self, deadline: float) -> None:
         senders = self._begin_close(deadline)

@@ -152,7 +152,7 @@ class Connection:
     def report_error(self, exc: TransportError) -> None:
         with self._cond:
             self._status.note_error(exc.text, passing=exc.passing)
-        if exc.kind == "away":
+        if exc.kind == "away" and not exc.answered:
             log.debug("summaryd: daemon at %s: %s", self._transport.address, exc.text)
             self._status.warnings.warn("daemon", self._away_message())
             return

@@ -186,12 +186,14 @@ class GrpcTransport:
                 if self._targets.move_on():
                     self._drop_channel()
                 return TransportError(
-                    "away", f"{refused}; going on with the configured daemons ({self._targets.current} next)"
+                    "away",
+                    f"{refused}; going on with the configured daemons ({self._targets.current} next)",
+                    answered=True,
                 )
             if moved:
                 self._drop_channel()
             text = f"the daemon at {left} says the run is written by {owner}; moving there"
-            return TransportError("away", text, redirected=moved)
+            return TransportError("away", text, redirected=moved, answered=True)
         if error.kind == "away" and self._targets.move_on():
             self._drop_channel()
             return TransportError("away", f"{error.text} (at {left}); moving to {self._targets.current}")

@@ -39,10 +39,14 @@ class TransportError(Exception):
         details: str | None = None,
         refused_sequence: int | None = None,
         redirected: bool = False,
+        answered: bool = False,
     ) -> None:
         super().__init__(text)
         self.redirected = redirected
         """The daemon named the run's owner and the transport moved there: try at once, it is no outage."""
+        self.answered = answered or redirected
+        """The daemon answered (it named the run's owner, followed or not): `text` says what, not "no daemon
+        answers"."""
         self.kind: ErrorKind = kind
         self.text = text
         self.details = text if details is None else details
