@@ -142,7 +142,10 @@ def prepare(raw: Mapping[str, Any]) -> Callable[[], dict[str, Any]]:
         if other is not None:
             # Their work may lag behind the calls (summaryd builds them on its sender thread): wait for it, so
             # that the threads' shares cover it before `close()` ends the threads.
-            writer.writer.flush(timeout=60)
+            if spec.kind == SUMMARYD:
+                writer.writer.flush(timeout=60)
+            else:  # torch's and tensorboardX's flush() hand everything to the OS and take no timeout
+                writer.writer.flush()
         threads_after = threads_cpu()
         writer.close()
         cpu_s = process_cpu() - cpu_before
