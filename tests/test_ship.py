@@ -234,14 +234,14 @@ writer = tf.summary.create_file_writer(logdir)
 with writer.as_default():
     for step in range(60):
         if step == 30:  # half written: the test kills the shipper and starts it again
-            writer.flush(timeout=10)
+            writer.flush()
             while not os.path.exists(gate):
                 time.sleep(0.02)
         tf.summary.scalar("loss", 1.0 / (step + 1), step=step)
         tf.summary.histogram("weights", np.random.default_rng(step).normal(size=100), step=step)
         if step % 10 == 0:
             tf.summary.image("sample", np.full((1, 4, 4, 3), step / 60, dtype=np.float32), step=step)
-        writer.flush(timeout=10)
+        writer.flush()
 writer.close()
 """
 
