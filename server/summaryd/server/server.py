@@ -40,6 +40,7 @@ from summaryd.server.segments import SegmentShipper
 from summaryd.server.service import SummariesService
 from summaryd.server.session_lifecycle import SessionCollector, SessionLifecycle
 from summaryd.server.state import StateDir
+from summaryd.server.watch import STATE_NAME, BoardWriter, FindingBook, Watch, Webhook
 from summaryd.v1 import summaryd_pb2 as pb
 from summaryd.v1 import summaryd_pb2_grpc as pb_grpc
 
@@ -64,6 +65,7 @@ class _Serving:
     health: health_aio.HealthServicer
     service: SummariesService
     lifecycle: SessionLifecycle
+    watch: Watch | None
     # Releases, in reverse order, everything start-up took: the gRPC server, the metrics server, the I/O
     # threads, the state directory (its lock) and the logdir's descriptor.
     resources: contextlib.AsyncExitStack
@@ -200,7 +202,8 @@ class Server:
         lifecycle = SessionLifecycle(
             registry, state.store, config.session_lease, config.limits, ownership, aggregation=aggregation
         )
-        service = SummariesService(lifecycle)
+        watch = await self._start_watch(registry, lifecycle, ownership, resources) if config.watch else None
+        service = SummariesService(lifecycle, watch)
         if board is not None:
             await self._serve_board(board, registry, resources)
         self.metrics.registry.register(SessionCollector(lifecycle))
@@ -224,7 +227,31 @@ class Server:
         await listener.start()
         where = f"{config.logdir} (staged in {registry.logdir})" if config.is_bucket else registry.logdir
         log.info("summaryd serving %s on %s (port %d)", where, config.host, self.port)
-        return _Serving(server, health, service, lifecycle, resources)
+        return _Serving(server, health, service, lifecycle, watch, resources)
+
+    async def _start_watch(
+        self,
+        registry: RunRegistry,
+        lifecycle: SessionLifecycle,
+        ownership: RunOwnership | None,
+        resources: contextlib.AsyncExitStack,
+    ) -> Watch:
+        """The watch over every batch written, its findings' book (taken up from the state directory) and
+        outputs: metrics, TensorBoard (`<run>/summaryd`), and the webhook when given."""
+        config = self.config
+        book = await asyncio.to_thread(FindingBook, os.path.join(config.state_path, STATE_NAME))
+        board = BoardWriter(registry, ownership.holds if ownership is not None else lambda run: True)
+        resources.push_async_callback(board.stop)
+        outputs = [board.tell]
+        if config.watch_webhook:
+            webhook = Webhook(config.watch_webhook, self.metrics.registry)
+            resources.callback(webhook.stop)
+            outputs.append(webhook.tell)
+        watch = Watch(config.watch_settings, lifecycle.sessions.get, book, self.metrics.registry, outputs)
+        registry.observers.append(watch)
+        watch.start()
+        resources.push_async_callback(watch.stop)
+        return watch
 
     async def _run_ownership(self, bucket: Bucket, executor: ThreadPoolExecutor) -> RunOwnership:
         """The run leases of a bucket logdir, held under this state directory's id, renewed from now on."""
@@ -270,6 +297,8 @@ class Server:
             # Stop accepting: health says NOT_SERVING, new sessions are refused, idle streams end now.
             await serving.health.enter_graceful_shutdown()
             serving.service.start_draining()
+            if serving.watch is not None:  # sessions released from here on are the daemon's doing, not silence
+                await serving.watch.stop()
             # Drain: batches, flushes and closes under way finish and are answered (within half the deadline).
             # Then stop at once: waiting for the grace period would only hold up calls that clients keep
             # making to a server that no longer takes them.

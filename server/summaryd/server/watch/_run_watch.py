@@ -1,0 +1,447 @@
+"""One run's watch: its workers and series, the checks run on each batch, and the rules evaluated on each tick.
+
+Work is split by cost. On each batch (`RunWatch.take`, on the event loop right after the write) only what must
+see every point: the batch's arrival and last (step, wall time); one reduction over its values (their sum is
+finite exactly when every value is); and the points of the tags divergence watches, each compared with its
+series' threshold. On each tick (`RunWatch.evaluate`, a few times a second) the rules: silence and stragglers
+from the workers' arrivals and step times, the divergence thresholds (median and MAD of a series' window) of the
+series that got points, and which findings hold and which have ended.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import math
+import statistics
+from array import array
+from collections import deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
+
+import numpy as np
+from numpy.typing import NDArray
+
+from summaryd.server.scalar_points import points
+from summaryd.server.scalar_records import ScalarRecords
+from summaryd.server.sessions import Session
+from summaryd.server.watch._findings import Finding, Key
+from summaryd.server.watch._rules import DivergenceRule, Rules
+
+_SAMPLES = 32  # batches a worker's cadence and step time are measured over
+_MAD_SIGMA = 1.4826  # the MAD of a normal distribution times this is its standard deviation
+_INF = math.inf
+
+
+class Series:
+    """One (rank, tag) that divergence watches: a ring of its last points below threshold (the baseline), and its
+    state: points above threshold in a row, and, while firing, points below the resolve level in a row."""
+
+    __slots__ = ("at", "dirty", "filled", "firing", "first", "over", "resolve_below", "threshold", "under", "window")
+
+    def __init__(self, size: int) -> None:
+        self.window = array("d", bytes(8 * size))
+        self.at = self.filled = self.over = self.under = 0
+        self.threshold, self.resolve_below = _INF, -_INF
+        self.firing, self.dirty = False, False
+        self.first = (0, 0.0)  # step and value of the first point of the current run above threshold
+
+    def add(self, steps: Sequence[int], values: Sequence[float], rule: DivergenceRule) -> None:
+        size, isfinite = len(self.window), math.isfinite
+        for step, value in zip(steps, values, strict=True):
+            if not isfinite(value):  # the non-finite rule's to tell
+                continue
+            if self.firing:
+                self.under = self.under + 1 if value <= self.resolve_below else 0
+                if self.under >= rule.resolve_points:
+                    self.firing, self.over, self.under = False, 0, 0
+                continue
+            if value > self.threshold:
+                if self.over == 0:
+                    self.first = (step, value)
+                self.over += 1
+                if self.over >= rule.for_points:
+                    self.firing = True
+                continue
+            self.over = 0
+            self.window[self.at] = value
+            self.at = (self.at + 1) % size
+            self.filled = min(self.filled + 1, size)
+            self.dirty = True
+
+    def rebase(self, rule: DivergenceRule) -> None:
+        """Recompute the threshold from the window (not while firing: the baseline is frozen then)."""
+        self.dirty = False
+        if self.firing or self.filled < rule.warmup:
+            return
+        size = len(self.window)
+        window = np.frombuffer(self.window, dtype=np.float64)[: self.filled]
+        median = float(np.median(window))
+        spread = max(_MAD_SIGMA * float(np.median(np.abs(window - median))), 1e-3 * float(np.abs(window).mean()))
+        spike = median + rule.spike_mads * spread if spread > 0 else _INF
+        low = float(window.min())
+        self.threshold = min(spike, rule.ratio * low if low > 0 else _INF)
+        # The current level: the median of the newest quarter of the window.
+        newest = [self.window[(self.at - 1 - i) % size] for i in range(max(self.filled // 4, 1))]
+        level = min(statistics.median(newest), self.threshold)
+        self.resolve_below = (level + self.threshold) / 2
+
+
+@dataclass(eq=False)
+class Worker:
+    """One worker (rank) of a run: its session, when its batches arrived, and its steps' wall times."""
+
+    rank: str
+    session: Session | None
+    batches: int = 0
+    last_arrival: float = 0.0
+    intervals: deque[float] = field(default_factory=lambda: deque(maxlen=_SAMPLES))
+    samples: deque[tuple[int, float]] = field(default_factory=lambda: deque(maxlen=_SAMPLES))
+    last_step: int = 0
+    released_at: float | None = None
+    slow_since: float | None = None
+    fast_since: float | None = None
+    silent_after: float = _INF
+
+    def arrived(self, now: float) -> None:
+        if self.batches:
+            gap = now - self.last_arrival
+            if gap > self.silent_after:
+                self.samples.clear()  # a pause (a stopped process) is no measure of its step time
+            self.intervals.append(gap)
+        self.batches += 1
+        self.last_arrival = now
+
+    def stepped(self, step: int, wall_time: float) -> None:
+        if self.samples and step < self.samples[-1][0]:
+            self.samples.clear()  # the run restarted from a checkpoint: its steps begin again
+        self.samples.append((step, wall_time))
+        self.last_step = step
+
+    def step_time(self) -> float | None:
+        """Seconds a step over the last batches (by the client's wall times); None before enough of them."""
+        if len(self.samples) < 4:
+            return None
+        (first, start), (last, end) = self.samples[0], self.samples[-1]
+        return (end - start) / (last - first) if last > first and end >= start else None
+
+
+@dataclass
+class NonFinite:
+    """A tag that logged a non-finite value: where first, and each offending rank's finite points since."""
+
+    rank: str
+    step: int
+    value: float
+    finite: dict[str, int] = field(default_factory=dict)
+
+
+Outcome = tuple[dict[Key, Finding], dict[Key, str]]
+"""the findings whose condition holds now, and the keys whose condition is seen to have ended (with why)"""
+
+
+class RunWatch:
+    """The watch of one run: fed by its workers' batches (`take`), evaluated on each tick (`evaluate`)."""
+
+    def __init__(self, run: str, rules: Rules, series_room: Callable[[], bool], wall: Callable[[], float]) -> None:
+        self.run = run
+        self.rules = rules
+        self.workers: dict[str, Worker] = {}
+        self.series: dict[tuple[str, str], Series] = {}
+        self.nonfinite: dict[str, NonFinite] = {}
+        self.ended = False  # every worker it had closed its session
+        self.series_refused = 0
+        self._series_room = series_room
+        self._wall = wall
+        self._on = {rule: rules.applies(rule, run) for rule in ("silence", "nonfinite", "divergence", "straggler")}
+        self._plans: dict[tuple[str, ...], list[int]] = {}  # a batch's tag table: the indices divergence watches
+        self._diverging: dict[str, float] = {}  # tags whose divergence fired before a restart: their resolve level
+        self._tag_rules: dict[str, tuple[bool, bool]] = {}
+
+    # ---- on each batch -------------------------------------------------------------------------------
+
+    def take(self, worker: Worker, events: Sequence[bytes], now: float) -> None:
+        """A batch `worker` wrote (on the event loop, after the write)."""
+        worker.arrived(now)
+        if isinstance(events, ScalarRecords):
+            columns, start = events.columns
+            if len(columns.step) <= start:
+                return
+            worker.stepped(columns.step[-1], columns.wall_time[-1])
+            tags: Sequence[str] = columns.tags
+            values = np.asarray(columns.value, dtype=np.float32)[start:]
+
+            def index() -> tuple[NDArray[np.int64], NDArray[np.int64]]:
+                return (
+                    np.asarray(columns.tag_index, dtype=np.int64)[start:],
+                    np.asarray(columns.step, dtype=np.int64)[start:],
+                )
+
+        else:
+            found = list(points(events))
+            if not found:
+                return
+            worker.stepped(found[-1][1], found[-1][2])
+            table: dict[str, int] = {}
+            indices = np.fromiter((table.setdefault(p[0], len(table)) for p in found), np.int64, len(found))
+            steps = np.fromiter((p[1] for p in found), np.int64, len(found))
+            values = np.fromiter((p[3] for p in found), np.float64, len(found))
+            tags = list(table)
+
+            def index() -> tuple[NDArray[np.int64], NDArray[np.int64]]:
+                return indices, steps
+
+        watched = self._plan(tags) if self._on["divergence"] else []
+        # One reduction for the whole batch: a sum is finite exactly when every value is (float64 cannot
+        # overflow on float32 values).
+        bad = self._on["nonfinite"] and not math.isfinite(float(values.sum(dtype=np.float64)))
+        if not (watched or bad or self.nonfinite):
+            return
+        tag_index, steps = index()
+        if watched:
+            self._diverge(worker.rank, tags, watched, tag_index, steps, values)
+        if bad or self.nonfinite:
+            self._nonfinite(worker.rank, tags, tag_index, steps, values, bad)
+
+    def _rules_of(self, tag: str) -> tuple[bool, bool]:
+        """Whether divergence and the non-finite rule watch `tag` (remembered for a bounded number of tags)."""
+        known = self._tag_rules.get(tag)
+        if known is None:
+            known = (
+                any(fnmatch.fnmatchcase(tag, p) for p in self.rules.divergence.tags),
+                any(fnmatch.fnmatchcase(tag, p) for p in self.rules.nonfinite.tags),
+            )
+            if len(self._tag_rules) < 4096:
+                self._tag_rules[tag] = known
+        return known
+
+    def _plan(self, tags: Sequence[str]) -> list[int]:
+        key = tuple(tags)
+        plan = self._plans.get(key)
+        if plan is None:
+            plan = [i for i, tag in enumerate(key) if self._rules_of(tag)[0]]
+            if len(self._plans) < 256:
+                self._plans[key] = plan
+        return plan
+
+    def _diverge(
+        self,
+        rank: str,
+        tags: Sequence[str],
+        watched: list[int],
+        tag_index: NDArray[np.int64],
+        steps: NDArray[np.int64],
+        values: NDArray[np.floating],
+    ) -> None:
+        rule = self.rules.divergence
+        for which in watched:
+            mask = tag_index == which
+            if not mask.any():
+                continue
+            key = (rank, tags[which])
+            series = self.series.get(key)
+            if series is None:
+                if not self._series_room():
+                    self.series_refused += int(mask.sum())
+                    continue
+                series = self.series[key] = Series(rule.window)
+                level = self._diverging.get(key[1])
+                if level is not None:  # fired before a restart: it fires on until it comes back under its level
+                    series.firing, series.resolve_below = True, level
+            series.add(steps[mask].tolist(), values[mask].tolist(), rule)
+
+    def _nonfinite(
+        self,
+        rank: str,
+        tags: Sequence[str],
+        tag_index: NDArray[np.int64],
+        steps: NDArray[np.int64],
+        values: NDArray[np.floating],
+        bad: bool,
+    ) -> None:
+        which = set(np.unique(tag_index[~np.isfinite(values)]).tolist()) if bad else set()
+        which.update(i for i, tag in enumerate(tags) if tag in self.nonfinite)
+        resolve = self.rules.nonfinite.resolve_points
+        for i in which:
+            tag = tags[i]
+            if not self._rules_of(tag)[1]:
+                continue
+            mask = tag_index == i
+            state = self.nonfinite.get(tag)
+            for step, value in zip(steps[mask].tolist(), values[mask].tolist(), strict=True):
+                if math.isfinite(value):
+                    if state is not None and rank in state.finite and state.finite[rank] < resolve:
+                        state.finite[rank] += 1
+                    continue
+                if state is None:
+                    state = self.nonfinite[tag] = NonFinite(rank, step, value)
+                state.finite[rank] = 0
+
+    # ---- on each tick --------------------------------------------------------------------------------
+
+    def restore(self, finding: Finding) -> None:
+        """Take up a finding that fired before a restart, so that its condition is evaluated from where it was."""
+        if finding.rule == "nonfinite":
+            self.nonfinite.setdefault(finding.subject, NonFinite(finding.rank, finding.step, finding.value)).finite[
+                finding.rank
+            ] = 0
+        elif finding.rule == "divergence":
+            self._diverging[finding.subject] = finding.detail
+
+    def evaluate(self, now: float) -> Outcome:
+        """Which findings of the run hold now and which are seen to have ended."""
+        holds: dict[Key, Finding] = {}
+        ended: dict[Key, str] = {}
+        self._workers_ending(now)
+        if self._on["silence"]:
+            self._silence(now, holds, ended)
+        if self._on["straggler"]:
+            self._stragglers(now, holds, ended)
+        if self._on["divergence"]:
+            self._divergence(holds, ended)
+        if self._on["nonfinite"]:
+            self._nonfinites(holds, ended)
+        return holds, ended
+
+    def _finding(self, rule: str, subject: str, rank: str, step: int, value: float, summary: str) -> Finding:
+        return Finding(rule, self.run, subject, rank, step, value, summary, self._wall())
+
+    def _workers_ending(self, now: float) -> None:
+        lost = self.rules.silence.lost_secs
+        for rank, worker in list(self.workers.items()):
+            ending = worker.session.ending if worker.session is not None else "released"
+            if ending == "closed":
+                del self.workers[rank]
+                self.ended = not self.workers
+            elif ending == "released":
+                if worker.released_at is None:
+                    worker.released_at = now
+                elif now - worker.released_at > lost:
+                    del self.workers[rank]  # lost long ago: no longer watched
+
+    def _silence(self, now: float, holds: dict[Key, Finding], ended: dict[Key, str]) -> None:
+        rule = self.rules.silence
+        key: Key = ("silence", self.run, "")
+        silent: list[tuple[float, Worker]] = []
+        for worker in self.workers.values():
+            if worker.batches < rule.min_batches:
+                continue
+            worker.silent_after = rule.after_secs or rule.factor * max(worker.intervals, default=0.0) + rule.grace_secs
+            quiet = now - worker.last_arrival
+            if quiet > worker.silent_after:
+                silent.append((quiet, worker))
+        if silent:
+            quiet, worker = max(silent, key=lambda s: s[0])
+            state = "open" if worker.released_at is None else "lost (released by the daemon)"
+            holds[key] = self._finding(
+                "silence",
+                "",
+                worker.rank,
+                worker.last_step,
+                quiet,
+                f"{_name(worker.rank)} has logged nothing for {quiet:.1f}s (silent after {worker.silent_after:.1f}s), "
+                f"last at step {worker.last_step}; {len(silent)} of {len(self.workers)} workers silent; its session "
+                f"is {state}",
+            )
+        elif self.workers:
+            ended[key] = "every worker logs again"
+        elif self.ended:
+            ended[key] = "the run's sessions closed"
+
+    def _stragglers(self, now: float, holds: dict[Key, Finding], ended: dict[Key, str]) -> None:
+        rule = self.rules.straggler
+        times = {
+            rank: t
+            for rank, worker in self.workers.items()
+            if now - worker.last_arrival <= worker.silent_after and (t := worker.step_time()) is not None and t > 0
+        }
+        furthest = max((w.last_step for w in self.workers.values()), default=0)
+        for rank, worker in self.workers.items():
+            key: Key = ("straggler", self.run, rank)
+            mine = times.get(rank)
+            if mine is None or len(times) < rule.min_workers:
+                continue
+            typical = statistics.median(t for r, t in times.items() if r != rank)
+            ratio = mine / typical
+            if ratio >= rule.factor:
+                worker.fast_since = None
+                worker.slow_since = worker.slow_since if worker.slow_since is not None else now
+                if now - worker.slow_since >= rule.for_secs:
+                    holds[key] = self._finding(
+                        "straggler",
+                        rank,
+                        rank,
+                        worker.last_step,
+                        ratio,
+                        f"{_name(rank)} takes {mine:.3g}s a step, {ratio:.1f}x the median of the other ranks "
+                        f"({typical:.3g}s); {furthest - worker.last_step} steps behind the furthest rank",
+                    )
+            elif ratio < rule.resolve_factor:
+                worker.slow_since = None
+                worker.fast_since = worker.fast_since if worker.fast_since is not None else now
+                if now - worker.fast_since >= rule.for_secs:
+                    ended[key] = f"{_name(rank)} keeps pace again ({ratio:.2f}x the median)"
+            else:  # between the two: neither starts nor ends a finding
+                worker.slow_since = worker.fast_since = None
+
+    def _divergence(self, holds: dict[Key, Finding], ended: dict[Key, str]) -> None:
+        rule = self.rules.divergence
+        by_tag: dict[str, list[tuple[str, Series]]] = {}
+        for (rank, tag), series in self.series.items():
+            if series.dirty:
+                series.rebase(rule)
+            by_tag.setdefault(tag, []).append((rank, series))
+        for tag, of_tag in by_tag.items():
+            key: Key = ("divergence", self.run, tag)
+            firing = [(rank, s) for rank, s in of_tag if s.firing]
+            if not firing:
+                ended[key] = f"{tag} is back under its level on every rank"
+                self._diverging.pop(tag, None)
+                continue
+            rank, series = firing[0]
+            step, value = series.first
+            holds[key] = replace(
+                self._finding(
+                    "divergence",
+                    tag,
+                    rank,
+                    step,
+                    value,
+                    f"{tag} on {_name(rank)} rose to {value:.4g} at step {step}, above {series.threshold:.4g} (its "
+                    f"recent minimum x{rule.ratio:g} or median + {rule.spike_mads:g} MADs) for {rule.for_points} "
+                    f"points; {len(firing)} of {len(of_tag)} ranks",
+                ),
+                detail=series.resolve_below,
+            )
+
+    def _nonfinites(self, holds: dict[Key, Finding], ended: dict[Key, str]) -> None:
+        resolve = self.rules.nonfinite.resolve_points
+        for tag, state in list(self.nonfinite.items()):
+            key: Key = ("nonfinite", self.run, tag)
+            offending = [rank for rank, count in state.finite.items() if count < resolve]
+            if offending:
+                holds[key] = self._finding(
+                    "nonfinite",
+                    tag,
+                    state.rank,
+                    state.step,
+                    state.value,
+                    f"{tag} is {state.value} on {_name(state.rank)} at step {state.step}; "
+                    f"{len(offending)} ranks not finite since",
+                )
+            else:
+                ended[key] = f"{tag} is finite again on every rank ({resolve} points)"
+                del self.nonfinite[tag]
+
+    @property
+    def step(self) -> int:
+        """The furthest step of its workers (0 without any)."""
+        return max((w.last_step for w in self.workers.values()), default=0)
+
+    @property
+    def idle(self) -> bool:
+        """Nothing left to watch: no worker, no state of a finding."""
+        return not self.workers and not self.nonfinite and not self._diverging
+
+
+def _name(rank: str) -> str:
+    return rank or "the writer"
