@@ -11,15 +11,14 @@ import os
 import signal
 import subprocess
 import sys
-import threading
 import time
 import urllib.request
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
 import pytest
+from _webhook_receiver import Receiver
 from prometheus_client.parser import text_string_to_metric_families
 
 from _support import Daemon, TensorBoard, start_daemon, unused_port, wait_for
@@ -29,40 +28,20 @@ WORKER = Path(__file__).with_name("_watch_worker.py")
 STEP_SECS = 0.02
 
 
-class Hook:
-    """A webhook receiver on loopback: every JSON body POSTed to it, in order."""
+class Hook(Receiver):
+    """The webhook receiver of a test's daemon: its messages, parsed."""
 
-    def __init__(self) -> None:
-        self.messages: list[dict[str, Any]] = []
-        received = self.messages
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_POST(self) -> None:
-                body = self.rfile.read(int(self.headers["Content-Length"]))
-                received.append(json.loads(body))
-                self.send_response(200)
-                self.end_headers()
-
-            def log_message(self, *args: object) -> None:
-                pass
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.server.server_port}/alerts"
-        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
-        self.thread.start()
+    @property
+    def messages(self) -> list[dict[str, Any]]:
+        return [json.loads(body) for body in list(self.bodies)]
 
     def alerts(self, rule: str | None = None, status: str | None = None) -> list[dict[str, Any]]:
         return [
             alert
-            for message in list(self.messages)
+            for message in self.messages
             for alert in message["alerts"]
             if (rule is None or alert["labels"]["rule"] == rule) and (status is None or alert["status"] == status)
         ]
-
-    def close(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
-        self.thread.join(5)
 
 
 @pytest.fixture
@@ -226,11 +205,12 @@ def test_a_stopped_rank_is_silent_until_it_goes_on(tmp_path: Path, hook: Hook) -
     """Rank 1 of 2 is SIGSTOPped: one silence finding naming it, at its last step, within its cadence's bound; on
     SIGCONT, one resolution. `summaryd watch` follows both as lines."""
     with _watched(tmp_path, hook, "hang-job", 2, rank1={"mark": [50]}) as (daemon, job):
-        follower = subprocess.Popen(
-            [sys.executable, "-m", "summaryd.server", "watch", "--address", daemon.address, "--interval", "0.1"],
-            stdout=subprocess.PIPE,
-            text=True,
-        )
+        followed = tmp_path / "followed.txt"
+        with followed.open("w") as into:
+            follower = subprocess.Popen(
+                [sys.executable, "-m", "summaryd.server", "watch", "--address", daemon.address, "--interval", "0.1"],
+                stdout=into,
+            )
         try:
             wait_for(lambda: job.marked("rank-1", 50), 30, "rank 1 at step 50")
             os.kill(job.procs[1].pid, signal.SIGSTOP)
@@ -243,8 +223,10 @@ def test_a_stopped_rank_is_silent_until_it_goes_on(tmp_path: Path, hook: Hook) -
             assert "session is open" in alert["annotations"]["summary"]
             os.kill(job.procs[1].pid, signal.SIGCONT)
             wait_for(lambda: hook.alerts("silence", "resolved"), 30, "the resolution")
+            wait_for(lambda: " resolved silence " in followed.read_text(), 30, "summaryd watch to follow it")
             follower.send_signal(signal.SIGINT)
-            out, _ = follower.communicate(timeout=30)
+            assert follower.wait(30) == 0
+            out = followed.read_text()
         finally:
             follower.kill()
     _fired_once_resolved_once(hook)

@@ -13,7 +13,6 @@ from __future__ import annotations
 import fnmatch
 import math
 import statistics
-from array import array
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
@@ -39,14 +38,18 @@ class Series:
     __slots__ = ("at", "dirty", "filled", "firing", "first", "over", "resolve_below", "threshold", "under", "window")
 
     def __init__(self, size: int) -> None:
-        self.window = array("d", bytes(8 * size))
+        self.window = np.zeros(size)
         self.at = self.filled = self.over = self.under = 0
         self.threshold, self.resolve_below = _INF, -_INF
         self.firing, self.dirty = False, False
         self.first = (0, 0.0)  # step and value of the first point of the current run above threshold
 
-    def add(self, steps: Sequence[int], values: Sequence[float], rule: DivergenceRule) -> None:
-        size, isfinite = len(self.window), math.isfinite
+    def add(self, steps: list[int], values: list[float], rule: DivergenceRule, clean: bool) -> None:
+        """Take a batch's points of the series, in order (`clean`: the batch has no non-finite value)."""
+        if clean and not self.firing and self.over == 0 and max(values) <= self.threshold:
+            self._keep(values)  # the common case: every point under threshold goes to the baseline at once
+            return
+        isfinite = math.isfinite
         for step, value in zip(steps, values, strict=True):
             if not isfinite(value):  # the non-finite rule's to tell
                 continue
@@ -54,35 +57,43 @@ class Series:
                 self.under = self.under + 1 if value <= self.resolve_below else 0
                 if self.under >= rule.resolve_points:
                     self.firing, self.over, self.under = False, 0, 0
-                continue
-            if value > self.threshold:
+            elif value > self.threshold:
                 if self.over == 0:
                     self.first = (step, value)
                 self.over += 1
-                if self.over >= rule.for_points:
-                    self.firing = True
-                continue
-            self.over = 0
-            self.window[self.at] = value
-            self.at = (self.at + 1) % size
-            self.filled = min(self.filled + 1, size)
-            self.dirty = True
+                self.firing = self.over >= rule.for_points
+            else:
+                self.over = 0
+                self._keep([value])
+
+    def _keep(self, values: list[float]) -> None:
+        window, size = self.window, len(self.window)
+        count = len(values)
+        if count >= size:
+            window[:] = values[-size:]
+            self.at = 0
+        else:
+            first = min(count, size - self.at)
+            window[self.at : self.at + first] = values[:first]
+            window[: count - first] = values[first:]
+            self.at = (self.at + count) % size
+        self.filled = min(self.filled + count, size)
+        self.dirty = True
 
     def rebase(self, rule: DivergenceRule) -> None:
         """Recompute the threshold from the window (not while firing: the baseline is frozen then)."""
         self.dirty = False
         if self.firing or self.filled < rule.warmup:
             return
-        size = len(self.window)
-        window = np.frombuffer(self.window, dtype=np.float64)[: self.filled]
+        window = self.window[: self.filled]
         median = float(np.median(window))
         spread = max(_MAD_SIGMA * float(np.median(np.abs(window - median))), 1e-3 * float(np.abs(window).mean()))
         spike = median + rule.spike_mads * spread if spread > 0 else _INF
         low = float(window.min())
         self.threshold = min(spike, rule.ratio * low if low > 0 else _INF)
         # The current level: the median of the newest quarter of the window.
-        newest = [self.window[(self.at - 1 - i) % size] for i in range(max(self.filled // 4, 1))]
-        level = min(statistics.median(newest), self.threshold)
+        newest = np.take(self.window, np.arange(self.at - max(self.filled // 4, 1), self.at), mode="wrap")
+        level = min(float(np.median(newest)), self.threshold)
         self.resolve_below = (level + self.threshold) / 2
 
 
@@ -135,6 +146,41 @@ class NonFinite:
     finite: dict[str, int] = field(default_factory=dict)
 
 
+class _Batch:
+    """A batch's scalars as three columns: numpy arrays (a large batch of columns) or plain sequences."""
+
+    def __init__(
+        self,
+        tag_index: Sequence[int] | NDArray[np.int64],
+        steps: Sequence[int] | NDArray[np.int64],
+        values: Sequence[float] | NDArray[np.float32],
+    ) -> None:
+        self.tag_index, self.steps, self.values = tag_index, steps, values
+
+    @property
+    def finite(self) -> bool:
+        """Whether every value is finite: their sum is exactly then (float64 cannot overflow on float32 values)."""
+        values = self.values
+        total = float(values.sum(dtype=np.float64)) if isinstance(values, np.ndarray) else sum(values)
+        return math.isfinite(total)
+
+    def of_tag(self, which: int, tags: int) -> tuple[list[int], list[float]]:
+        """The steps and values of tag `which` (of a table of `tags`), in order."""
+        if isinstance(self.tag_index, np.ndarray):
+            steps, values = np.asarray(self.steps), np.asarray(self.values)
+            if tags > 1:
+                mask = self.tag_index == which
+                steps, values = steps[mask], values[mask]
+            return steps.tolist(), values.tolist()
+        if tags == 1:
+            return list(self.steps), list(self.values)
+        chosen = [(s, v) for t, s, v in zip(self.tag_index, self.steps, self.values, strict=True) if t == which]
+        return [s for s, _ in chosen], [v for _, v in chosen]
+
+    def nonfinite_tags(self) -> set[int]:
+        return {int(t) for t, v in zip(self.tag_index, self.values, strict=True) if not math.isfinite(v)}
+
+
 Outcome = tuple[dict[Key, Finding], dict[Key, str]]
 """the findings whose condition holds now, and the keys whose condition is seen to have ended (with why)"""
 
@@ -168,39 +214,26 @@ class RunWatch:
                 return
             worker.stepped(columns.step[-1], columns.wall_time[-1])
             tags: Sequence[str] = columns.tags
-            values = np.asarray(columns.value, dtype=np.float32)[start:]
-
-            def index() -> tuple[NDArray[np.int64], NDArray[np.int64]]:
-                return (
-                    np.asarray(columns.tag_index, dtype=np.int64)[start:],
-                    np.asarray(columns.step, dtype=np.int64)[start:],
-                )
-
+            if events.arrays is not None:  # a large batch: its columns as arrays already (read to frame them)
+                tag_index, steps, values = events.arrays
+                batch = _Batch(tag_index, steps, values)
+            else:  # a small one: numpy's fixed cost per call is more than Python's per point
+                batch = _Batch(columns.tag_index[start:], columns.step[start:], columns.value[start:])
         else:
             found = list(points(events))
             if not found:
                 return
             worker.stepped(found[-1][1], found[-1][2])
             table: dict[str, int] = {}
-            indices = np.fromiter((table.setdefault(p[0], len(table)) for p in found), np.int64, len(found))
-            steps = np.fromiter((p[1] for p in found), np.int64, len(found))
-            values = np.fromiter((p[3] for p in found), np.float64, len(found))
+            indices = [table.setdefault(p[0], len(table)) for p in found]
+            batch = _Batch(indices, [p[1] for p in found], [p[3] for p in found])
             tags = list(table)
-
-            def index() -> tuple[NDArray[np.int64], NDArray[np.int64]]:
-                return indices, steps
-
         watched = self._plan(tags) if self._on["divergence"] else []
-        # One reduction for the whole batch: a sum is finite exactly when every value is (float64 cannot
-        # overflow on float32 values).
-        bad = self._on["nonfinite"] and not math.isfinite(float(values.sum(dtype=np.float64)))
-        if not (watched or bad or self.nonfinite):
-            return
-        tag_index, steps = index()
+        bad = self._on["nonfinite"] and not batch.finite
         if watched:
-            self._diverge(worker.rank, tags, watched, tag_index, steps, values)
+            self._diverge(worker.rank, tags, watched, batch, bad)
         if bad or self.nonfinite:
-            self._nonfinite(worker.rank, tags, tag_index, steps, values, bad)
+            self._nonfinite(worker.rank, tags, batch, bad)
 
     def _rules_of(self, tag: str) -> tuple[bool, bool]:
         """Whether divergence and the non-finite rule watch `tag` (remembered for a bounded number of tags)."""
@@ -223,51 +256,34 @@ class RunWatch:
                 self._plans[key] = plan
         return plan
 
-    def _diverge(
-        self,
-        rank: str,
-        tags: Sequence[str],
-        watched: list[int],
-        tag_index: NDArray[np.int64],
-        steps: NDArray[np.int64],
-        values: NDArray[np.floating],
-    ) -> None:
+    def _diverge(self, rank: str, tags: Sequence[str], watched: list[int], batch: _Batch, bad: bool) -> None:
         rule = self.rules.divergence
         for which in watched:
-            mask = tag_index == which
-            if not mask.any():
+            steps, values = batch.of_tag(which, len(tags))
+            if not len(steps):
                 continue
             key = (rank, tags[which])
             series = self.series.get(key)
             if series is None:
                 if not self._series_room():
-                    self.series_refused += int(mask.sum())
+                    self.series_refused += len(steps)
                     continue
                 series = self.series[key] = Series(rule.window)
                 level = self._diverging.get(key[1])
                 if level is not None:  # fired before a restart: it fires on until it comes back under its level
                     series.firing, series.resolve_below = True, level
-            series.add(steps[mask].tolist(), values[mask].tolist(), rule)
+            series.add(steps, values, rule, clean=not bad)
 
-    def _nonfinite(
-        self,
-        rank: str,
-        tags: Sequence[str],
-        tag_index: NDArray[np.int64],
-        steps: NDArray[np.int64],
-        values: NDArray[np.floating],
-        bad: bool,
-    ) -> None:
-        which = set(np.unique(tag_index[~np.isfinite(values)]).tolist()) if bad else set()
+    def _nonfinite(self, rank: str, tags: Sequence[str], batch: _Batch, bad: bool) -> None:
+        which = batch.nonfinite_tags() if bad else set()
         which.update(i for i, tag in enumerate(tags) if tag in self.nonfinite)
         resolve = self.rules.nonfinite.resolve_points
         for i in which:
             tag = tags[i]
             if not self._rules_of(tag)[1]:
                 continue
-            mask = tag_index == i
             state = self.nonfinite.get(tag)
-            for step, value in zip(steps[mask].tolist(), values[mask].tolist(), strict=True):
+            for step, value in zip(*batch.of_tag(i, len(tags)), strict=True):
                 if math.isfinite(value):
                     if state is not None and rank in state.finite and state.finite[rank] < resolve:
                         state.finite[rank] += 1
