@@ -4,6 +4,7 @@ variables map onto `Config`."""
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import difflib
 import json
@@ -330,7 +331,7 @@ def _watch(address: str, settings: ChannelSettings, timeout: float, as_json: boo
         print(json.dumps(_message_json(finding)) if as_json else _finding_line(finding), flush=True)
 
     through, away = 0, False
-    with open_channel(address, settings) as channel:
+    with contextlib.suppress(KeyboardInterrupt), open_channel(address, settings) as channel:
         stub = pb_grpc.SummariesStub(channel)
         status = stub.GetStatus(pb.GetStatusRequest(), timeout=timeout)
         if not status.watching:
@@ -340,10 +341,7 @@ def _watch(address: str, settings: ChannelSettings, timeout: float, as_json: boo
             show(finding)
         through = status.changes_through
         while not once:
-            try:
-                time.sleep(interval)
-            except KeyboardInterrupt:
-                return 0
+            time.sleep(interval)
             try:
                 status = stub.GetStatus(pb.GetStatusRequest(changes_after=through), timeout=timeout)
             except grpc.RpcError as exc:

@@ -81,13 +81,14 @@ class FindingBook:
         return True
 
     def resolve(self, key: Key, summary: str, step: int = 0) -> Finding | None:
-        """Resolve the finding of `key` (saying `summary`, at the run's `step` when it is later than the
-        finding's); None when it was not firing."""
+        """Resolve the finding of `key` (saying `summary`) at the run's `step`, or the step after the finding's
+        when the run is not beyond it (TensorBoard reads a point at a step not above the last as a restart and
+        drops the last); None when it was not firing."""
         finding = self.active.pop(key, None)
         if finding is None:
             return None
         self.sequence += 1
-        step = max(step, finding.step)
+        step = max(step, finding.step + 1)
         resolved = replace(finding, summary=summary, step=step, resolved_unix=time.time(), sequence=self.sequence)
         self._changed(resolved)
         return resolved
