@@ -229,11 +229,11 @@ class RunWatch:
             batch = _Batch(indices, [p[1] for p in found], [p[3] for p in found])
             tags = list(table)
         watched = self._plan(tags) if self._on["divergence"] else []
-        bad = self._on["nonfinite"] and not batch.finite
+        finite = batch.finite
         if watched:
-            self._diverge(worker.rank, tags, watched, batch, bad)
-        if bad or self.nonfinite:
-            self._nonfinite(worker.rank, tags, batch, bad)
+            self._diverge(worker.rank, tags, watched, batch, finite)
+        if (not finite and self._on["nonfinite"]) or self.nonfinite:
+            self._nonfinite(worker.rank, tags, batch, not finite)
 
     def _rules_of(self, tag: str) -> tuple[bool, bool]:
         """Whether divergence and the non-finite rule watch `tag` (remembered for a bounded number of tags)."""
@@ -256,7 +256,7 @@ class RunWatch:
                 self._plans[key] = plan
         return plan
 
-    def _diverge(self, rank: str, tags: Sequence[str], watched: list[int], batch: _Batch, bad: bool) -> None:
+    def _diverge(self, rank: str, tags: Sequence[str], watched: list[int], batch: _Batch, finite: bool) -> None:
         rule = self.rules.divergence
         for which in watched:
             steps, values = batch.of_tag(which, len(tags))
@@ -272,7 +272,7 @@ class RunWatch:
                 level = self._diverging.get(key[1])
                 if level is not None:  # fired before a restart: it fires on until it comes back under its level
                     series.firing, series.resolve_below = True, level
-            series.add(steps, values, rule, clean=not bad)
+            series.add(steps, values, rule, clean=finite)
 
     def _nonfinite(self, rank: str, tags: Sequence[str], batch: _Batch, bad: bool) -> None:
         which = batch.nonfinite_tags() if bad else set()
@@ -441,8 +441,8 @@ class RunWatch:
                     state.rank,
                     state.step,
                     state.value,
-                    f"{tag} is {state.value} on {_name(state.rank)} at step {state.step}; "
-                    f"{len(offending)} ranks not finite since",
+                    f"{tag} is {state.value} on {_name(state.rank)} at step {state.step}"
+                    + (f"; {len(offending)} ranks not finite since" if len(offending) > 1 else ""),
                 )
             else:
                 ended[key] = f"{tag} is finite again on every rank ({resolve} points)"
