@@ -38,11 +38,11 @@ from typing import Any
 
 import grpc
 
-from summaryd.client._batch_fit import DaemonLimits
 from summaryd.client._channel import ChannelSettings
-from summaryd.client._failover import DaemonChannel
 from summaryd.client._options import ClientOptions
-from summaryd.client._replay import open_request, send_events
+from summaryd.client._sender._batch_fit import DaemonLimits
+from summaryd.client._sender._failover import DaemonChannel
+from summaryd.client._sender._replay import open_request, send_events
 from summaryd.client._sender._report import DeliveryReport
 from summaryd.client._sender._targets import RedirectRefusedError
 from summaryd.client._spool import MANIFEST, SpoolLockedError, lock, recorded_daemons, write_manifest

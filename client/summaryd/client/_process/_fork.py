@@ -29,8 +29,8 @@ import weakref
 from types import FrameType
 from typing import Protocol
 
-from summaryd.client._courier import Courier
 from summaryd.client._options import ClientOptions
+from summaryd.client._process._courier import Courier
 
 log = logging.getLogger("summaryd.client")
 
