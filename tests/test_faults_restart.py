@@ -27,8 +27,8 @@ from tensorboard.compat.proto.event_pb2 import Event
 from tensorboard.compat.proto.summary_pb2 import Summary
 
 from _support import Daemon, assert_whole_records, event_files, log_losses, read_events, start_daemon
-from summaryd.server.runs import RunRegistry
 from summaryd.server.storage.journal import FileJournal, encode
+from summaryd.server.storage.runs import RunRegistry
 from summaryd.server.storage.state import StateDir
 from summaryd.v1 import summaryd_pb2 as pb
 from summaryd.v1 import summaryd_pb2_grpc as pb_grpc

@@ -28,7 +28,6 @@ from summaryd.server.board.provider import Backfill, BoardService, runs_on_disk
 from summaryd.server.config import Config
 from summaryd.server.io_threads import io_executor
 from summaryd.server.operations.metrics import Metrics, MetricsInterceptor
-from summaryd.server.runs import RunRegistry
 from summaryd.server.security.auth import AuthInterceptor, TokenTable, current_caller
 from summaryd.server.security.refusals import RefusalInterceptor
 from summaryd.server.service import SummariesService
@@ -39,6 +38,7 @@ from summaryd.server.storage.bucket.segments import SegmentShipper
 from summaryd.server.storage.bucket.sessions import BucketSessions
 from summaryd.server.storage.bucket.store import Bucket, BucketError
 from summaryd.server.storage.open_files import ensure_open_files
+from summaryd.server.storage.runs import RunRegistry
 from summaryd.server.storage.state import StateDir
 from summaryd.v1 import summaryd_pb2 as pb
 from summaryd.v1 import summaryd_pb2_grpc as pb_grpc

@@ -38,12 +38,12 @@ from summaryd.server.operations.logs import Throttle
 from summaryd.server.operations.metrics import Metrics
 from summaryd.server.records.scalar_points import points
 from summaryd.server.records.scalar_records import ScalarRecords
-from summaryd.server.runs import ClosedFile, RunRegistry, RunWriter
 from summaryd.server.security.limits import DEFAULT, Limits
 from summaryd.server.sessions.live import Session
 from summaryd.server.storage.bucket.run_ownership import RunOwnership
 from summaryd.server.storage.bucket.segments import SegmentShipper, parse_segment
 from summaryd.server.storage.bucket.store import Bucket
+from summaryd.server.storage.runs import ClosedFile, RunRegistry, RunWriter
 from summaryd.v1 import summaryd_pb2 as pb
 from summaryd.v1.wire import whole_records
 

@@ -40,7 +40,6 @@ from summaryd.server.errors import (
 )
 from summaryd.server.io_threads import run_to_completion
 from summaryd.server.operations.logs import Throttle
-from summaryd.server.runs import ClosedFile, RunRegistry, RunWriter
 from summaryd.server.security.limits import DEFAULT, LimitError, Limits
 from summaryd.server.security.request_checks import MAX_SEQUENCE
 from summaryd.server.sessions.live import Ending, Session, SessionTable
@@ -50,6 +49,7 @@ from summaryd.server.storage.bucket.run_ownership import RunOwnership, leased_ru
 from summaryd.server.storage.bucket.segments import SegmentIndex, SegmentShipper, segment_key
 from summaryd.server.storage.bucket.sessions import BucketSessions, DurableSession
 from summaryd.server.storage.bucket.store import BucketError
+from summaryd.server.storage.runs import ClosedFile, RunRegistry, RunWriter
 from summaryd.server.storage.session_store import SessionRecord, SessionStore
 from summaryd.v1 import summaryd_pb2 as pb
 

@@ -22,7 +22,7 @@ from summaryd.server.storage.journal import FileJournal
 from summaryd.server.storage.runpath import check_run_dir, open_run_dir
 from summaryd.server.storage.session_store import SessionRecord
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("summaryd.server.runs")  # the name log lines carry, kept across moves
 
 
 class WriteObserver(Protocol):
