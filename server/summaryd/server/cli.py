@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, NoReturn
 
 from summaryd.server.config import Config, fields
-from summaryd.server.logs import configure_logging
+from summaryd.server.operations.logs import configure_logging
 from summaryd.v1.search_path import unshadow
 from summaryd.v1.wire import DEFAULT_ADDRESS, VERSION
 
@@ -482,7 +482,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         sub.error(str(exc))
     configure_logging(config.log_level, config.log_format)
     from summaryd.server.server import StartupError, run
-    from summaryd.server.state import StateError
+    from summaryd.server.storage.state import StateError
 
     log = logging.getLogger("summaryd")
     log.debug("config %s", dataclasses.asdict(config))

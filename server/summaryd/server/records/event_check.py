@@ -13,7 +13,7 @@ from google.protobuf.message import DecodeError, Message
 from tensorboard.compat.proto.event_pb2 import Event
 
 from summaryd.server.errors import EventError
-from summaryd.server.limits import DEFAULT, Limits
+from summaryd.server.security.limits import DEFAULT, Limits
 from summaryd.v1.wire import header
 
 _INFINITY = float("inf")
@@ -30,7 +30,7 @@ def _batch_messages() -> tuple[type[Message], type[Message], type[Message]]:
     """
     pool = descriptor_pool.Default()
     name = "summaryd/server/event_check_batch.proto"
-    package = "summaryd.server.event_check"
+    package = "summaryd.server.records.event_check"
     try:
         pool.FindFileByName(name)
     except KeyError:

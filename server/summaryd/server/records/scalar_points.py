@@ -16,7 +16,7 @@ from tensorboard.compat.proto.event_pb2 import Event
 from tensorboard.compat.proto.summary_pb2 import Summary
 from tensorboard.compat.proto.tensor_pb2 import TensorProto
 
-from summaryd.server.scalar_records import ScalarRecords
+from summaryd.server.records.scalar_records import ScalarRecords
 
 Point = tuple[str, int, float, float]
 """tag, step, wall time, value"""

@@ -26,14 +26,14 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
-from summaryd.server.journal import Journal
+from summaryd.server.storage.journal import Journal
 
 # Keeps a damaged state file aside: (directory fd, name, what is wrong, copy (True) or move (False)).
 Quarantine = Callable[[int, str, str, bool], None]
 # A state entry that is not a regular file (a directory, a symlink) cannot be opened as one.
 NOT_A_FILE_ERRNOS = frozenset({errno.EISDIR, errno.ENOTDIR, errno.ELOOP, errno.ENXIO})
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("summaryd.server.session_store")  # the name log lines carry, kept across moves
 
 STORE_NAME = "sessions"
 _COMPACT_NAME = "sessions.compact"

@@ -14,7 +14,7 @@ import os
 import secrets
 
 from summaryd.server.errors import RunPathError
-from summaryd.server.runpath import open_run_dir, validate_run
+from summaryd.server.storage.runpath import open_run_dir, validate_run
 from summaryd.v1.atomic import replace_file
 
 MAX_FILE_DEPTH = 4

@@ -44,12 +44,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from summaryd.server.errors import RunPathError
-from summaryd.server.journal import JOURNAL_SUFFIX, TEMPORARY_SUFFIX, Journal, JournaledFile, Scan, read
-from summaryd.server.runpath import DirIdentity, allow, dir_identity, forbid, open_existing_dir, validate_run
-from summaryd.server.session_store import NOT_A_FILE_ERRNOS, STORE_NAME, SessionRecord, SessionStore
+from summaryd.server.storage.journal import JOURNAL_SUFFIX, TEMPORARY_SUFFIX, Journal, JournaledFile, Scan, read
+from summaryd.server.storage.runpath import DirIdentity, allow, dir_identity, forbid, open_existing_dir, validate_run
+from summaryd.server.storage.session_store import NOT_A_FILE_ERRNOS, STORE_NAME, SessionRecord, SessionStore
 from summaryd.v1.runpath import RESERVED_RUN
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("summaryd.server.state")  # the name log lines carry, kept across moves
 
 OPEN_DIR = "open"
 LOSSES_NAME = "losses"

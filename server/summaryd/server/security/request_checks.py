@@ -8,7 +8,6 @@ None when the request is fine. Run paths, worker labels and file paths have thei
 
 from __future__ import annotations
 
-from summaryd.server.scalar_records import column_problem
 from summaryd.v1 import summaryd_pb2 as pb
 
 MAX_SEQUENCE = 2**63 - 1
@@ -23,6 +22,17 @@ MAX_HOST_BYTES = 255
 """A DNS name has at most 253 characters."""
 MAX_LABEL_BYTES = 64
 """Longest `ClientIdentity.framework` and `.version`."""
+
+
+def column_problem(columns: pb.ScalarColumns) -> str | None:
+    """What is wrong with the columns' shape (answered INVALID_ARGUMENT before anything is written)."""
+    count = len(columns.step)
+    if not len(columns.tag_index) == len(columns.wall_time) == len(columns.value) == count:
+        return (
+            f"scalars has columns of different lengths (tag_index {len(columns.tag_index)}, step {count}, "
+            f"wall_time {len(columns.wall_time)}, value {len(columns.value)}); send one entry per scalar in each"
+        )
+    return None
 
 
 def _text(field: str, value: str, max_bytes: int) -> str | None:

@@ -27,7 +27,7 @@ import grpc
 from grpc import aio
 
 from summaryd.server.errors import RunPathError
-from summaryd.server.runpath import validate_run
+from summaryd.v1.runpath import validate_run
 
 MIN_TOKEN_LENGTH = 16
 

@@ -27,11 +27,7 @@ from typing import Any, TypeVar
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
-from summaryd.server import run_files
-from summaryd.server.aggregation import Aggregation
-from summaryd.server.bucket import BucketError
-from summaryd.server.bucket_sessions import BucketSessions, DurableSession
-from summaryd.server.durable_marks import DurableMarks
+from summaryd.server.aggregation.aggregator import Aggregation
 from summaryd.server.errors import (
     DiskFullError,
     ResumeRefusedError,
@@ -43,17 +39,21 @@ from summaryd.server.errors import (
     StorageError,
 )
 from summaryd.server.io_threads import run_to_completion
-from summaryd.server.limits import DEFAULT, LimitError, Limits
-from summaryd.server.logs import Throttle
-from summaryd.server.request_checks import MAX_SEQUENCE
-from summaryd.server.run_ownership import RunOwnership, leased_run
-from summaryd.server.runs import ClosedFile, RunRegistry, RunWriter
-from summaryd.server.segments import SegmentIndex, SegmentShipper, segment_key
-from summaryd.server.session_store import SessionRecord, SessionStore
-from summaryd.server.sessions import Ending, Session, SessionTable
+from summaryd.server.operations.logs import Throttle
+from summaryd.server.security.limits import DEFAULT, LimitError, Limits
+from summaryd.server.security.request_checks import MAX_SEQUENCE
+from summaryd.server.sessions.live import Ending, Session, SessionTable
+from summaryd.server.storage import run_files
+from summaryd.server.storage.bucket.durable_marks import DurableMarks
+from summaryd.server.storage.bucket.run_ownership import RunOwnership, leased_run
+from summaryd.server.storage.bucket.segments import SegmentIndex, SegmentShipper, segment_key
+from summaryd.server.storage.bucket.sessions import BucketSessions, DurableSession
+from summaryd.server.storage.bucket.store import BucketError
+from summaryd.server.storage.runs import ClosedFile, RunRegistry, RunWriter
+from summaryd.server.storage.session_store import SessionRecord, SessionStore
 from summaryd.v1 import summaryd_pb2 as pb
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("summaryd.server.session_lifecycle")  # the name log lines carry, kept across moves
 
 T = TypeVar("T")
 

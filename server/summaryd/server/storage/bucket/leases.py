@@ -39,9 +39,9 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from summaryd.server.bucket import Bucket, PreconditionFailedError
+from summaryd.server.storage.bucket.store import Bucket, PreconditionFailedError
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("summaryd.server.leases")  # the name log lines carry, kept across moves
 
 LEASE_PREFIX = ".summaryd/leases/"
 LEASE_SUFFIX = ".lease"

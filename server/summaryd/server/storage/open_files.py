@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 import resource
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("summaryd.server.open_files")  # the name log lines carry, kept across moves
 
 FILES_PER_RUN = 3
 """An open run holds its directory, its event file and its journal open."""

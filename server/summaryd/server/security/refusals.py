@@ -26,9 +26,9 @@ from typing import Any
 import grpc
 from grpc import aio
 
-from summaryd.server.logs import Throttle
+from summaryd.server.operations.logs import Throttle
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("summaryd.server.refusals")  # the name log lines carry, kept across moves
 
 # grpc-stubs type method handlers for the synchronous server only; the aio ones are used untyped.
 Handler = Any

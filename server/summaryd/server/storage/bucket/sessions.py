@@ -21,9 +21,9 @@ import logging
 import time
 from dataclasses import dataclass, field
 
-from summaryd.server.bucket import Bucket, BucketError, PreconditionFailedError
+from summaryd.server.storage.bucket.store import Bucket, BucketError, PreconditionFailedError
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("summaryd.server.bucket_sessions")  # the name log lines carry, kept across moves
 
 SESSION_PREFIX = ".summaryd/sessions/"
 _ROUNDS = 5

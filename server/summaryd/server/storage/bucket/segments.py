@@ -44,10 +44,10 @@ from typing import Protocol
 
 from prometheus_client import CollectorRegistry, Counter
 
-from summaryd.server import segment_sessions
-from summaryd.server.bucket import Bucket, BucketError, PreconditionFailedError
+from summaryd.server.storage.bucket import segment_sessions
+from summaryd.server.storage.bucket.store import Bucket, BucketError, PreconditionFailedError
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("summaryd.server.segments")  # the name log lines carry, kept across moves
 
 OFFSET_DIGITS = 16
 AGE_FRACTION = 16

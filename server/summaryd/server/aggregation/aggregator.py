@@ -31,23 +31,23 @@ from dataclasses import dataclass
 from google.protobuf.message import DecodeError
 from tensorboard.compat.proto.event_pb2 import Event
 
-from summaryd.server.bucket import Bucket
+from summaryd.server.aggregation.step_table import Reduction, StepTable
 from summaryd.server.errors import EventError
 from summaryd.server.io_threads import run_to_completion
-from summaryd.server.limits import DEFAULT, Limits
-from summaryd.server.logs import Throttle
-from summaryd.server.metrics import Metrics
-from summaryd.server.run_ownership import RunOwnership
-from summaryd.server.runs import ClosedFile, RunRegistry, RunWriter
-from summaryd.server.scalar_points import points
-from summaryd.server.scalar_records import ScalarRecords
-from summaryd.server.segments import SegmentShipper, parse_segment
-from summaryd.server.sessions import Session
-from summaryd.server.step_table import Reduction, StepTable
+from summaryd.server.operations.logs import Throttle
+from summaryd.server.operations.metrics import Metrics
+from summaryd.server.records.scalar_points import points
+from summaryd.server.records.scalar_records import ScalarRecords
+from summaryd.server.security.limits import DEFAULT, Limits
+from summaryd.server.sessions.live import Session
+from summaryd.server.storage.bucket.run_ownership import RunOwnership
+from summaryd.server.storage.bucket.segments import SegmentShipper, parse_segment
+from summaryd.server.storage.bucket.store import Bucket
+from summaryd.server.storage.runs import ClosedFile, RunRegistry, RunWriter
 from summaryd.v1 import summaryd_pb2 as pb
 from summaryd.v1.wire import whole_records
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("summaryd.server.aggregation")  # the name log lines carry, kept across moves
 _failures = Throttle(log)
 
 REDUCTIONS = ("mean", "min", "max", "std")

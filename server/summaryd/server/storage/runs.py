@@ -12,17 +12,17 @@ from concurrent.futures import Executor
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from summaryd.server.event_check import check_and_frame
-from summaryd.server.event_file import EventFile, EventSink, next_name
 from summaryd.server.io_threads import run_to_completion
-from summaryd.server.journal import FileJournal
-from summaryd.server.limits import DEFAULT, LimitError, Limits
-from summaryd.server.metrics import Metrics
-from summaryd.server.runpath import check_run_dir, open_run_dir
-from summaryd.server.scalar_records import ScalarRecords
-from summaryd.server.session_store import SessionRecord
+from summaryd.server.operations.metrics import Metrics
+from summaryd.server.records.event_check import check_and_frame
+from summaryd.server.records.scalar_records import ScalarRecords
+from summaryd.server.security.limits import DEFAULT, LimitError, Limits
+from summaryd.server.storage.event_file import EventFile, EventSink, next_name
+from summaryd.server.storage.journal import FileJournal
+from summaryd.server.storage.runpath import check_run_dir, open_run_dir
+from summaryd.server.storage.session_store import SessionRecord
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("summaryd.server.runs")  # the name log lines carry, kept across moves
 
 
 class WriteObserver(Protocol):

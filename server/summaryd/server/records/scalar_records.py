@@ -20,9 +20,9 @@ from typing import overload
 import numpy as np
 from numpy.typing import NDArray
 
-from summaryd.server.crc_columns import column_crcs, linear_crc, varying_bytes
 from summaryd.server.errors import EventError
-from summaryd.server.limits import DEFAULT, Limits
+from summaryd.server.records.crc_columns import column_crcs, linear_crc, varying_bytes
+from summaryd.server.security.limits import DEFAULT, Limits
 from summaryd.v1 import summaryd_pb2 as pb
 from summaryd.v1.wire import frame, frame_all, header
 
@@ -66,17 +66,6 @@ def _wall_time_field(wall_time: float) -> bytes:
     """The `wall_time` field, left out only for +0.0 (protobuf writes any other bit pattern, -0.0 too)."""
     packed = _DOUBLE.pack(wall_time)
     return b"" if packed == b"\0\0\0\0\0\0\0\0" else _WALL_TIME_TAG + packed
-
-
-def column_problem(columns: pb.ScalarColumns) -> str | None:
-    """What is wrong with the columns' shape (answered INVALID_ARGUMENT before anything is written)."""
-    count = len(columns.step)
-    if not len(columns.tag_index) == len(columns.wall_time) == len(columns.value) == count:
-        return (
-            f"scalars has columns of different lengths (tag_index {len(columns.tag_index)}, step {count}, "
-            f"wall_time {len(columns.wall_time)}, value {len(columns.value)}); send one entry per scalar in each"
-        )
-    return None
 
 
 class ScalarRecords(Sequence[bytes]):

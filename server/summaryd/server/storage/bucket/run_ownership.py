@@ -31,13 +31,13 @@ from collections.abc import Awaitable, Callable, Iterator
 
 from prometheus_client.core import GaugeMetricFamily, Metric
 
-from summaryd.server.bucket import BucketError
 from summaryd.server.errors import OwnerUnknownError, RunOwnedElsewhereError
-from summaryd.server.leases import Lease, LeaseHeldError, LeaseLostError, RunLeases, margin
-from summaryd.server.logs import Throttle
-from summaryd.server.segments import fence_file
+from summaryd.server.operations.logs import Throttle
+from summaryd.server.storage.bucket.leases import Lease, LeaseHeldError, LeaseLostError, RunLeases, margin
+from summaryd.server.storage.bucket.segments import fence_file
+from summaryd.server.storage.bucket.store import BucketError
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("summaryd.server.run_ownership")  # the name log lines carry, kept across moves
 _unknown_owners = Throttle(log)
 
 HOLDER_FILE = "daemon-id"

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from obstore.store import ObjectStore
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("summaryd.server.bucket")  # the name log lines carry, kept across moves
 
 SCHEMES = ("s3", "gs", "az")
 

@@ -36,11 +36,11 @@ from tensorboard.compat.proto.summary_pb2 import (
 from tensorboard.compat.proto.tensor_pb2 import TensorProto
 from tensorboard.util import tensor_util
 
-from summaryd.server.logs import Throttle
-from summaryd.server.scalar_points import points
-from summaryd.server.scalar_records import ScalarRecords
+from summaryd.server.operations.logs import Throttle
+from summaryd.server.records.scalar_points import points
+from summaryd.server.records.scalar_records import ScalarRecords
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("summaryd.server.board_index")  # the name log lines carry, kept across moves
 _failures = Throttle(log)
 
 # TensorBoard's defaults (`data_ingester.DEFAULT_TENSOR_SIZE_GUIDANCE`, and 10 for any other plugin).

@@ -38,7 +38,7 @@ from typing import Any
 
 import google_crc32c
 
-from summaryd.server.event_file import append_whole
+from summaryd.server.storage.event_file import append_whole
 from summaryd.v1.atomic import replace_file
 
 JOURNAL_SUFFIX = ".journal"

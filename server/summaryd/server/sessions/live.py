@@ -20,7 +20,7 @@ from summaryd.server.errors import (
     SessionClosedError,
     SessionReleasedError,
 )
-from summaryd.server.runs import RunWriter
+from summaryd.server.storage.runs import RunWriter
 from summaryd.v1 import summaryd_pb2 as pb
 
 Ending = Literal["closed", "released"]

@@ -10,7 +10,7 @@ import grpc
 from grpc import aio
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("summaryd.server.metrics")  # the name log lines carry, kept across moves
 
 # Writes land in the page cache (sub-millisecond); fsync on close can take much longer on network disks.
 _LATENCY_BUCKETS = (0.0001, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from summaryd.server.errors import LimitError
-from summaryd.server.runpath import MAX_DEPTH, MAX_RUN_PATH_BYTES
+from summaryd.v1.runpath import MAX_DEPTH, MAX_RUN_PATH_BYTES
 
 __all__ = ["LimitError", "Limits", "flag"]
 

@@ -25,9 +25,9 @@ from tensorboard.compat.proto.summary_pb2 import DATA_CLASS_BLOB_SEQUENCE, DATA_
 from tensorboard.data.proto import data_provider_pb2 as dp
 from tensorboard.data.proto import data_provider_pb2_grpc as dp_grpc
 
-from summaryd.server.board_index import BoardIndex, Datum, Points, ScalarPoints, Series, blob_key, parse_blob_key
+from summaryd.server.board.index import BoardIndex, Datum, Points, ScalarPoints, Series, blob_key, parse_blob_key
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("summaryd.server.board")  # the name log lines carry, kept across moves
 
 Context = grpc.aio.ServicerContext[Any, Any]
 
