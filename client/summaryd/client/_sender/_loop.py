@@ -6,7 +6,7 @@ import threading
 import time
 
 from summaryd.client._options import ClientOptions
-from summaryd.client._process import _fork
+from summaryd.client._process import _exit
 from summaryd.client._sender._batch_log import BatchLog
 from summaryd.client._sender._columns import ScalarRun
 from summaryd.client._sender._connection import Connection
@@ -73,7 +73,7 @@ class SenderLoop:
         return not self.alive()
 
     def start(self) -> None:
-        _fork.register_multiprocessing_exit()
+        _exit.register_multiprocessing_exit()
         with self._cond:
             if self._thread is not None:
                 return

@@ -15,7 +15,7 @@ from operator import itemgetter
 from typing import Any
 
 from summaryd.client._options import ClientOptions, carried_or_made
-from summaryd.client._process import _fork
+from summaryd.client._process import _exit, _fork
 from summaryd.client._sender._batch_log import BatchLog
 from summaryd.client._sender._connection import Connection
 from summaryd.client._sender._grpc_transport import GrpcTransport
@@ -272,7 +272,7 @@ class Sender:
         self.aggregate = aggregate
         self._transport = transport
         self._init_state()
-        _fork.register(self)
+        _exit.register(self)
 
     def _init_state(self) -> None:
         """Everything that belongs to one process; a forked child builds it anew (never the parent's channel)."""
@@ -596,7 +596,7 @@ class Sender:
             self._cond.notify_all()
         self._wake.set()
         if first:
-            _fork.keep_until_closed(self)
+            _exit.keep_until_closed(self)
 
     def done(self) -> bool:
         """Whether it is closing and its thread has ended: nothing is left for `close()` to wait for."""
@@ -662,5 +662,5 @@ class Sender:
                 self.run,
                 report.spool_path,
             )
-        _fork.unregister(self)
+        _exit.unregister(self)
         return report

@@ -7,13 +7,12 @@ import time
 from collections.abc import Callable
 
 from summaryd.client._options import ClientOptions
-from summaryd.client._process._courier import outbox_root
 from summaryd.client._sender._batch_log import BatchLog
 from summaryd.client._sender._items import Batch
 from summaryd.client._sender._ledger import Ledger
 from summaryd.client._sender._queue import QueuedEvents
 from summaryd.client._sender._status import Status, log
-from summaryd.client._spool import Spool, SpoolIdentity
+from summaryd.client._spool import Spool, SpoolIdentity, outbox_root
 
 
 class Spiller:
