@@ -485,7 +485,40 @@ def test_options_are_made_once_from_arguments_then_the_environment(tmp_path: Pat
     assert given.spool_root == tmp_path / "mine"
     assert ClientOptions.make(spool=False, environ={}).overflow == "drop_oldest", "nowhere to spill to"
     with pytest.raises(ValueError, match="choose one of spill, drop_oldest, block"):
-        ClientOptions.make(overflow="never", environ={})  # type: ignore[arg-type]
+        ClientOptions.make(overflow="never", environ={})
+
+
+@pytest.mark.parametrize(
+    ("argument", "value"),
+    [
+        ("max_queue_bytes", -5),
+        ("max_queue_bytes", 0),
+        ("max_batch_events", 0),
+        ("max_batch_bytes", 1.5),
+        ("max_in_flight", 0),
+        ("linger_secs", -0.1),
+        ("rpc_timeout", 0),
+        ("heartbeat_secs", float("nan")),
+        ("close_timeout", -1),
+        ("spool_after", -1),
+        ("block_secs", -1),
+        ("backoff_secs", (2.0, 0.05)),
+        ("backoff_secs", (0, 1.0)),
+    ],
+)
+def test_a_bad_setting_is_refused_naming_the_argument(argument: str, value: object) -> None:
+    """As the daemon's flags: the writer refuses a bound out of range at once, not with odd behaviour later."""
+    from summaryd.client import SummaryWriter
+
+    with pytest.raises(ValueError, match=f"^{argument}="):
+        ClientOptions.make(environ={}, **{argument: value})
+    with pytest.raises(ValueError, match=f"^{argument}="):
+        SummaryWriter("run", address="127.0.0.1:1", spool=False, **{argument: value})
+
+
+def test_an_unknown_setting_is_a_type_error() -> None:
+    with pytest.raises(TypeError, match="max_queue_byte"):
+        ClientOptions.make(environ={}, max_queue_byte=5)
 
 
 def test_a_writer_hands_its_one_options_object_to_every_sender(tmp_path: Path) -> None:
