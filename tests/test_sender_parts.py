@@ -21,7 +21,7 @@ from summaryd.client._sender._batch_log import BatchLog
 from summaryd.client._sender._columns import ScalarRun
 from summaryd.client._sender._encoder import EventEncoder
 from summaryd.client._sender._ledger import DELIVERED, Ledger
-from summaryd.client._sender._sender import EventQueue
+from summaryd.client._sender._queue import EventQueue
 from summaryd.client._sender._spiller import Spiller
 from summaryd.client._sender._status import Status
 from summaryd.client._sender._transport import Ack, Hello, Opened, TransportError

@@ -13,7 +13,7 @@ from summaryd.client._sender._connection import Connection
 from summaryd.client._sender._encoder import EventEncoder
 from summaryd.client._sender._items import FAST_ITEM_BYTES, Batch, Queued
 from summaryd.client._sender._ledger import Ledger
-from summaryd.client._sender._queue import QueuedEvents
+from summaryd.client._sender._queue import EventQueue
 from summaryd.client._sender._spiller import Spiller
 from summaryd.client._sender._status import Status, log
 from summaryd.client._spool import SpoolIdentity
@@ -36,7 +36,7 @@ class SenderLoop:
         wake: threading.Event,
         abandon: threading.Event,
         encoding: threading.Lock,
-        queue: QueuedEvents,
+        queue: EventQueue,
         batches: BatchLog,
         ledger: Ledger,
         status: Status,

@@ -10,7 +10,7 @@ from summaryd.client._options import ClientOptions
 from summaryd.client._sender._batch_log import BatchLog
 from summaryd.client._sender._items import Batch
 from summaryd.client._sender._ledger import Ledger
-from summaryd.client._sender._queue import QueuedEvents
+from summaryd.client._sender._queue import EventQueue
 from summaryd.client._sender._status import Status, log
 from summaryd.client._spool import Spool, SpoolIdentity, outbox_root
 
@@ -28,7 +28,7 @@ class Spiller:
         outbox_pid: int | None,
         lock: threading.RLock,
         abandon: threading.Event,
-        queue: QueuedEvents,
+        queue: EventQueue,
         batches: BatchLog,
         ledger: Ledger,
         status: Status,
