@@ -19,6 +19,7 @@ from summaryd.client._sender import Sender
 from summaryd.client._sender._batch_fit import DaemonLimits
 from summaryd.client._sender._batch_log import BatchLog
 from summaryd.client._sender._columns import ScalarRun
+from summaryd.client._sender._core import SenderCore
 from summaryd.client._sender._encoder import EventEncoder
 from summaryd.client._sender._ledger import DELIVERED, Ledger
 from summaryd.client._sender._queue import EventQueue
@@ -291,22 +292,9 @@ def test_a_refusal_that_names_no_event_drops_the_oldest_batch() -> None:
 
 
 def spiller_parts(tmp_path: Path, **overrides: Any) -> tuple[Spiller, BatchLog, Ledger, EventQueue, Status]:
-    queue, status = EventQueue(), Status()
-    ledger = Ledger(queue)
-    log = BatchLog(ledger)
     identity = SpoolIdentity("session-1", "run", "", 1, "fake:1", "test", session_started=1.0)
-    spiller = Spiller(
-        options(tmp_path, **overrides),
-        identity,
-        None,
-        threading.RLock(),
-        threading.Event(),
-        queue,
-        log,
-        ledger,
-        status,
-    )
-    return spiller, log, ledger, queue, status
+    core = SenderCore.make(options(tmp_path, **overrides), identity)
+    return Spiller(core), core.batches, core.ledger, core.queue, core.status
 
 
 def test_spilled_batches_are_read_back_and_the_spool_goes_once_acknowledged(tmp_path: Path) -> None:

@@ -9,7 +9,7 @@ from collections import deque
 from itertools import accumulate, islice, repeat, starmap
 from operator import itemgetter
 
-from summaryd.client._sender._items import FAST_ITEM_BYTES, SCALAR_ITEM, Queued, size_known
+from summaryd.client._sender._items import FAST_ITEM_BYTES, SCALAR, SOURCE, SUMMARY, Queued, size_known
 
 
 class EventQueue:
@@ -92,11 +92,9 @@ class EventQueue:
             self._counted -= count
             self._counted_bytes -= nbytes
 
-    def open_fast(self, held_bytes: int, max_queue_bytes: int, accepting: bool) -> None:
-        """Let callers append without the lock while the queue, `held_bytes` and small events stay within the
-        memory bound (none while a caller waits for room, or when the sender no longer accepts events)."""
-        queued = self.nbytes
-        room = max_queue_bytes - held_bytes - queued
+    def open_fast(self, room: int, accepting: bool) -> None:
+        """Let callers append without the lock as many small events as `room` (bytes, counted just before by
+        `MemoryBudget.room`) takes (none while a caller waits for room, or when the sender no longer accepts)."""
         if not accepting or self.room_wanted or room < FAST_ITEM_BYTES:
             self.fast_until = 0
         else:
@@ -111,7 +109,7 @@ class EventQueue:
         per run, not per event; a function alone, since only encoding it tells its size. `scalars_apart`: stop
         before a scalar (they go as columns, `take_scalars`)."""
         queue = self.items
-        if not queue or (scalars_apart and len(queue[0]) == SCALAR_ITEM):
+        if not queue or (scalars_apart and len(queue[0]) == SCALAR):
             return []
         first = queue.popleft()
         items = [first]
@@ -119,7 +117,7 @@ class EventQueue:
         if size_known(first):
             while queue and len(items) < max_events and room > 0:
                 head = queue[0]
-                if not size_known(head) or (scalars_apart and len(head) == SCALAR_ITEM):
+                if not size_known(head) or (scalars_apart and len(head) == SCALAR):
                     break
                 items.append(queue.popleft())
                 room -= head[-1]
@@ -185,14 +183,9 @@ class EventQueue:
         if nbytes:
             self.fast_until = 0
 
-    def over_budget(self, held_bytes: int, max_queue_bytes: int, nbytes: int = 0) -> bool:
-        """Whether the queue and the batches in memory (`held_bytes`), with `nbytes` more (or the room a caller
-        waits for), are over the memory bound."""
-        return not self.under(max_queue_bytes - held_bytes - max(nbytes, self.room_wanted) + 1)
 
-
-_NOT_SCALAR = (4, 2)
-"""The lengths of the other queued kinds' tuples (see `_items.Queued`)."""
+_NOT_SCALAR = (SUMMARY, SOURCE)
+"""The other queued kinds (see `_items.Queued`)."""
 
 _SIZE = itemgetter(-1)
 """A queued event's estimated bytes."""

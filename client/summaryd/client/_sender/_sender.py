@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import threading
 import time
 import uuid
 from collections.abc import Callable
@@ -12,16 +11,14 @@ from typing import Any
 
 from summaryd.client._options import ClientOptions, carried_or_made
 from summaryd.client._process import _exit, _fork
-from summaryd.client._sender._batch_log import BatchLog
 from summaryd.client._sender._connection import Connection
+from summaryd.client._sender._core import SenderCore
 from summaryd.client._sender._grpc_transport import GrpcTransport
 from summaryd.client._sender._items import FAST_ITEM_BYTES, EventSource, Queued
-from summaryd.client._sender._ledger import Ledger
 from summaryd.client._sender._loop import SenderLoop
-from summaryd.client._sender._queue import EventQueue
 from summaryd.client._sender._report import DeliveryReport
 from summaryd.client._sender._spiller import Spiller
-from summaryd.client._sender._status import Status, log
+from summaryd.client._sender._status import log
 from summaryd.client._sender._transport import Transport
 from summaryd.client._spool import SpoolIdentity
 from summaryd.v1.runpath import run_dir_parts
@@ -73,7 +70,6 @@ class Sender:
         run_dir_parts(run, worker, max_bytes=None, max_depth=None)
         self.options = options
         # Read on the caller's hot path: plain attributes, one lookup each.
-        self._max_queue_bytes = options.max_queue_bytes
         self._max_batch_events = options.max_batch_events
         self._max_batch_bytes = options.max_batch_bytes
         self.run = run
@@ -104,58 +100,17 @@ class Sender:
             addresses=options.addresses,
             redirect_allow=options.redirect_allow,
         )
-        # One lock for every part. Re-entrant: the SIGTERM handler may close the sender while the interrupted
-        # caller holds it.
-        self._lock = threading.RLock()
-        self._cond = threading.Condition(self._lock)
-        self._wake = threading.Event()
-        self._abandon = threading.Event()
-        # Held while an event is encoded on the sender thread; a fork waits for it (see `_process`).
-        self._encoding = threading.Lock()
-        self._queue = EventQueue()
-        self._ledger = Ledger(self._queue)
-        self._batches = BatchLog(self._ledger)
-        self._status = Status()
+        core = SenderCore.make(options, self.identity, self._outbox_pid)
+        # The caller's side reads these on every call: plain attributes, one lookup each.
+        self._lock, self._cond, self._wake, self._abandon = core.lock, core.cond, core.wake, core.abandon
+        self._encoding = core.encoding
+        self._queue, self._ledger, self._batches = core.queue, core.ledger, core.batches
+        self._status, self._budget = core.status, core.budget
         # What takes the events logged after close() (see `hand_over_after_close`); None: they are dropped.
         self._successor: Callable[[], Sender] | None = None
-        self._spiller = Spiller(
-            options,
-            self.identity,
-            self._outbox_pid,
-            self._lock,
-            self._abandon,
-            self._queue,
-            self._batches,
-            self._ledger,
-            self._status,
-        )
-        self._connection = Connection(
-            options,
-            self.identity,
-            self._transport(options),
-            self._cond,
-            self._wake,
-            self._abandon,
-            self._batches,
-            self._ledger,
-            self._spiller,
-            self._status,
-        )
-        self._loop = SenderLoop(
-            options,
-            self.identity,
-            self._outbox_pid,
-            self._cond,
-            self._wake,
-            self._abandon,
-            self._encoding,
-            self._queue,
-            self._batches,
-            self._ledger,
-            self._status,
-            self._spiller,
-            self._connection,
-        )
+        self._spiller = Spiller(core)
+        self._connection = Connection(core, self._transport(options), self._spiller)
+        self._loop = SenderLoop(core, self._spiller, self._connection)
 
     @property
     def address(self) -> str:
@@ -270,38 +225,33 @@ class Sender:
                 self._ledger.refuse("closed" if status.closing else "rejected")
                 return False
             nbytes: int = item[-1]
-            limit = self._max_queue_bytes
-            batches = self._batches
-            held = batches.held_bytes + batches.kept_bytes  # kept until durable: in memory too
+            budget = self._budget
+            if budget.over(nbytes) and not self._make_room(nbytes):
+                self._ledger.refuse("queue_full")
+                status.warnings.warn(
+                    "queue_full", f"queue full ({budget.limit} bytes): dropping events of {self.run!r}"
+                )
+                return False
+            room = budget.room()  # after any wait for room: the lock was let go meanwhile
             before = queue.nbytes
-            queued = before + nbytes
-            wanted = queue.room_wanted  # 0 unless a caller waits for room (then the budget counts it already)
-            if queued + held > limit or (wanted and before + held + wanted > limit):
-                if not self._make_room(nbytes):
-                    self._ledger.refuse("queue_full")
-                    status.warnings.warn("queue_full", f"queue full ({limit} bytes): dropping events of {self.run!r}")
-                    return False
-                held = batches.held_bytes + batches.kept_bytes  # the lock was let go while waiting for room
-                before = queue.nbytes
-                queued = before + nbytes
             items = queue.items
             # The first event of a new batch wakes the sender, which may be asleep for up to a heartbeat
             # interval, so that the batch leaves within `linger_secs` of it; later ones only when it is full.
             wake = not items
             if wake:
                 now = time.monotonic()
-                batches.nothing_pending(now)
+                self._batches.nothing_pending(now)
                 queue.queued_at = now
             queue.append(item)
             if not wake:
                 wake = (
                     len(items) == self._max_batch_events
-                    or before < self._max_batch_bytes <= queued
-                    or before + held <= limit < queued + held
+                    or before < self._max_batch_bytes <= before + nbytes
+                    or 0 <= room < nbytes  # this event takes memory over the bound: the sender thread spills
                 )
             started = self._loop.started
             if started:  # the sender thread is there to take what callers append without the lock
-                queue.open_fast(held, limit, status.accepting)
+                budget.open_fast(status.accepting)
         if not started:
             self._loop.start()
         elif wake:
@@ -310,15 +260,15 @@ class Sender:
 
     def _make_room(self, nbytes: int) -> bool:
         """Apply the overflow policy for an event of `nbytes`; False when it must be dropped. Holds the lock."""
-        options, queue, batches = self.options, self._queue, self._batches
-        if not queue.over_budget(batches.memory_bytes, options.max_queue_bytes, nbytes):
+        options, queue, budget = self.options, self._queue, self._budget
+        if not budget.over(nbytes):
             return True
         if options.overflow == "spill" and self._spiller.error is None:
             # The sender thread spills to disk; only events it has not even serialized yet are waited for,
             # i.e. the caller slows down only when it outruns this machine's own encoding and disk.
             queue.want_room(nbytes)
             try:
-                while queue.nbytes + nbytes > options.max_queue_bytes and self._loop.alive():
+                while budget.over(nbytes, queue_only=True) and self._loop.alive():
                     self._wake.set()
                     self._cond.wait(0.05)
                     if self._spiller.error is not None:
@@ -331,11 +281,7 @@ class Sender:
             deadline = None if options.block_secs is None else time.monotonic() + options.block_secs
             queue.want_room(nbytes)
             try:
-                while (
-                    queue.over_budget(batches.memory_bytes, options.max_queue_bytes, nbytes)
-                    and self._loop.alive()
-                    and not self._status.closing
-                ):
+                while budget.over(nbytes) and self._loop.alive() and not self._status.closing:
                     remaining = 0.1 if deadline is None else min(0.1, deadline - time.monotonic())
                     if remaining <= 0:
                         return False
@@ -346,7 +292,7 @@ class Sender:
             return True
         # drop_oldest (also `spill` once the spool failed): make room from the head of the queue.
         dropped = 0
-        while queue.items and queue.over_budget(batches.memory_bytes, options.max_queue_bytes, nbytes):
+        while queue.items and budget.over(nbytes):
             queue.drop_oldest()
             dropped += 1
         if dropped:
