@@ -6,29 +6,22 @@ from __future__ import annotations
 import time
 
 from summaryd.client._sender._batch_fit import DaemonLimits
-from summaryd.client._sender._core import SenderCore
+from summaryd.client._sender._core import SenderCore, SenderPart
 from summaryd.client._sender._spiller import Spiller
 from summaryd.client._sender._status import log
 from summaryd.client._sender._transport import Ack, Hello, Opened, Opening, Stream, Transport, TransportError
 
 
-class Connection:
+class Connection(SenderPart):
     """Keeps one session and write stream open to the daemon and sends the batch log over it; acknowledgements
     settle the log. Sender thread only, but for `on_ack`/`on_end` (the stream's thread) and `flush`/`cancel`
     (the caller's)."""
 
     def __init__(self, core: SenderCore, transport: Transport, spiller: Spiller) -> None:
+        super().__init__(core)
         options = core.options
-        self._options = options
-        self._identity = core.identity
         self._transport = transport
-        self._cond = core.cond
-        self._wake = core.wake
-        self._abandon = core.abandon
-        self._batches = core.batches
-        self._ledger = core.ledger
         self._spiller = spiller
-        self._status = core.status
         self._stream: Stream | None = None
         self._opening: Opening | None = None
         self._used = False  # a session was asked for: there is one to close

@@ -61,3 +61,22 @@ class SenderCore:
             status=Status(),
             budget=MemoryBudget(options.max_queue_bytes, queue, batches),
         )
+
+
+class SenderPart:
+    """A part of a sender (the spiller, the connection, the thread's loop): it keeps what it uses of the core as
+    plain attributes, read with one lookup each on the sender thread."""
+
+    def __init__(self, core: SenderCore) -> None:
+        self._options = core.options
+        self._identity = core.identity
+        self._outbox_pid = core.outbox_pid
+        self._lock = core.lock
+        self._cond = core.cond
+        self._wake = core.wake
+        self._abandon = core.abandon
+        self._queue = core.queue
+        self._ledger = core.ledger
+        self._batches = core.batches
+        self._status = core.status
+        self._budget = core.budget

@@ -8,7 +8,7 @@ import time
 from summaryd.client._process import _exit
 from summaryd.client._sender._columns import ScalarRun
 from summaryd.client._sender._connection import Connection
-from summaryd.client._sender._core import SenderCore
+from summaryd.client._sender._core import SenderCore, SenderPart
 from summaryd.client._sender._encoder import EventEncoder
 from summaryd.client._sender._items import SCALAR, SUMMARY, Batch, Queued
 from summaryd.client._sender._spiller import Spiller
@@ -18,24 +18,14 @@ BACKED_UP_BATCHES = 8
 """A backed-up queue's scalars go in batches of up to this many times `max_batch_events`."""
 
 
-class SenderLoop:
+class SenderLoop(SenderPart):
     """One named daemon thread per sender, started on the first event; it does all the work but queueing:
     numbers events into the batch log, has the connection send them, the spiller spill them, and ends once
     everything is acknowledged after a close (or when told to stop)."""
 
     def __init__(self, core: SenderCore, spiller: Spiller, connection: Connection) -> None:
-        self._options = core.options
-        self._identity = core.identity
-        self._outbox_pid = core.outbox_pid
-        self._cond = core.cond
-        self._wake = core.wake
-        self._abandon = core.abandon
+        super().__init__(core)
         self._encoding = core.encoding  # held while an event is encoded; a fork waits for it (see `_process._fork`)
-        self._queue = core.queue
-        self._batches = core.batches
-        self._ledger = core.ledger
-        self._status = core.status
-        self._budget = core.budget
         self._spiller = spiller
         self._connection = connection
         self._encoder = EventEncoder()

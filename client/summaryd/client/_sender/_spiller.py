@@ -5,29 +5,20 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
-from summaryd.client._sender._core import SenderCore
+from summaryd.client._sender._core import SenderCore, SenderPart
 from summaryd.client._sender._items import Batch
 from summaryd.client._sender._status import log
 from summaryd.client._spool import Spool, outbox_root
 
 
-class Spiller:
+class Spiller(SenderPart):
     """Spills the batch log (and the queue) to the session's spool when the daemon is away, memory is over its
     bound, or `close()` runs out of time; reads spilled batches to send them; deletes the spool once the daemon
     acknowledged all of it. In a forked child (`outbox_pid`) every batch goes to the outbox the parent's
     courier delivers. Sender thread only, but for the questions asked holding the lock."""
 
     def __init__(self, core: SenderCore) -> None:
-        self._options = core.options
-        self._identity = core.identity
-        self._outbox_pid = core.outbox_pid
-        self._lock = core.lock
-        self._abandon = core.abandon
-        self._queue = core.queue
-        self._batches = core.batches
-        self._ledger = core.ledger
-        self._status = core.status
-        self._budget = core.budget
+        super().__init__(core)
         self._spool: Spool | None = None
         self.error: str | None = None  # why the spool failed; then nothing more is spilled
         self._told = False
