@@ -20,8 +20,8 @@ from tensorboard.compat.proto.tensor_pb2 import TensorProto
 from tensorboard.compat.proto.tensor_shape_pb2 import TensorShapeProto
 
 from summaryd.server.errors import EventError
-from summaryd.server.logs import Throttle
-from summaryd.server.runs import RunRegistry
+from summaryd.server.operations.logs import Throttle
+from summaryd.server.storage.runs import RunRegistry
 from summaryd.server.watch._findings import Finding
 
 log = logging.getLogger(__name__)

@@ -20,9 +20,9 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 from numpy.typing import NDArray
 
-from summaryd.server.scalar_points import points
-from summaryd.server.scalar_records import ScalarRecords
-from summaryd.server.sessions import Session
+from summaryd.server.records.scalar_points import points
+from summaryd.server.records.scalar_records import ScalarRecords
+from summaryd.server.sessions.live import Session
 from summaryd.server.watch._findings import Finding, Key
 from summaryd.server.watch._rules import DivergenceRule, Rules
 

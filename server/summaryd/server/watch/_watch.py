@@ -11,9 +11,9 @@ from collections.abc import Callable, Sequence
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
-from summaryd.server.logs import Throttle
-from summaryd.server.run_ownership import leased_run
-from summaryd.server.sessions import Session
+from summaryd.server.operations.logs import Throttle
+from summaryd.server.sessions.live import Session
+from summaryd.server.storage.bucket.run_ownership import leased_run
 from summaryd.server.watch._findings import Finding, FindingBook
 from summaryd.server.watch._rules import Rules
 from summaryd.server.watch._run_watch import RunWatch, Worker

@@ -27,7 +27,7 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter
 
-from summaryd.server.logs import Throttle
+from summaryd.server.operations.logs import Throttle
 from summaryd.server.watch._findings import Finding
 
 log = logging.getLogger(__name__)
