@@ -251,15 +251,23 @@ def test_a_slower_rank_is_named_a_straggler_until_it_keeps_pace(tmp_path: Path, 
     _fired_once_resolved_once(hook)
 
 
-def test_a_steady_job_gives_no_finding(tmp_path: Path, hook: Hook, capsys: pytest.CaptureFixture[str]) -> None:
-    """Three ranks log a noisy, falling loss for a few seconds and close: nothing fires anywhere."""
-    with _watched(tmp_path, hook, "steady", 3, rank0={"mark": [150]}) as (daemon, job):
+def test_a_steady_job_gives_no_finding_and_the_watch_holds_its_bounds(
+    tmp_path: Path, hook: Hook, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Three ranks log a noisy, falling loss for a few seconds and close: nothing fires anywhere. With room for two
+    divergence series, the third rank's loss is counted unwatched; once the job closed, the watch holds nothing."""
+    with _watched(tmp_path, hook, "steady", 3, "max_series = 2\n", rank0={"mark": [150]}) as (daemon, job):
         wait_for(lambda: job.marked("rank-0", 150), 60, "rank 0 at step 150")
         assert _status(daemon, capsys)["watching"] is True
+        metrics = _metrics(daemon)
+        assert metrics[("summaryd_watch_runs", ())] == 1 and metrics[("summaryd_watch_series", ())] == 2
+        assert metrics[("summaryd_watch_points_unwatched_total", ())] > 0
         job.stop()
         time.sleep(1.0)  # what a tick after the close could find
         assert _status(daemon, capsys)["findings"] == []
-        assert not any(name == "summaryd_watch_fired_total" for name, _ in _metrics(daemon))
+        metrics = _metrics(daemon)
+        assert not any(name == "summaryd_watch_fired_total" for name, _ in metrics)
+        assert metrics[("summaryd_watch_runs", ())] == 0 and metrics[("summaryd_watch_series", ())] == 0
     assert hook.messages == []
 
 
