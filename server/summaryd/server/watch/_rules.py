@@ -24,9 +24,10 @@ RULES = ("silence", "nonfinite", "divergence", "straggler")
 
 @dataclass(frozen=True)
 class SilenceRule:
-    """A worker that logged steadily has logged nothing for `after_secs`, or (0) for `factor` times the longest
-    of its last 32 intervals between batches plus `grace_secs`; while its session is open, or for `lost_secs`
-    after the daemon released it (its client stopped answering)."""
+    """A worker that sent `min_batches` has sent none for `after_secs`, or (0) for `factor` times its longest
+    interval between batches (of its last 32, and of its pauses in the last 10-20 minutes: a checkpoint's pause is
+    learnt once) plus `grace_secs`; while its session is open, or for `lost_secs` after the daemon released it
+    (its client stopped answering)."""
 
     enabled: bool = True
     after_secs: float = 0.0

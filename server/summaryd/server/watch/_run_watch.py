@@ -27,6 +27,7 @@ from summaryd.server.watch._findings import Finding, Key
 from summaryd.server.watch._rules import DivergenceRule, Rules
 
 _SAMPLES = 32  # batches a worker's cadence and step time are measured over
+_LONG_GAP_SECS = 600.0  # the period a worker's longest pause is remembered for (one to two of them)
 _MAD_SIGMA = 1.4826  # the MAD of a normal distribution times this is its standard deviation
 _INF = math.inf
 
@@ -112,6 +113,10 @@ class Worker:
     slow_since: float | None = None
     fast_since: float | None = None
     silent_after: float = _INF
+    # The longest gap between batches in this and the last period of `_LONG_GAP_SECS`: a pause the worker makes
+    # regularly (a checkpoint, an evaluation) is learnt once and not taken for a hang again.
+    long_gaps: list[float] = field(default_factory=lambda: [0.0, 0.0])
+    period_start: float = 0.0
 
     def arrived(self, now: float) -> None:
         if self.batches:
@@ -119,8 +124,18 @@ class Worker:
             if gap > self.silent_after:
                 self.samples.clear()  # a pause (a stopped process) is no measure of its step time
             self.intervals.append(gap)
+            if now - self.period_start > _LONG_GAP_SECS:
+                self.long_gaps, self.period_start = [self.long_gaps[1], 0.0], now
+            self.long_gaps[1] = max(self.long_gaps[1], gap)
+        else:
+            self.period_start = now
         self.batches += 1
         self.last_arrival = now
+
+    @property
+    def cadence(self) -> float:
+        """The longest interval between its batches: of its last 32, and of its pauses in the last 10-20 min."""
+        return max(max(self.intervals, default=0.0), *self.long_gaps)
 
     def stepped(self, step: int, wall_time: float) -> None:
         if self.samples and step < self.samples[-1][0]:
@@ -341,7 +356,7 @@ class RunWatch:
         for worker in self.workers.values():
             if worker.batches < rule.min_batches:
                 continue
-            worker.silent_after = rule.after_secs or rule.factor * max(worker.intervals, default=0.0) + rule.grace_secs
+            worker.silent_after = rule.after_secs or rule.factor * worker.cadence + rule.grace_secs
             quiet = now - worker.last_arrival
             if quiet > worker.silent_after:
                 silent.append((quiet, worker))
