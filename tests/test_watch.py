@@ -109,11 +109,17 @@ def _daemon(tmp_path: Path, hook: Hook, rules: str = "", *flags: str, logdir: Pa
 
 @contextlib.contextmanager
 def _watched(
-    tmp_path: Path, hook: Hook, run: str, world: int, rules: str = "", **specs: dict[str, Any]
+    tmp_path: Path,
+    hook: Hook,
+    run: str,
+    world: int,
+    rules: str = "",
+    flags: tuple[str, ...] = (),
+    **specs: dict[str, Any],
 ) -> Iterator[tuple[Daemon, Job]]:
-    """A daemon watching with `rules`, and a job of `world` workers on it; the job closes at the end of the block
-    (killed, with the daemon stopped, whatever happens)."""
-    daemon = _daemon(tmp_path, hook, rules)
+    """A daemon watching with `rules` (and `flags`), and a job of `world` workers on it; the job closes at the end
+    of the block (killed, with the daemon stopped, whatever happens)."""
+    daemon = _daemon(tmp_path, hook, rules, *flags)
     job = Job(tmp_path, daemon, run, world, **specs)
     try:
         yield daemon, job
@@ -201,10 +207,18 @@ def test_a_diverging_loss_fires_once_on_its_rank_and_resolves(tmp_path: Path, ho
     _fired_once_resolved_once(hook)
 
 
-def test_a_stopped_rank_is_silent_until_it_goes_on(tmp_path: Path, hook: Hook) -> None:
-    """Rank 1 of 2 is SIGSTOPped: one silence finding naming it, at its last step, within its cadence's bound; on
-    SIGCONT, one resolution. `summaryd watch` follows both as lines."""
-    with _watched(tmp_path, hook, "hang-job", 2, rank1={"mark": [50]}) as (daemon, job):
+@pytest.mark.parametrize(
+    ("session", "flags"),
+    [("open", ()), ("lost (released by the daemon)", ("--session-lease", "1", "--stream-idle-timeout", "0.5"))],
+    ids=["its session open", "its session lost"],
+)
+def test_a_stopped_rank_is_silent_until_it_goes_on(
+    tmp_path: Path, hook: Hook, session: str, flags: tuple[str, ...]
+) -> None:
+    """Rank 1 of 2 is SIGSTOPped: one silence finding naming it, at its last step, within its cadence's bound,
+    while its session is open or after the daemon released it; on SIGCONT, one resolution. `summaryd watch`
+    follows both as lines."""
+    with _watched(tmp_path, hook, "hang-job", 2, "", flags, rank1={"mark": [50]}) as (daemon, job):
         followed = tmp_path / "followed.txt"
         with followed.open("w") as into:
             follower = subprocess.Popen(
@@ -220,7 +234,7 @@ def test_a_stopped_rank_is_silent_until_it_goes_on(tmp_path: Path, hook: Hook) -
             [alert] = hook.alerts("silence")
             assert alert["labels"]["rank"] == "rank-1" and alert["labels"]["run"] == "hang-job"
             assert int(alert["annotations"]["step"]) >= 50
-            assert "session is open" in alert["annotations"]["summary"]
+            assert f"its session is {session}" in alert["annotations"]["summary"]
             os.kill(job.procs[1].pid, signal.SIGCONT)
             wait_for(lambda: hook.alerts("silence", "resolved"), 30, "the resolution")
             wait_for(lambda: " resolved silence " in followed.read_text(), 30, "summaryd watch to follow it")
