@@ -57,7 +57,7 @@ class Job:
     """`world` worker processes of run `run`, each `_watch_worker.py` with the spec given (plus its rank)."""
 
     def __init__(self, tmp_path: Path, daemon: Daemon, run: str, world: int, **specs: dict[str, Any]) -> None:
-        self.until = tmp_path / f"{run}.until"
+        self.until = tmp_path / f"{run.replace('/', '-')}.until"
         self.seed = int(os.environ.get("WATCH_SEED", time.time_ns() % 10_000))
         print(f"watch job {run}: seed {self.seed}")
         self.procs: list[subprocess.Popen[bytes]] = []
@@ -333,3 +333,23 @@ def test_tensorboard_shows_the_watch_scalars_beside_the_curves(tmp_path: Path, h
     finally:
         os.kill(board.proc.pid, signal.SIGTERM)
         board.proc.wait(30)
+
+
+def test_a_single_writer_is_watched_and_status_shows_a_token_the_findings_of_its_runs_only(
+    tmp_path: Path, hook: Hook, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A run of one writer (no worker label) logs NaN: its finding names no rank; `summaryd status` shows it to
+    the token of the run's prefix and not to another tenant's."""
+    mine, theirs = "a" * 48, "b" * 48
+    tokens = tmp_path / "tokens"
+    tokens.write_text(f"{mine} team-a/\n{theirs} team-b/\n")
+    monkeypatch.setenv("SUMMARYD_TOKEN", mine)  # the writer processes' token
+    with _watched(tmp_path, hook, "team-a/job", 1, "", ("--token-file", str(tokens)), rank0={"nan": 10}) as (daemon, _):
+        wait_for(lambda: hook.alerts("nonfinite"), 30, "the non-finite finding")
+        [alert] = hook.alerts("nonfinite")
+        assert alert["labels"]["run"] == "team-a/job" and "rank" not in alert["labels"]
+        [finding] = _status(daemon, capsys)["findings"]
+        assert (finding["run"], finding["rank"], finding["step"]) == ("team-a/job", "", 10)
+        capsys.readouterr()
+        assert main(["status", "--address", daemon.address, "--json", "--token", theirs]) == 0
+        assert json.loads(capsys.readouterr().out)["findings"] == []
