@@ -339,12 +339,15 @@ def test_a_single_writer_is_watched_and_status_shows_a_token_the_findings_of_its
     tmp_path: Path, hook: Hook, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A run of one writer (no worker label) logs NaN: its finding names no rank; `summaryd status` shows it to
-    the token of the run's prefix and not to another tenant's."""
+    the token of the run's prefix and not to another tenant's; it resolves when the run's session closes."""
     mine, theirs = "a" * 48, "b" * 48
     tokens = tmp_path / "tokens"
     tokens.write_text(f"{mine} team-a/\n{theirs} team-b/\n")
     monkeypatch.setenv("SUMMARYD_TOKEN", mine)  # the writer processes' token
-    with _watched(tmp_path, hook, "team-a/job", 1, "", ("--token-file", str(tokens)), rank0={"nan": 10}) as (daemon, _):
+    with _watched(tmp_path, hook, "team-a/job", 1, "", ("--token-file", str(tokens)), rank0={"nan": 10}) as (
+        daemon,
+        job,
+    ):
         wait_for(lambda: hook.alerts("nonfinite"), 30, "the non-finite finding")
         [alert] = hook.alerts("nonfinite")
         assert alert["labels"]["run"] == "team-a/job" and "rank" not in alert["labels"]
@@ -353,3 +356,6 @@ def test_a_single_writer_is_watched_and_status_shows_a_token_the_findings_of_its
         capsys.readouterr()
         assert main(["status", "--address", daemon.address, "--json", "--token", theirs]) == 0
         assert json.loads(capsys.readouterr().out)["findings"] == []
+        job.stop()
+        wait_for(lambda: hook.alerts("nonfinite", "resolved"), 30, "the resolution")
+        assert hook.alerts("nonfinite", "resolved")[0]["annotations"]["summary"] == "the run's sessions closed"

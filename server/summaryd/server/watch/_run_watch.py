@@ -468,11 +468,6 @@ class RunWatch:
         """The furthest step of its workers (0 without any)."""
         return max((w.last_step for w in self.workers.values()), default=0)
 
-    @property
-    def idle(self) -> bool:
-        """Nothing left to watch: no worker, no state of a finding."""
-        return not self.workers and not self.nonfinite and not self._diverging
-
 
 def _name(rank: str) -> str:
     return rank or "the writer"

@@ -87,6 +87,8 @@ class Watch:
         self._ticker: asyncio.Task[None] | None = None
         self._saving: asyncio.Task[None] | None = None
         self._save_again = False
+        self._started = time.monotonic()
+        self._orphans = bool(book.active)  # findings taken up from the state file, until their runs come back
         book.listeners += [self.metrics.tell, *outputs, self._changed]
         for finding in book.active.values():
             self.metrics.tell(finding, restored=True)
@@ -138,6 +140,7 @@ class Watch:
     # ---- the ticker ----------------------------------------------------------------------------------
 
     def start(self) -> None:
+        self._started = time.monotonic()
         self._ticker = asyncio.create_task(self._tick_forever())
 
     async def stop(self) -> None:
@@ -171,8 +174,17 @@ class Watch:
             if run.series_refused:
                 self.metrics.refused.inc(run.series_refused)
                 run.series_refused = 0
-            if run.idle and not any(True for _ in book.of_run(name)):
+            if not run.workers:  # every session closed, or lost `lost_secs` ago: the run is over here
+                why = "the run's sessions closed" if run.ended else "its workers were lost"
+                for finding in list(book.of_run(name)):
+                    book.resolve(finding.key, why, run.step)
                 self._forget(name, run)
+        if self._orphans and now - self._started > self.rules.silence.lost_secs:
+            # Findings taken up from before a restart whose run never came back.
+            self._orphans = False
+            for finding in list(book.active.values()):
+                if finding.run not in self._runs:
+                    book.resolve(finding.key, "no worker of the run came back after the daemon's restart")
         # Sessions whose worker is no longer watched (closed, lost long ago, its run forgotten) are let go.
         self._by_session = {
             s: (w, r)
