@@ -10,9 +10,9 @@ series that got points, and which findings hold and which have ended.
 
 from __future__ import annotations
 
+import bisect
 import fnmatch
 import math
-import statistics
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
@@ -385,13 +385,16 @@ class RunWatch:
             for rank, worker in self.workers.items()
             if now - worker.last_arrival <= worker.silent_after and (t := worker.step_time()) is not None and t > 0
         }
+        if len(times) < rule.min_workers:
+            return
         furthest = max((w.last_step for w in self.workers.values()), default=0)
+        ordered = sorted(times.values())  # once per tick: each rank's "others" are this less one
         for rank, worker in self.workers.items():
             key: Key = ("straggler", self.run, rank)
             mine = times.get(rank)
-            if mine is None or len(times) < rule.min_workers:
+            if mine is None:
                 continue
-            typical = statistics.median(t for r, t in times.items() if r != rank)
+            typical = _median_without(ordered, bisect.bisect_left(ordered, mine))
             ratio = mine / typical
             if ratio >= rule.factor:
                 worker.fast_since = None
@@ -467,6 +470,17 @@ class RunWatch:
     def step(self) -> int:
         """The furthest step of its workers (0 without any)."""
         return max((w.last_step for w in self.workers.values()), default=0)
+
+
+def _median_without(ordered: list[float], index: int) -> float:
+    """The median of sorted `ordered` less its element at `index` (in O(1): the others keep their order)."""
+    count = len(ordered) - 1
+
+    def at(j: int) -> float:
+        return ordered[j if j < index else j + 1]
+
+    middle = count // 2
+    return at(middle) if count % 2 else (at(middle - 1) + at(middle)) / 2
 
 
 def _name(rank: str) -> str:
