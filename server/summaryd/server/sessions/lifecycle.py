@@ -420,12 +420,22 @@ class SessionLifecycle:
 
     async def release_lost(self) -> None:
         """Release the sessions of each run the storage stops owning (another daemon took it over), as it
-        happens; returns when the storage says no more will come (a local logdir: at once)."""
-        async for run_dir in self.storage.lost_runs():
-            try:
-                await self.release_run(run_dir)
-            except Exception:
-                log.exception("run %s: ending its sessions after the lease was lost failed", run_dir)
+        happens, runs side by side; returns when the storage says no more will come (a local logdir: at once)."""
+        releasing: set[asyncio.Task[None]] = set()
+        try:
+            async for run_dir in self.storage.lost_runs():
+                task = asyncio.ensure_future(self._release_lost(run_dir))
+                releasing.add(task)
+                task.add_done_callback(releasing.discard)
+        finally:
+            for task in list(releasing):  # the releases themselves run to their end (`_complete`)
+                task.cancel()
+
+    async def _release_lost(self, run_dir: str) -> None:
+        try:
+            await self.release_run(run_dir)
+        except Exception:
+            log.exception("run %s: ending its sessions after the lease was lost failed", run_dir)
 
     async def release_run(self, run_dir: str) -> None:
         """Release every live session of the run `run_dir` (another daemon took the run over: every worker); they
