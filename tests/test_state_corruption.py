@@ -26,7 +26,7 @@ import pytest
 
 from _support import Daemon, event_files, read_events, replay, start_daemon, unused_port
 from summaryd.client import SummaryWriter
-from summaryd.client._replay import open_request
+from summaryd.client._sender._replay import open_request
 from summaryd.client._spool import MANIFEST
 from summaryd.server.cli import main
 from summaryd.v1 import summaryd_pb2 as pb

@@ -1,5 +1,8 @@
 """`patch()`: `torch.utils.tensorboard` and `tensorboardX` write through summaryd, without a change to the code.
 
+This package is the client's zero-code part: `patch()` here, `summaryd run` (`_launch`, with the `sitecustomize`
+of `_bootstrap`) and `summaryd ship` (`_shipper`) beside it.
+
 Their `SummaryWriter` and `FileWriter` are replaced by subclasses of `summaryd.client.SummaryWriter` that take
 the replaced class's constructor arguments. A module already imported is patched at once; one imported later is
 patched right after it runs (an import hook on `sys.meta_path`, as the auto-instrumentation tools do), so
@@ -27,10 +30,10 @@ from datetime import datetime
 from types import MappingProxyType, ModuleType, TracebackType
 from typing import Any
 
+from summaryd.client._api._files import FileUploader
 from summaryd.client._environment import detect_worker
-from summaryd.client._files import FileUploader
+from summaryd.client._patch._tensorboardx import TensorboardXFileWriterMethods, TensorboardXMethods
 from summaryd.client._sender import DeliveryReport, Sender
-from summaryd.client._tensorboardx import TensorboardXFileWriterMethods, TensorboardXMethods
 from summaryd.client.writer import SummaryWriter, _merge
 
 RUN_ROOT_ENV = "SUMMARYD_RUN_ROOT"

@@ -26,7 +26,7 @@ import numpy as np
 from tensorboard.compat.proto.event_pb2 import Event, TaggedRunMetadata
 from tensorboard.compat.proto.summary_pb2 import Summary
 
-from summaryd.client import _files, _summaries, _torch
+from summaryd.client._api import _files, _summaries, _torch
 from summaryd.client._sender import DeliveryReport, Sender
 from summaryd.client.writer import SummaryWriter
 

@@ -25,8 +25,8 @@ import grpc
 
 from summaryd.client._channel import ChannelSettings
 from summaryd.client._patch import DAEMON_LOGDIR_ENV, REPORT_ENV, RUN_ROOT_ENV
+from summaryd.client._patch._shipper import Shipper, ship_until
 from summaryd.client._sender import DeliveryReport
-from summaryd.client._shipper import Shipper, ship_until
 
 BOOTSTRAP = str(Path(__file__).with_name("_bootstrap"))
 

@@ -35,10 +35,10 @@ from typing import Any
 
 import grpc
 
-from summaryd.client._batch_fit import DaemonLimits
 from summaryd.client._channel import ChannelSettings
 from summaryd.client._environment import parse_addresses, resolve_redirect_allow
-from summaryd.client._failover import DaemonChannel
+from summaryd.client._sender._batch_fit import DaemonLimits
+from summaryd.client._sender._failover import DaemonChannel
 from summaryd.client._sender._targets import RedirectRefusedError
 from summaryd.client._spool import (
     FILES_FORMAT,

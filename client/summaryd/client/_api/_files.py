@@ -31,7 +31,7 @@ from typing import Any
 import grpc
 import numpy as np
 
-from summaryd.client import _summaries, _torch
+from summaryd.client._api import _summaries, _torch
 from summaryd.client._channel import open_channel
 from summaryd.client._sender import Sender
 from summaryd.client._spool import SpoolLockedError, spool_files

@@ -34,11 +34,11 @@ from tensorboard.compat.proto.event_pb2 import Event
 
 from summaryd.client._channel import ChannelSettings
 from summaryd.client._environment import resolve_addresses, resolve_redirect_allow
-from summaryd.client._failover import DaemonChannel
-from summaryd.client._record_reader import CHUNK_BYTES, Record, RecordReader
+from summaryd.client._patch._record_reader import CHUNK_BYTES, Record, RecordReader
+from summaryd.client._patch._ship_state import Checkpoint, FileCursor
+from summaryd.client._sender._failover import DaemonChannel
 from summaryd.client._sender._grpc_transport import refused_sequence
 from summaryd.client._sender._targets import RedirectRefusedError
-from summaryd.client._ship_state import Checkpoint, FileCursor
 from summaryd.v1 import summaryd_pb2 as pb
 from summaryd.v1.runpath import run_dir_parts
 from summaryd.v1.wire import FRAMING_BYTES, VERSION
