@@ -13,7 +13,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from summaryd.server.operations.logs import Throttle
 from summaryd.server.sessions.live import Session
-from summaryd.server.storage.bucket.run_ownership import leased_run
+from summaryd.server.storage.backend import owned_run
 from summaryd.server.watch._findings import Finding, FindingBook
 from summaryd.server.watch._rules import Rules
 from summaryd.server.watch._run_watch import RunWatch, Worker
@@ -113,7 +113,7 @@ class Watch:
         session = self._sessions(session_id)
         if session is None or session.ending is not None:
             return None
-        run_name = leased_run(session.run.run_dir, session.worker)
+        run_name = owned_run(session.run.run_dir, session.worker)
         run = self._runs.get(run_name)
         if run is None:
             if len(self._runs) >= self.rules.max_runs:
