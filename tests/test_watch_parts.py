@@ -115,7 +115,7 @@ def test_no_watch_says_so_in_status_and_watch(tmp_path: Path, capsys: pytest.Cap
 
 
 def test_the_watch_package_exports_its_parts() -> None:
-    import summaryd.server.watch as watch
+    from summaryd.server import watch
 
     names = ["RULES", "STATE_NAME", "BoardWriter", "Finding", "FindingBook", "Rules", "Watch", "Webhook", "message"]
     assert sorted(watch.__all__) == sorted(names) and all(hasattr(watch, name) for name in names)
