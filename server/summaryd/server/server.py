@@ -177,7 +177,7 @@ class Server:
             await _ship_leftovers(shipper, config, state.store.last_of_run)
             resources.push_async_callback(shipper.stop)
             sweeper = asyncio.create_task(
-                BucketSessions(shipper.bucket).sweep_forever(config.session_retention_days * 86400)
+                BucketSessions(shipper.bucket).sweep_forever(config.session_retention_days * 86400, ownership.leases)
             )
             resources.push_async_callback(_cancelled, sweeper)
         if report.files:

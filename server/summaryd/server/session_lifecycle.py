@@ -330,11 +330,21 @@ class SessionLifecycle:
             except OSError as exc:
                 raise self._storage_error(exc, run_dir, "the run's lease could not be taken") from exc
 
-    async def _disown(self, run_dir: str, end: tuple[str, str, int] | None = None) -> None:
+    async def _disown(
+        self, run_dir: str, end: tuple[str, str, int] | None = None, published: asyncio.Future[None] | None = None
+    ) -> None:
         """Let go of the run's lease for one session that staged up to `end`: the last session's release waits
-        for that upload. At shutdown the leases are released after the last upload."""
+        for that upload, and for `published` (a close writing the session's closed state, which only a live
+        lease may). At shutdown the leases are released after the last upload."""
         if self.ownership is not None and not self._stopping:
-            await self.ownership.let_go(run_dir, (lambda: self._uploaded(end)) if end is not None else None)
+            await self.ownership.let_go(
+                run_dir, (lambda: self._settled(end, published)) if end is not None or published else None
+            )
+
+    async def _settled(self, end: tuple[str, str, int] | None, published: asyncio.Future[None] | None) -> None:
+        await self._uploaded(end)
+        if published is not None:
+            await published
 
     async def _start_owned(
         self, request: pb.OpenSessionRequest, parts: list[str], record: SessionRecord | None, peer: str
@@ -539,21 +549,27 @@ class SessionLifecycle:
         if session is None:
             return await self._complete(self._close_record(session_id)), 0
         uploaded = self._staged_end(session.run)
-        if await self._complete(self._leave(session, "closed")):
-            await self._uploaded(uploaded)
-            if self.bucket_sessions is not None:  # everything uploaded: the bucket's state says closed
-                self.marks.start(session.session_id, session.run.run_dir, session.acked)
-                await self._publish(session.session_id, session.run.run_dir, closed=True)
-                self.marks.forget(session.session_id)
-            log.info(
-                "session %s closed: run %s, %d events written, %d duplicates dropped",
-                session.session_id,
-                session.run.run_dir,
-                session.events_written,
-                session.duplicates_dropped,
-            )
-        elif session.ending == "released":  # released while the close waited: close what the store holds
-            await self._complete(self._close_record(session_id))
+        # The run's lease is kept until the closed state is written (or given up): written only under it.
+        published = asyncio.get_running_loop().create_future() if self.bucket_sessions is not None else None
+        try:
+            if await self._complete(self._leave(session, "closed", published=published)):
+                await self._uploaded(uploaded)
+                if self.bucket_sessions is not None:  # everything uploaded: the bucket's state says closed
+                    self.marks.start(session.session_id, session.run.run_dir, session.acked)
+                    await self._publish(session.session_id, session.run.run_dir, closed=True)
+                    self.marks.forget(session.session_id)
+                log.info(
+                    "session %s closed: run %s, %d events written, %d duplicates dropped",
+                    session.session_id,
+                    session.run.run_dir,
+                    session.events_written,
+                    session.duplicates_dropped,
+                )
+            elif session.ending == "released":  # released while the close waited: close what the store holds
+                await self._complete(self._close_record(session_id))
+        finally:
+            if published is not None and not published.done():
+                published.set_result(None)
         return session.acked, session.events_written
 
     async def _release(self, session: Session, expired_at: float | None) -> None:
@@ -572,7 +588,13 @@ class SessionLifecycle:
                 session.events_written,
             )
 
-    async def _leave(self, session: Session, ending: Ending, expired_at: float | None = None) -> bool:
+    async def _leave(
+        self,
+        session: Session,
+        ending: Ending,
+        expired_at: float | None = None,
+        published: asyncio.Future[None] | None = None,
+    ) -> bool:
         """End a live session (`closed`: after its file is synced); False when it had ended already, or (a
         release at `expired_at`) was heard from meanwhile.
 
@@ -604,7 +626,7 @@ class SessionLifecycle:
                 [record] if record is not None else [], [closed] if closed else [], sync=closing and last
             )
             self.sessions.remove(session, ending)
-            await self._disown(leased_run(session.run.run_dir, session.worker), end)
+            await self._disown(leased_run(session.run.run_dir, session.worker), end, published)
             await self._record_closed(await self.aggregation.left(session, list(self.sessions), self._stopping))
         return True
 
