@@ -22,7 +22,7 @@ import time
 import uuid
 from dataclasses import dataclass, field
 
-from summaryd.server.bucket import Bucket, BucketError, PreconditionFailedError
+from summaryd.server.bucket import Bucket, BucketError, PreconditionFailedError, gather_bounded
 from summaryd.server.leases import RunLeases
 
 log = logging.getLogger(__name__)
@@ -116,25 +116,26 @@ class BucketSessions:
         Raises:
             BucketError: the bucket could not be listed.
         """
-        removed = 0
-        for info in await self.bucket.list(SESSION_PREFIX):
-            if not info.modified or info.modified >= before:
-                continue
-            session_id = info.key[len(SESSION_PREFIX) :]
-            try:
-                found = await self._read(session_id)
-                if found is None or not found[0].closed or not found[0].run_dir:
-                    continue
-                if conditional:
-                    await self.bucket.delete_if(info.key, found[1])
-                else:
-                    await self.bucket.delete(info.key)
-                removed += 1
-            except PreconditionFailedError:
-                log.info("session %s: its state was written while it was being removed; kept", session_id)
-            except BucketError as exc:  # tried again at the next sweep
-                log.warning("session %s: its closed state could not be removed: %s", session_id, exc)
-        return removed
+        found = [info for info in await self.bucket.list(SESSION_PREFIX) if info.modified and info.modified < before]
+        return sum(await gather_bounded(self._sweep_one(info.key, conditional) for info in found))
+
+    async def _sweep_one(self, key: str, conditional: bool) -> bool:
+        session_id = key[len(SESSION_PREFIX) :]
+        try:
+            found = await self._read(session_id)
+            if found is None or not found[0].closed or not found[0].run_dir:
+                return False
+            if conditional:
+                await self.bucket.delete_if(key, found[1])
+            else:
+                await self.bucket.delete(key)
+        except PreconditionFailedError:
+            log.info("session %s: its state was written while it was being removed; kept", session_id)
+            return False
+        except BucketError as exc:  # tried again at the next sweep
+            log.warning("session %s: its closed state could not be removed: %s", session_id, exc)
+            return False
+        return True
 
     async def sweep_forever(
         self, retention_secs: float, leases: RunLeases | None = None, every: float = SWEEP_SECS

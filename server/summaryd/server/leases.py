@@ -42,7 +42,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from summaryd.server.bucket import Bucket, BucketError, PreconditionFailedError
+from summaryd.server.bucket import Bucket, BucketError, PreconditionFailedError, gather_bounded
 from summaryd.server.segments import fence_file
 
 log = logging.getLogger(__name__)
@@ -203,24 +203,30 @@ class RunLeases:
         Raises:
             BucketError: the leases could not be listed.
         """
-        removed, now = 0, self._clock()
-        for info in await self.bucket.list(LEASE_PREFIX):
-            if not info.key.endswith(LEASE_SUFFIX) or not info.modified or info.modified >= before:
-                continue
-            run_dir = info.key[len(LEASE_PREFIX) : -len(LEASE_SUFFIX)]
-            try:
-                lease = await self.read(run_dir)
-                if lease is None or lease.expires > now:
-                    continue
-                for directory, name in sorted({*lease.files, *lease.unfenced}):
-                    await fence_file(self.bucket, directory, name)
-                await self.bucket.delete_if(info.key, lease.etag)
-                removed += 1
-            except PreconditionFailedError:
-                log.info("run %s: its lease was written while it was being removed; kept", run_dir)
-            except BucketError as exc:  # tried again at the next sweep
-                log.warning("run %s: its expired lease could not be removed: %s", run_dir, exc)
-        return removed
+        now = self._clock()
+        found = [
+            info
+            for info in await self.bucket.list(LEASE_PREFIX)
+            if info.key.endswith(LEASE_SUFFIX) and info.modified and info.modified < before
+        ]
+        return sum(await gather_bounded(self._sweep_one(info.key, now) for info in found))
+
+    async def _sweep_one(self, key: str, now: float) -> bool:
+        run_dir = key[len(LEASE_PREFIX) : -len(LEASE_SUFFIX)]
+        try:
+            lease = await self.read(run_dir)
+            if lease is None or lease.expires > now:
+                return False
+            for directory, name in sorted({*lease.files, *lease.unfenced}):
+                await fence_file(self.bucket, directory, name)
+            await self.bucket.delete_if(key, lease.etag)
+        except PreconditionFailedError:
+            log.info("run %s: its lease was written while it was being removed; kept", run_dir)
+            return False
+        except BucketError as exc:  # tried again at the next sweep
+            log.warning("run %s: its expired lease could not be removed: %s", run_dir, exc)
+            return False
+        return True
 
     async def read(self, run_dir: str) -> Lease | None:
         """The run's lease as stored, or None when there is none (or it cannot be parsed: then it is replaced)."""
