@@ -20,10 +20,10 @@ from test_durable_state import batch
 from test_objstore import BUCKET, logdir_url, prefix_of, seaweed, start_bucket_daemon
 
 from benchmarks._seaweed import SeaweedServer
-from summaryd.server.bucket import Bucket, PreconditionFailedError
-from summaryd.server.bucket_sessions import PROBE_PREFIX, SESSION_PREFIX, BucketSessions, DurableSession
-from summaryd.server.leases import LEASE_PREFIX, Lease, LeaseLostError, RunLeases
-from summaryd.server.segments import run_segments
+from summaryd.server.storage.bucket.leases import LEASE_PREFIX, Lease, LeaseLostError, RunLeases
+from summaryd.server.storage.bucket.segments import run_segments
+from summaryd.server.storage.bucket.sessions import PROBE_PREFIX, SESSION_PREFIX, BucketSessions, DurableSession
+from summaryd.server.storage.bucket.store import Bucket, PreconditionFailedError
 from summaryd.v1 import summaryd_pb2 as pb
 from summaryd.v1 import summaryd_pb2_grpc as pb_grpc
 
