@@ -1,7 +1,7 @@
 """The `summaryd.v1.Summaries` servicer: validation and authorization at the edge, one status per failure.
 
 Each method checks what the request says (`request_checks`, run and file paths, a batch's size) and what the
-caller's token reaches, then hands the request to the session lifecycle (`session_lifecycle`). What the inner
+caller's token reaches, then hands the request to the session lifecycle (`sessions.lifecycle`). What the inner
 layers refuse they raise as the errors of `errors`; `STATUS` is the one table from those to gRPC statuses, and
 `_answered` the one place that applies it.
 """
