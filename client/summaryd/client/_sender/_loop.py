@@ -317,7 +317,8 @@ class SenderLoop:
         """Seconds to sleep unless woken. Only what this thread can do when the time comes counts: a batch's time
         to leave while the stream can take it (not while the daemon is away: the reconnect schedule wakes it
         then), the spool while it is not yet due; a moment passed that nothing acts on would have it wake
-        every millisecond."""
+        every millisecond. Each wake-up takes the GIL from the training loop, which on a loaded machine waits
+        for this thread to be scheduled first."""
         now = time.monotonic()
         waits = [1.0, self._status.close_deadline - now]
         connection = self._connection
@@ -330,5 +331,6 @@ class SenderLoop:
                 spill_in = self._options.spool_after - (now - self._batches.progress_at)
                 if spill_in > 0:
                     waits.append(spill_in)
-                waits.append(0.1)  # acks, overdue batches and the in-flight window
+                if connection.streaming:
+                    waits.append(0.1)  # acks, overdue batches and the in-flight window
         return max(0.001, min(waits))
