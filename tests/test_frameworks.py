@@ -224,3 +224,4 @@ def test_framework_cost_benchmark_runs_every_case(capsys: pytest.CaptureFixture[
     verdicts = [line.split(":")[0] for line in lines if line.startswith("target ")]
     assert verdicts == [f"target {framework} {case}" for framework in frameworks for case in CASES[1:]]
     assert all(line.endswith((": met", ": NOT met")) for line in lines if line.startswith("target "))
+    assert lines[-1].startswith("load average: ")
