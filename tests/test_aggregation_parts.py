@@ -11,11 +11,11 @@ from tensorboard.compat.proto.summary_pb2 import Summary, SummaryMetadata
 from tensorboard.compat.proto.tensor_pb2 import TensorProto
 from tensorboard.compat.proto.tensor_shape_pb2 import TensorShapeProto
 
-from summaryd.server.aggregation import AggregateRuns, AggregationSettings, RunAggregator
-from summaryd.server.limits import DEFAULT
-from summaryd.server.scalar_points import points
-from summaryd.server.scalar_records import ScalarRecords
-from summaryd.server.step_table import Reduction, StepTable
+from summaryd.server.aggregation.aggregator import AggregateRuns, AggregationSettings, RunAggregator
+from summaryd.server.aggregation.step_table import Reduction, StepTable
+from summaryd.server.records.scalar_points import points
+from summaryd.server.records.scalar_records import ScalarRecords
+from summaryd.server.security.limits import DEFAULT
 from summaryd.v1 import summaryd_pb2 as pb
 
 
@@ -178,7 +178,7 @@ def test_a_raise_in_finalisation_never_stops_the_runs_timer() -> None:
     still tells that the run went idle."""
 
     async def tick() -> tuple[RunAggregator, int]:
-        aggregator = RunAggregator(AggregateRuns("job", None, DEFAULT, None), AggregationSettings(True, 0.01))  # type: ignore[arg-type]
+        aggregator = RunAggregator(AggregateRuns("job", None, DEFAULT), AggregationSettings(True, 0.01))  # type: ignore[arg-type]
         aggregator.table = _RaisingOnce(2, max_pending=100)
         for worker in ("a", "b"):
             aggregator.table.add(worker, "loss", 0, 1.0, 1.0, now=0.0)

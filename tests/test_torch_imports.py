@@ -19,7 +19,7 @@ SAME_PAYLOADS = textwrap.dedent(
     """
     import json, sys
     import numpy as np, torch
-    from summaryd.client import _torch
+    from summaryd.client._api import _torch
 
     own = _torch.builders()
     seen = {"package": "torch.utils.tensorboard" in sys.modules, "tensorflow": "tensorflow" in sys.modules}

@@ -19,8 +19,6 @@ from typing import Any
 import grpc
 from grpc import aio
 
-from summaryd.server import run_files
-from summaryd.server.auth import Grant, current_caller
 from summaryd.server.errors import (
     BatchRefusedError,
     DiskFullError,
@@ -36,12 +34,13 @@ from summaryd.server.errors import (
     SessionUnknownError,
     StorageError,
 )
-from summaryd.server.request_checks import batch_count, open_problem, session_id_problem, write_problem
-from summaryd.server.runpath import run_dir_parts
-from summaryd.server.scalar_records import ScalarRecords
-from summaryd.server.segments import SegmentShipper
-from summaryd.server.session_lifecycle import SessionLifecycle
-from summaryd.server.sessions import Session
+from summaryd.server.records.scalar_records import ScalarRecords
+from summaryd.server.security.auth import Grant, current_caller
+from summaryd.server.security.request_checks import batch_count, open_problem, session_id_problem, write_problem
+from summaryd.server.sessions.lifecycle import SessionLifecycle
+from summaryd.server.sessions.live import Session
+from summaryd.server.storage import run_files
+from summaryd.server.storage.runpath import run_dir_parts
 from summaryd.v1 import summaryd_pb2 as pb
 from summaryd.v1 import summaryd_pb2_grpc as pb_grpc
 from summaryd.v1.wire import VERSION
@@ -279,10 +278,9 @@ class SummariesService(pb_grpc.SummariesServicer):
         """The open runs and live sessions the caller's token reaches (all of them without a token file)."""
         grant = await self._grant(context)
         now = time.monotonic()
-        registry = self.lifecycle.registry
-        ownership = self.lifecycle.ownership  # a bucket logdir: its URL, not the staging directory
-        logdir = ownership.leases.bucket.url if ownership is not None else registry.logdir
-        response = pb.GetStatusResponse(logdir=logdir, version=VERSION)
+        storage = self.lifecycle.storage
+        registry = storage.runs
+        response = pb.GetStatusResponse(logdir=storage.logdir, version=VERSION)
         for run in registry.runs:
             if grant is not None and not grant.allows(run.run_dir):
                 continue
@@ -293,7 +291,7 @@ class SummariesService(pb_grpc.SummariesServicer):
                 bytes_written=run.bytes_written,
                 sessions=run.sessions,
             )
-            self._bucket_columns(status)
+            storage.describe(status)  # a bucket logdir: its lease holder, staged bytes and last upload
         aggregation = self.lifecycle.aggregation
         for s in self.lifecycle.sessions:
             if grant is not None and not grant.allows(s.run.run_dir):
@@ -313,17 +311,6 @@ class SummariesService(pb_grpc.SummariesServicer):
                 lag_steps=lag or 0,
             )
         return response
-
-    def _bucket_columns(self, status: pb.RunStatus) -> None:
-        """A bucket logdir's columns of a run: its lease holder, staged bytes and last upload."""
-        ownership, sink = self.lifecycle.ownership, self.lifecycle.registry.sink
-        if ownership is not None and ownership.holds(status.run_dir):
-            status.lease_holder = ownership.address
-        if isinstance(sink, SegmentShipper):
-            status.staged_bytes, last_upload = sink.backlog(status.run_dir)
-            if last_upload is not None:
-                status.last_upload_unix = last_upload
-                status.last_upload_age_seconds = max(0.0, time.time() - last_upload)
 
     # ---- authorization ---------------------------------------------------------------------------------
 
