@@ -186,7 +186,7 @@ class Server:
             await _ship_leftovers(bucket.shipper, config, state.store.last_of_run)
             resources.push_async_callback(bucket.shipper.stop)
             sweeper = asyncio.create_task(
-                bucket.watermarks.sessions.sweep_forever(config.session_retention_days * 86400)
+                bucket.watermarks.sessions.sweep_forever(config.session_retention_days * 86400, bucket.ownership.leases)
             )
             resources.push_async_callback(_cancelled, sweeper)
             storage = BucketStorage(registry, bucket.shipper, bucket.ownership, bucket.watermarks)
