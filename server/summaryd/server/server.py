@@ -42,6 +42,7 @@ from summaryd.server.storage.local import LocalStorage
 from summaryd.server.storage.open_files import ensure_open_files
 from summaryd.server.storage.runs import RunRegistry
 from summaryd.server.storage.state import StateDir
+from summaryd.server.watch import STATE_NAME, BoardWriter, FindingBook, Watch, Webhook
 from summaryd.v1 import summaryd_pb2 as pb
 from summaryd.v1 import summaryd_pb2_grpc as pb_grpc
 
@@ -66,6 +67,7 @@ class _Serving:
     health: health_aio.HealthServicer
     service: SummariesService
     lifecycle: SessionLifecycle
+    watch: Watch | None
     # Releases, in reverse order, everything start-up took: the gRPC server, the metrics server, the I/O
     # threads, the state directory (its lock) and the logdir's descriptor.
     resources: contextlib.AsyncExitStack
@@ -209,7 +211,9 @@ class Server:
         lifecycle = SessionLifecycle(storage, state.store, config.session_lease, config.limits, config.aggregation)
         # Runs another daemon took over: their sessions here are released as the storage finds them.
         resources.push_async_callback(_cancelled, asyncio.create_task(lifecycle.release_lost()))
-        service = SummariesService(lifecycle)
+        ownership = bucket.ownership if bucket is not None else None
+        watch = await self._start_watch(registry, lifecycle, ownership, resources) if config.watch else None
+        service = SummariesService(lifecycle, watch)
         if board is not None:
             await self._serve_board(board, registry, resources)
         self.metrics.registry.register(SessionCollector(lifecycle))
@@ -233,7 +237,31 @@ class Server:
         await listener.start()
         where = f"{config.logdir} (staged in {registry.logdir})" if config.is_bucket else registry.logdir
         log.info("summaryd serving %s on %s (port %d)", where, config.host, self.port)
-        return _Serving(server, health, service, lifecycle, resources)
+        return _Serving(server, health, service, lifecycle, watch, resources)
+
+    async def _start_watch(
+        self,
+        registry: RunRegistry,
+        lifecycle: SessionLifecycle,
+        ownership: RunOwnership | None,
+        resources: contextlib.AsyncExitStack,
+    ) -> Watch:
+        """The watch over every batch written, its findings' book (taken up from the state directory) and
+        outputs: metrics, TensorBoard (`<run>/summaryd`), and the webhook when given."""
+        config = self.config
+        book = await asyncio.to_thread(FindingBook, os.path.join(config.state_path, STATE_NAME))
+        board = BoardWriter(registry, ownership.holds if ownership is not None else lambda run: True)
+        resources.push_async_callback(board.stop)
+        outputs = [board.tell]
+        if config.watch_webhook:
+            webhook = Webhook(config.watch_webhook, self.metrics.registry)
+            resources.callback(webhook.stop)
+            outputs.append(webhook.tell)
+        watch = Watch(config.watch_settings, lifecycle.sessions.get, book, self.metrics.registry, outputs)
+        registry.observe(watch)
+        watch.start()
+        resources.push_async_callback(watch.stop)
+        return watch
 
     async def _bucket_parts(self, executor: ThreadPoolExecutor) -> _BucketParts:
         """A bucket logdir's run leases, the session state and watermarks in the bucket, and the shipper of the
@@ -308,6 +336,8 @@ class Server:
             # Stop accepting: health says NOT_SERVING, new sessions are refused, idle streams end now.
             await serving.health.enter_graceful_shutdown()
             serving.service.start_draining()
+            if serving.watch is not None:  # sessions released from here on are the daemon's doing, not silence
+                await serving.watch.stop()
             # Drain: batches, flushes and closes under way finish and are answered (within half the deadline).
             # Then stop at once: waiting for the grace period would only hold up calls that clients keep
             # making to a server that no longer takes them.
