@@ -392,3 +392,14 @@ def test_a_run_on_disk_being_written_to_is_read_before_the_others() -> None:
     index.backfilled("c", iter(()))
     assert index.awaited() == []
     assert backfill.next_run({"a": [], "b": []}) == "a"
+
+
+def test_a_run_starts_at_its_first_files_first_record_as_tensorboard_dates_it(board: Board) -> None:
+    writer = SummaryWriter("exp", address=board.daemon.address)
+    writer.add_scalar("loss", 1.0, 1, walltime=1_000_000.0)  # a point's own time is not the run's start
+    assert writer.close().ok
+    (path,) = event_files(board.daemon.logdir / "exp")
+    header = read_events(path)[0]
+    assert header.HasField("file_version")
+    (run,) = board.stub.ListRuns(dp.ListRunsRequest()).runs
+    assert run.start_time == header.wall_time

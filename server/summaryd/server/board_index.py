@@ -19,7 +19,7 @@ import logging
 import random
 import threading
 from array import array
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol, TypeAlias
 
@@ -59,7 +59,8 @@ class SamplesPerPlugin:
 
     @classmethod
     def parse(cls, text: str) -> SamplesPerPlugin:
-        """`scalars=1000,images=all,...`: a number of points, or `all` for every point.
+        """`scalars=1000,images=all,...`: a number of points, or `all` (or 0, as TensorBoard's flag takes it) for
+        every point.
 
         Raises:
             ValueError: an entry is not PLUGIN=N or PLUGIN=all.
@@ -72,10 +73,10 @@ class SamplesPerPlugin:
                 raise ValueError(f"--samples-per-plugin entry {entry!r} needs PLUGIN=N or PLUGIN=all")
             if count == "all":
                 overrides[plugin] = ALL
-            elif count.isdigit() and int(count) > 0:
+            elif count.isdigit():
                 overrides[plugin] = int(count)
             else:
-                raise ValueError(f"--samples-per-plugin {plugin}={count!r}: give a positive number of points or all")
+                raise ValueError(f"--samples-per-plugin {plugin}={count!r}: give a number of points, or all (or 0)")
         return cls(overrides)
 
     def capacity(self, plugin: str) -> int:
@@ -344,8 +345,13 @@ class BoardIndex:
     """Every run's `RunIndex`, fed live after each batch is written (`written`) and by the runs already on disk
     (`backfill`). Its methods may be called from any thread; each holds the index's lock briefly."""
 
-    def __init__(self, samples: SamplesPerPlugin | None = None) -> None:
+    def __init__(
+        self, samples: SamplesPerPlugin | None = None, file_started: Callable[[str], float | None] | None = None
+    ) -> None:
+        """`file_started` gives a run's open file's `file_version` wall time: a run first seen live starts
+        then, as TensorBoard dates a run by the first record of its first file."""
         self.samples = samples or SamplesPerPlugin()
+        self._file_started = file_started
         self._runs: dict[str, RunIndex] = {}
         self._lock = threading.Lock()
         # Runs whose files from before the start are still being read: their live batches wait here, in order.
@@ -363,7 +369,8 @@ class BoardIndex:
     def _run(self, name: str) -> RunIndex:
         run = self._runs.get(name)
         if run is None:
-            run = self._runs[name] = RunIndex(self.samples)
+            started = self._file_started(name) if self._file_started is not None else None
+            run = self._runs[name] = RunIndex(self.samples, start_time=started)
         return run
 
     @staticmethod

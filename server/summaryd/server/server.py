@@ -374,7 +374,7 @@ class Server:
         """Serve TensorBoard's data provider on the bound board address, over an index fed by every batch written
         and, on a local logdir, by the runs already there (read in the background)."""
         config = self.config
-        index = BoardIndex(config.samples)
+        index = BoardIndex(config.samples, registry.file_started)
         registry.observers.append(index)
         location = config.logdir if config.is_bucket else registry.logdir
         dp_grpc.add_TensorBoardDataProviderServicer_to_server(BoardService(index, location, config.board_runs), server)
