@@ -18,6 +18,8 @@ import grpc
 import numpy as np
 import pytest
 import torch
+from tensorboard.backend.event_processing import data_provider as tb_data_provider
+from tensorboard.backend.event_processing import reservoir as tb_reservoir
 from tensorboard.data.proto import data_provider_pb2 as dp
 from tensorboard.data.proto import data_provider_pb2_grpc as dp_grpc
 
@@ -217,14 +219,21 @@ def test_a_restart_at_a_lower_step_purges_that_series_from_that_step(board: Boar
 
 
 def test_a_session_log_start_purges_every_series_of_its_run_from_its_step(board: Board) -> None:
-    writer = SummaryWriter("exp", address=board.daemon.address)
+    # torch's `purge_step` writes SessionLog.START at that step. The run's first START is its start: a worker
+    # that joins with purge_step=0 takes nothing from the points already there.
+    first = SummaryWriter("exp", address=board.daemon.address)
+    first.add_scalar("lr", 1.0, 0)
+    assert first.close().ok
+    writer = SummaryWriter("exp", address=board.daemon.address, purge_step=0)
     for step in range(50):
         writer.add_scalar("loss", value(step), step)
     assert writer.close().ok
-    # torch's `purge_step` writes SessionLog.START at that step: TensorBoard drops every later point of the run.
+    assert board.scalars("exp", "lr") == [(0, 1.0)]
+    # A later START is a restart: TensorBoard drops every point of the run from its step on.
     purged = SummaryWriter("exp", address=board.daemon.address, purge_step=30)
     assert purged.close().ok
     assert board.scalars("exp", "loss") == [(s, value(s)) for s in range(30)]
+    assert board.scalars("exp", "lr") == [(0, 1.0)]
 
 
 def test_runs_already_on_disk_are_served_after_a_restart_and_live_points_follow_them(tmp_path: Path) -> None:
@@ -403,3 +412,29 @@ def test_a_run_starts_at_its_first_files_first_record_as_tensorboard_dates_it(bo
     assert header.HasField("file_version")
     (run,) = board.stub.ListRuns(dp.ListRunsRequest()).runs
     assert run.start_time == header.wall_time
+
+
+@pytest.mark.parametrize("capacity", [1, 10, 1000])
+def test_a_series_keeps_the_very_sample_tensorboards_reservoir_keeps_through_restarts(capacity: int) -> None:
+    # TensorBoard's own reservoir (the Python loader's) over the same stream, its restart purge as the loader
+    # makes it: `FilterItems` keeping the steps below the restart's.
+    theirs = tb_reservoir.Reservoir(capacity, seed=0, always_keep_last=True)
+    ours = Reservoir(capacity, ScalarPoints())
+    stream = [*range(0, 3000), *range(1800, 2500), *range(40, 5000, 3)]  # restarts at steps 1800 and 40
+    last = -1
+    for step in stream:
+        if step <= last:
+            theirs.FilterItems(lambda item, below=step: item < below)
+            ours.purge(step)
+        theirs.AddItem("loss", step)
+        ours.offer(Datum(step, 0.0, float(step)))
+        last = step
+    assert [d.step for d in ours.items] == theirs.Items("loss")
+    assert ours.items[-1].step == stream[-1]
+
+
+def test_num_points_picks_the_points_tensorboards_own_provider_picks() -> None:
+    for n in (0, 1, 2, 10, 999, 1000, 1001, 5000):
+        points = list(range(n))
+        for k in (0, 1, 2, 10, 1000, 6000):
+            assert [points[i] for i in sample_indices(n, k)] == tb_data_provider._downsample(points, k), (n, k)

@@ -328,3 +328,89 @@ def compare(files: TensorBoard, provider: TensorBoard, rust: TensorBoard) -> Non
     differing = [route for route in as_rustboard if actual[route] != rustboard.get(route)]
     assert not differing, differences(rustboard, actual, differing)
     print(f"{len(routes)} answers as the Python loader's, {len(as_rustboard)} as RustBoard's")
+
+
+def scalars_and_images(tb: TensorBoard, runs: list[str]) -> dict[str, Any]:
+    """Every scalar series of `runs` and the steps of their images, as `tb`'s dashboards read them."""
+    found: dict[str, Any] = {}
+    tags = tb.get("/data/plugin/scalars/tags")
+    images = tb.get("/data/plugin/images/tags")
+    for run in runs:
+        for tag in sorted(tags.get(run, {})):
+            found[f"{run} {tag}"] = [p[1:] for p in tb.get("/data/plugin/scalars/scalars", run=run, tag=tag)]
+        for tag in sorted(images.get(run, {})):
+            entries = tb.get("/data/plugin/images/images", run=run, tag=tag, sample="0")
+            found[f"{run} {tag}"] = [e["step"] for e in entries]
+    return found
+
+
+def test_restarts_and_sampling_are_served_as_tensorboard_serves_them_from_files(tmp_path: Path) -> None:
+    board_address = f"127.0.0.1:{unused_port()}"
+    daemon = start_daemon(tmp_path, "--board-listen", board_address)  # TensorBoard's default sampling
+    try:
+        address = daemon.address
+        image = np.zeros((3, 4, 4), dtype=np.float32)
+        # Resumed with torch's purge_step: the second START of the run drops its points from step 1200 on.
+        with SummaryWriter("restarted", address=address, purge_step=0) as first:
+            for step in range(1500):  # above the 1,000 scalars TensorBoard keeps: its sample, the newest in it
+                first.add_scalar("loss", step / 4, step)
+                first.add_scalar("lr", 1.0 / (step + 1), step)
+            for step in range(30):  # above the 10 images it keeps
+                first.add_image("sample", image + step / 30, step)
+        with SummaryWriter("restarted", address=address, purge_step=1200) as resumed:
+            for step in range(1200, 1600):
+                resumed.add_scalar("loss", -step / 4, step)
+        # A worker joining with purge_step=0 (the run's first START) takes nothing from what is there.
+        with SummaryWriter("joined", address=address) as first:
+            for step in range(10):
+                first.add_scalar("lr", 0.5, step)
+        with SummaryWriter("joined", address=address, purge_step=0) as joining:
+            for step in range(10):
+                joining.add_scalar("loss", step / 4, step)
+        # Resumed without a START: the repeated steps give way (RustBoard's preemption, TensorBoard's default
+        # loader for a local logdir; the Python loader keeps both and draws the line back).
+        with SummaryWriter("preempted", address=address) as first:
+            for step in range(300):
+                first.add_scalar("loss", step / 4, step)
+        with SummaryWriter("preempted", address=address) as resumed:
+            for step in range(200, 250):
+                resumed.add_scalar("loss", -step / 4, step)
+
+        tbs = {}
+        for name, flags in (
+            ("python", ["--logdir", str(daemon.logdir), "--load_fast=false"]),
+            ("rustboard", ["--logdir", str(daemon.logdir), "--load_fast=true"]),
+            ("provider", ["--grpc_data_provider", board_address]),
+        ):
+            (tmp_path / name).mkdir()
+            tbs[name] = TensorBoard(flags, tmp_path / name)
+        try:
+            runs = ["restarted", "joined", "preempted"]
+            answers: dict[str, dict[str, Any]] = {}
+            for name, tb in tbs.items():
+
+                def complete(tb: TensorBoard = tb, name: str = name) -> bool:
+                    answers[name] = scalars_and_images(tb, runs)
+                    return len(answers[name]) == 6 and answers[name] == scalars_and_images(tb, runs)
+
+                wait_for(complete, 240, f"{name} TensorBoard to have read every file")
+        finally:
+            for tb in tbs.values():
+                stop_process(tb.proc, 10)
+    finally:
+        daemon.stop()
+
+    python, rustboard, provider = answers["python"], answers["rustboard"], answers["provider"]
+    for series in ("restarted loss", "restarted lr", "restarted sample", "joined loss", "joined lr"):
+        assert provider[series] == python[series], series
+    assert provider["preempted loss"] == rustboard["preempted loss"]
+    # What those answers are, as TensorBoard documents them.
+    loss = provider["restarted loss"]
+    assert len(loss) == 1000 and loss[-1] == [1599, -1599 / 4]
+    assert [s for s, _ in loss] == sorted({s for s, _ in loss})
+    assert all(v == (s / 4 if s < 1200 else -s / 4) for s, v in loss)
+    assert max(s for s, _ in provider["restarted lr"]) == 1199
+    assert len(provider["restarted sample"]) == 10 and provider["restarted sample"][-1] == 29
+    assert len(provider["joined lr"]) == 10
+    assert provider["preempted loss"] == [[s, s / 4] for s in range(200)] + [[s, -s / 4] for s in range(200, 250)]
+    assert python["preempted loss"] != provider["preempted loss"]  # the Python loader draws the line back

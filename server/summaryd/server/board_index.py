@@ -7,8 +7,9 @@ scalars keep a float, tensors their `TensorProto`, blob sequences their blobs.
 
 Each series is a reservoir as TensorBoard's (`Reservoir`): at most `capacity` points, chosen uniformly, the
 newest always kept; a point whose step is not above the newest kept one is a restart, and the points at its
-step and later give way (TensorBoard's purge of orphaned data; RustBoard's preemption). A `SessionLog.START`
-at step s purges every series of its run at steps >= s. Capacities are per plugin (`SamplesPerPlugin`).
+step and later give way (RustBoard's preemption). A `SessionLog.START` at step s, other than the run's first,
+purges every series of its run at steps >= s (TensorBoard's Python loader's restart purge). Capacities are
+per plugin (`SamplesPerPlugin`).
 """
 
 from __future__ import annotations
@@ -245,13 +246,18 @@ class RunIndex:
     start_time: float | None = None
     series: dict[str, Series] = field(default_factory=dict)
     _initial: dict[str, SummaryMetadata] = field(default_factory=dict)
+    _session_started: bool = False
 
     def add_event(self, event: Event) -> None:
         if self.start_time is None and event.wall_time:
             self.start_time = event.wall_time
         if event.HasField("session_log") and event.session_log.status == SessionLog.START:
-            for series in self.series.values():
-                series.reservoir.purge(event.step)
+            # The run's first START is its start, not a restart (TensorBoard's loader purges from the second on):
+            # a worker joining a run others log to with purge_step=0 takes nothing from them.
+            if self._session_started:
+                for series in self.series.values():
+                    series.reservoir.purge(event.step)
+            self._session_started = True
         if event.HasField("summary") and self._took_simple_values(event):
             return
         for migrated in data_compat_events(event, self._initial):
