@@ -13,6 +13,7 @@ import urllib.parse
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import grpc
 import numpy as np
@@ -236,7 +237,16 @@ def test_a_session_log_start_purges_every_series_of_its_run_from_its_step(board:
     assert board.scalars("exp", "lr") == [(0, 1.0)]
 
 
-def test_runs_already_on_disk_are_served_after_a_restart_and_live_points_follow_them(tmp_path: Path) -> None:
+def board_status(board: Board, capsys: pytest.CaptureFixture[str]) -> dict[str, Any]:
+    """The `board` of `summaryd status --json`."""
+    assert main(["status", "--json", "--address", board.daemon.address]) == 0
+    found: dict[str, Any] = json.loads(capsys.readouterr().out)["board"]
+    return found
+
+
+def test_runs_already_on_disk_are_served_after_a_restart_and_live_points_follow_them(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     logdir = tmp_path / "runs"
     first = start_daemon(tmp_path, logdir=logdir)
     try:
@@ -251,6 +261,16 @@ def test_runs_already_on_disk_are_served_after_a_restart_and_live_points_follow_
     board = Board(tmp_path, logdir=logdir)
     try:
         wait_for(lambda: len(board.scalars("b/c", "loss")) == 40, 60, "the runs on disk to be read")
+        # `summaryd status` shows the board and how far the reading of the runs already there is.
+        wait_for(lambda: board_status(board, capsys)["runs_pending"] == 0, 30, "status to count every run read")
+        assert board_status(board, capsys) == {
+            "address": board.address,
+            "runs": 2,
+            "runs_pending": 0,
+            "segments_pending": 0,
+        }
+        assert main(["status", "--address", board.daemon.address]) == 0
+        assert f"board {board.address} (tensorboard --grpc_data_provider): 2 runs\n" in capsys.readouterr().out
         assert board.scalars("a", "loss") == [(s, value(s)) for s in range(40)]
         writer = SummaryWriter("a", address=board.daemon.address)
         writer.add_scalar("loss", 99.0, 40)

@@ -94,6 +94,10 @@ class BoardService(dp_grpc.TensorBoardDataProviderServicer):  # type: ignore[mis
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"downsample.num_points is {k}; give 0 or more")
         return k
 
+    def run_count(self) -> int:
+        """The runs served (under `--board-runs`)."""
+        return sum(1 for _ in self._runs(None))
+
     async def GetExperiment(self, request: dp.GetExperimentRequest, context: Context) -> dp.GetExperimentResponse:
         response = dp.GetExperimentResponse(data_location=self._location)
         starts = [run.start_time for _, run in self._runs(None) if run.start_time is not None]

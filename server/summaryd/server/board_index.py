@@ -249,8 +249,10 @@ class RunIndex:
     _session_started: bool = False
 
     def add_event(self, event: Event) -> None:
-        if self.start_time is None and event.wall_time:
-            self.start_time = event.wall_time
+        if event.wall_time and (
+            self.start_time is None or (event.HasField("file_version") and event.wall_time < self.start_time)
+        ):
+            self.start_time = event.wall_time  # the first record of the run's first file (read later, maybe)
         if event.HasField("session_log") and event.session_log.status == SessionLog.START:
             # The run's first START is its start, not a restart (TensorBoard's loader purges from the second on):
             # a worker joining a run others log to with purge_step=0 takes nothing from them.
@@ -352,32 +354,57 @@ class BoardIndex:
     (`backfill`). Its methods may be called from any thread; each holds the index's lock briefly."""
 
     def __init__(
-        self, samples: SamplesPerPlugin | None = None, file_started: Callable[[str], float | None] | None = None
+        self,
+        samples: SamplesPerPlugin | None = None,
+        open_file: Callable[[str], tuple[str, float] | None] | None = None,
     ) -> None:
-        """`file_started` gives a run's open file's `file_version` wall time: a run first seen live starts
-        then, as TensorBoard dates a run by the first record of its first file."""
+        """`open_file` names a run's open event file and its `file_version` wall time: a run first seen live
+        starts then, as TensorBoard dates a run by the first record of its first file."""
         self.samples = samples or SamplesPerPlugin()
-        self._file_started = file_started
+        self._open_file = open_file
         self._runs: dict[str, RunIndex] = {}
         self._lock = threading.Lock()
-        # Runs whose files from before the start are still being read: their live batches wait here, in order.
+        # Runs whose older files (on disk, or in the bucket) are still being read: their live batches wait here.
         self._waiting: dict[str, list[Sequence[bytes]]] = {}
+        self._own: dict[str, set[str]] = {}  # by run, the event files this process writes (a bucket skips them)
 
     def written(self, run_dir: str, session_id: str, events: Sequence[bytes]) -> None:
         """Take a batch right after it was written to `run_dir` (a `runs.WriteObserver`); never raises."""
+        opened = self._open_file(run_dir) if self._open_file is not None else None
         with self._lock:
+            if opened is not None:
+                self._own.setdefault(run_dir, set()).add(opened[0])
             waiting = self._waiting.get(run_dir)
             if waiting is not None:
                 waiting.append(events)
                 return
-            self._take(self._run(run_dir), events)
+            run = self._runs.get(run_dir)
+            if run is None:
+                run = self._runs[run_dir] = RunIndex(self.samples, start_time=opened[1] if opened else None)
+            self._take(run, events)
 
-    def _run(self, name: str) -> RunIndex:
-        run = self._runs.get(name)
-        if run is None:
-            started = self._file_started(name) if self._file_started is not None else None
-            run = self._runs[name] = RunIndex(self.samples, start_time=started)
-        return run
+    def owns(self, run_dir: str, file_name: str) -> bool:
+        """Whether this process writes `file_name` of `run_dir` (its records come to `written`)."""
+        with self._lock:
+            return file_name in self._own.get(run_dir, ())
+
+    def followed(self, run_dir: str, records: Sequence[bytes]) -> None:
+        """Take records of `run_dir` written elsewhere (another daemon's segments, or from before the start), in
+        their order, even while the run is held."""
+        with self._lock:
+            run = self._runs.get(run_dir)
+            if run is None:
+                run = self._runs[run_dir] = RunIndex(self.samples)
+            self._take(run, records)
+
+    def release(self, run_dir: str) -> None:
+        """End a hold: the live batches that waited go in, in order."""
+        with self._lock:
+            run = self._runs.get(run_dir)
+            if run is None:
+                run = self._runs[run_dir] = RunIndex(self.samples)
+            for batch in self._waiting.pop(run_dir, []):
+                self._take(run, batch)
 
     @staticmethod
     def _take(run: RunIndex, events: Sequence[bytes]) -> None:

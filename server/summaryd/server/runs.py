@@ -238,10 +238,10 @@ class RunRegistry:
     def executor(self) -> Executor:
         return self._executor
 
-    def file_started(self, run_dir: str) -> float | None:
-        """The wall time of the `file_version` record of the run's open file (None when it has none)."""
+    def open_file(self, run_dir: str) -> tuple[str, float] | None:
+        """The name of the run's open event file and its `file_version` record's wall time (None: no file)."""
         writer = self._runs.get(run_dir)
-        return writer.file.started if writer is not None and writer.file is not None else None
+        return (writer.file.name, writer.file.started) if writer is not None and writer.file is not None else None
 
     async def acquire(self, parts: list[str], limits: Limits = DEFAULT) -> RunWriter:
         """Return the run's writer; its directory (inside the logdir only) is made when it is first written.

@@ -25,6 +25,7 @@ from tensorboard.data.proto import data_provider_pb2_grpc as dp_grpc
 from summaryd.server.aggregation import Aggregation
 from summaryd.server.auth import AuthInterceptor, TokenTable, current_caller
 from summaryd.server.board import Backfill, BoardService, runs_on_disk
+from summaryd.server.board_bucket import BucketFollower
 from summaryd.server.board_index import BoardIndex
 from summaryd.server.bucket import Bucket, BucketError
 from summaryd.server.bucket_sessions import BucketSessions
@@ -202,7 +203,8 @@ class Server:
         )
         service = SummariesService(lifecycle)
         if board is not None:
-            await self._serve_board(board, registry, resources)
+            bucket = shipper.bucket if shipper is not None else None
+            service.board_status = await self._serve_board(board, registry, bucket, resources)
         self.metrics.registry.register(SessionCollector(lifecycle))
         if self.auth is not None:
             log.info("clients need a bearer token (%d in %s)", len(self.auth.tokens), config.token_file)
@@ -369,22 +371,44 @@ class Server:
         return server
 
     async def _serve_board(
-        self, server: aio.Server, registry: RunRegistry, resources: contextlib.AsyncExitStack
-    ) -> None:
+        self,
+        server: aio.Server,
+        registry: RunRegistry,
+        bucket: Bucket | None,
+        resources: contextlib.AsyncExitStack,
+    ) -> Callable[[], pb.BoardStatus]:
         """Serve TensorBoard's data provider on the bound board address, over an index fed by every batch written
-        and, on a local logdir, by the runs already there (read in the background)."""
+        and by what was there before: the runs already on a local logdir (read in the background), or on a
+        bucket logdir every segment under the prefix that this daemon does not write (followed). Returns what
+        `summaryd status` shows of it."""
         config = self.config
-        index = BoardIndex(config.samples, registry.file_started)
+        index = BoardIndex(config.samples, registry.open_file)
         registry.observers.append(index)
         location = config.logdir if config.is_bucket else registry.logdir
-        dp_grpc.add_TensorBoardDataProviderServicer_to_server(BoardService(index, location, config.board_runs), server)
+        service = BoardService(index, location, config.board_runs)
+        dp_grpc.add_TensorBoardDataProviderServicer_to_server(service, server)
         await server.start()
-        if not config.is_bucket:
+        follower = None
+        if bucket is not None:
+            follower = BucketFollower(index, bucket, config.board_runs)
+            resources.push_async_callback(_cancelled, asyncio.create_task(follower.follow()))
+        else:
             backfill = Backfill(index, await asyncio.to_thread(runs_on_disk, registry.logdir))
             backfill.start()
             resources.callback(backfill.stop)
         host = config.board_listen.rsplit(":", 1)[0]
-        log.info("TensorBoard reads the daemon: tensorboard --grpc_data_provider %s:%d", host, self.board_port)
+        address = f"{host}:{self.board_port}"
+        log.info("TensorBoard reads the daemon: tensorboard --grpc_data_provider %s", address)
+
+        def status() -> pb.BoardStatus:
+            return pb.BoardStatus(
+                address=address,
+                runs=service.run_count(),
+                runs_pending=index.pending_runs,
+                segments_pending=follower.pending if follower is not None else 0,
+            )
+
+        return status
 
     def _serve_metrics(self) -> Callable[[], None]:
         """Serve `/metrics` on `--metrics-listen`; return what stops it."""

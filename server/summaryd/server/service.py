@@ -13,7 +13,7 @@ import contextlib
 import logging
 import time
 import urllib.parse
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any
 
 import grpc
@@ -122,6 +122,7 @@ class SummariesService(pb_grpc.SummariesServicer):
         self.lifecycle = lifecycle
         self.limits = lifecycle.limits
         self._draining = False
+        self.board_status: Callable[[], pb.BoardStatus] | None = None  # with --board-listen
         # Write handlers waiting for their client's next message: cancelled at once when draining.
         self._idle_streams: set[asyncio.Task[object]] = set()
 
@@ -312,6 +313,8 @@ class SummariesService(pb_grpc.SummariesServicer):
                 aggregated=lag is not None,
                 lag_steps=lag or 0,
             )
+        if self.board_status is not None:
+            response.board.CopyFrom(self.board_status())
         return response
 
     def _bucket_columns(self, status: pb.RunStatus) -> None:
