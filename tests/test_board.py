@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import socket
+import urllib.error
 import urllib.parse
 import urllib.request
 from collections.abc import Iterator
@@ -23,6 +24,7 @@ from tensorboard.backend.event_processing import data_provider as tb_data_provid
 from tensorboard.backend.event_processing import reservoir as tb_reservoir
 from tensorboard.data.proto import data_provider_pb2 as dp
 from tensorboard.data.proto import data_provider_pb2_grpc as dp_grpc
+from test_security import Pki, _credentials, pki
 
 from _support import Daemon, TensorBoard, event_files, read_events, start_daemon, stop_process, unused_port, wait_for
 from summaryd.client import SummaryWriter
@@ -33,6 +35,7 @@ from summaryd.server.config import Config
 from summaryd.server.server import ListenError, Server
 
 pytestmark = pytest.mark.timeout(180)
+__all__ = ["pki"]  # a fixture shared with the security tests
 
 # torch is imported here (add_graph, add_mesh), so add_text builds torch's summary, whose tag has its suffix.
 NOTE = "note/text_summary"
@@ -458,3 +461,46 @@ def test_num_points_picks_the_points_tensorboards_own_provider_picks() -> None:
         points = list(range(n))
         for k in (0, 1, 2, 10, 1000, 6000):
             assert [points[i] for i in sample_indices(n, k)] == tb_data_provider._downsample(points, k), (n, k)
+
+
+def test_the_board_serves_tls_with_the_daemons_certificate_as_tensorboards_ssl_credentials_read_it(
+    tmp_path: Path, pki: Pki, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    board_address = f"127.0.0.1:{unused_port()}"
+    # Clients of --listen must present a certificate; TensorBoard presents none, and the board asks for none.
+    daemon = start_daemon(
+        tmp_path,
+        *("--tls-cert", str(pki.server_cert), "--tls-key", str(pki.server_key), "--tls-client-ca", str(pki.ca)),
+        *("--board-listen", board_address),
+        credentials=_credentials(pki, client_cert=True),
+    )
+    try:
+        monkeypatch.setenv("SUMMARYD_TLS_CA", str(pki.ca))
+        monkeypatch.setenv("SUMMARYD_TLS_CERT", str(pki.client_cert))
+        monkeypatch.setenv("SUMMARYD_TLS_KEY", str(pki.client_key))
+        with SummaryWriter("exp", address=daemon.address) as writer:
+            writer.add_scalar("loss", 1.5, 3)
+        assert writer.close().ok
+        # TensorBoard's `--grpc_creds_type ssl_dev`: TLS, the roots from GRPC_DEFAULT_SSL_ROOTS_FILE_PATH, the
+        # certificate checked for the name localhost. `ssl` (the system's roots) is the same for a public CA's.
+        monkeypatch.setenv("GRPC_DEFAULT_SSL_ROOTS_FILE_PATH", str(pki.ca))
+        (tmp_path / "tls").mkdir()
+        tb = TensorBoard(["--grpc_data_provider", board_address, "--grpc_creds_type", "ssl_dev"], tmp_path / "tls")
+        try:
+            assert [p[1:] for p in tb.get("/data/plugin/scalars/scalars", run="exp", tag="loss")] == [[3, 1.5]]
+        finally:
+            stop_process(tb.proc, 10)
+        # Not in plain text: TensorBoard's default credentials (`local`) get no answer.
+        (tmp_path / "plain").mkdir()
+        plain = TensorBoard(["--grpc_data_provider", board_address], tmp_path / "plain")
+        try:
+            with pytest.raises(urllib.error.HTTPError):
+                plain.get("/data/runs")
+        finally:
+            stop_process(plain.proc, 10)
+    finally:
+        daemon.stop()
+    # Beyond loopback the board needs TLS (or --insecure), as --listen does.
+    Config(logdir=str(tmp_path / "runs"), board_listen="0.0.0.0:6106", tls_cert="c.pem", tls_key="k.pem")
+    with pytest.raises(ValueError, match="over TLS"):
+        Config(logdir=str(tmp_path / "runs"), listen="127.0.0.1:0", board_listen="0.0.0.0:6106")

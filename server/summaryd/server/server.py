@@ -354,11 +354,17 @@ class Server:
 
     def _bind_board(self, resources: contextlib.AsyncExitStack) -> aio.Server:
         """Bind `--board-listen` (served once the index exists, `_serve_board`), beside the gRPC address: a port
-        in use stops start-up before anything is made on disk."""
+        in use stops start-up before anything is made on disk. With `--tls-cert` it serves TLS (no client
+        certificate: TensorBoard's `--grpc_creds_type ssl` presents none)."""
         config = self.config
         server = aio.server(options=[("grpc.so_reuseport", 0)])
         try:
-            port = server.add_insecure_port(config.board_listen)
+            if config.tls_cert:
+                port = server.add_secure_port(config.board_listen, _server_credentials(config, clients=False))
+            else:
+                port = server.add_insecure_port(config.board_listen)
+        except OSError as exc:
+            raise StartupError(f"cannot read the TLS files: {_reason(exc)}; check --tls-cert/--tls-key") from None
         except RuntimeError:
             port = 0
         if not port:
@@ -486,12 +492,13 @@ def run(config: Config) -> None:
         runner.run(main())
 
 
-def _server_credentials(config: Config) -> grpc.ServerCredentials:
-    """TLS with the configured certificate; with `--tls-client-ca`, clients must present a certificate too."""
+def _server_credentials(config: Config, clients: bool = True) -> grpc.ServerCredentials:
+    """TLS with the configured certificate; with `--tls-client-ca` (and `clients`), clients must present a
+    certificate too."""
     with open(config.tls_key, "rb") as key, open(config.tls_cert, "rb") as cert:
         pair = (key.read(), cert.read())
     client_ca = None
-    if config.tls_client_ca:
+    if config.tls_client_ca and clients:
         with open(config.tls_client_ca, "rb") as ca:
             client_ca = ca.read()
     return grpc.ssl_server_credentials([pair], root_certificates=client_ca, require_client_auth=client_ca is not None)
