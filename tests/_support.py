@@ -11,6 +11,7 @@ import glob
 import json
 import os
 import re
+import shutil
 import socket
 import subprocess
 import sys
@@ -185,3 +186,37 @@ class TensorBoard:
 
     def get(self, path: str, **query: str) -> Any:
         return json.loads(self.raw(path, **query))
+
+
+ARTIFACTS = Path(os.environ.get("SUMMARYD_ARTIFACTS_DIR", Path(__file__).resolve().parent.parent / "artifacts"))
+"""Where slow-tier tests keep what a person looks at (screenshots): `$SUMMARYD_ARTIFACTS_DIR`, or `artifacts/`."""
+
+
+def screenshot(url: str, shot: Path, profile: Path) -> None:
+    """A PNG of the page at `url` by headless Chromium (Debian's `chromium`), its profile in `profile`, once
+    the page had 20 s of virtual time to draw."""
+    chromium = shutil.which("chromium") or shutil.which("chromium-browser")
+    assert chromium, "the slow tier needs Debian's chromium (apt-get install -y chromium)"
+    shot.parent.mkdir(parents=True, exist_ok=True)
+    shot.unlink(missing_ok=True)
+    command = [
+        chromium,
+        "--headless",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-quic",
+        "--no-first-run",
+        "--disable-background-networking",
+        "--disable-component-update",
+        "--disable-sync",
+        f"--user-data-dir={profile}",
+        f"--screenshot={shot}",
+        "--window-size=1400,1000",
+        "--virtual-time-budget=20000",
+        url,
+    ]
+    done = subprocess.run(command, capture_output=True, timeout=180, check=False)
+    assert done.returncode == 0, done.stderr.decode(errors="replace")[-2000:]
+    assert shot.stat().st_size > 10_000, "the screenshot is (nearly) empty"
+    with open(shot, "rb") as f:
+        assert f.read(8) == b"\x89PNG\r\n\x1a\n"
