@@ -26,6 +26,7 @@ class TensorBoard:
     in `workdir`."""
 
     def __init__(self, flags: list[str], workdir: Path) -> None:
+        self.flags = flags
         self.log_path = workdir / "tensorboard.log"
         env = {**os.environ, "TMPDIR": str(workdir)}
         args = [sys.executable, "-m", "tensorboard.main", *flags, "--host", "127.0.0.1", "--port", "0"]

@@ -7,6 +7,7 @@ TensorFlow is what runs here, and is all the provider needs.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import socket
 import urllib.error
@@ -29,7 +30,7 @@ from test_security import Pki, _credentials, pki
 from _support import Daemon, TensorBoard, event_files, read_events, start_daemon, stop_process, unused_port, wait_for
 from summaryd.client import SummaryWriter
 from summaryd.server.board.index import BoardIndex, Datum, Reservoir, SamplesPerPlugin, ScalarPoints
-from summaryd.server.board.provider import Backfill, downsample, sample_indices
+from summaryd.server.board.provider import Backfill, BoardService, downsample, sample_indices
 from summaryd.server.cli import main
 from summaryd.server.config import Config
 from summaryd.server.server import ListenError, Server
@@ -414,15 +415,20 @@ async def test_a_board_port_in_use_stops_start_up_before_anything_is_made(tmp_pa
         probe.bind(("127.0.0.1", server.port))
 
 
-def test_a_run_on_disk_being_written_to_is_read_before_the_others() -> None:
+def test_a_run_on_disk_being_written_to_or_asked_for_is_read_before_the_others() -> None:
     index = BoardIndex()
-    backfill = Backfill(index, {"a": [], "b": [], "c": []})  # not started: only its choice is asked here
-    assert backfill.next_run({"a": [], "b": [], "c": []}) == "a"
-    index.written("c", "", [])  # a live batch of run c waits until c's older files are read
+    backfill = Backfill(index, {"a": [], "b": [], "c": [], "d": []})  # not started: only its choice is asked here
+    assert backfill.next_run({"a": [], "b": [], "c": [], "d": []}) == "a"
+    # TensorBoard asks for run d by name (a dashboard open on it): d is read next.
+    request = dp.ListScalarsRequest(run_tag_filter=dp.RunTagFilter(runs=dp.RunFilter(names=["d"])))
+    asyncio.run(BoardService(index, "").ListScalars(request, None))
+    assert backfill.next_run({"a": [], "b": [], "c": [], "d": []}) == "d"
+    index.written("c", "", [])  # a live batch of run c waits until c's older files are read: before all
     assert index.awaited() == ["c"]
-    assert backfill.next_run({"a": [], "b": [], "c": []}) == "c"
+    assert backfill.next_run({"a": [], "b": [], "c": [], "d": []}) == "c"
     index.backfilled("c", iter(()))
-    assert index.awaited() == []
+    index.backfilled("d", iter(()))
+    assert index.awaited() == [] and index.wanted() == []
     assert backfill.next_run({"a": [], "b": []}) == "a"
 
 

@@ -367,6 +367,7 @@ class BoardIndex:
         # Runs whose older files (on disk, or in the bucket) are still being read: their live batches wait here.
         self._waiting: dict[str, list[Sequence[bytes]]] = {}
         self._own: dict[str, set[str]] = {}  # by run, the event files this process writes (a bucket skips them)
+        self._asked: dict[str, None] = {}  # held runs TensorBoard asked for by name, in the order it asked
 
     def written(self, run_dir: str, session_id: str, events: Sequence[bytes]) -> None:
         """Take a batch right after it was written to `run_dir` (a `runs.WriteObserver`); never raises."""
@@ -403,6 +404,7 @@ class BoardIndex:
             run = self._runs.get(run_dir)
             if run is None:
                 run = self._runs[run_dir] = RunIndex(self.samples)
+            self._asked.pop(run_dir, None)
             for batch in self._waiting.pop(run_dir, []):
                 self._take(run, batch)
 
@@ -435,6 +437,7 @@ class BoardIndex:
             run.add_event(event)
         with self._lock:
             self._runs[run_dir] = run
+            self._asked.pop(run_dir, None)
             for batch in self._waiting.pop(run_dir, []):
                 self._take(run, batch)
 
@@ -448,6 +451,19 @@ class BoardIndex:
         """The held runs that live batches wait for, those written to first first."""
         with self._lock:
             return [run for run, batches in self._waiting.items() if batches]
+
+    def asked(self, runs: Iterable[str]) -> None:
+        """TensorBoard asked for these runs by name: a held one among them is read before the others."""
+        with self._lock:
+            for run in runs:
+                if run in self._waiting:
+                    self._asked.pop(run, None)
+                    self._asked[run] = None  # the latest asked last
+
+    def wanted(self) -> list[str]:
+        """The held runs TensorBoard asked for, the latest asked first."""
+        with self._lock:
+            return [run for run in reversed(self._asked) if run in self._waiting]
 
     @property
     def pending_runs(self) -> int:
