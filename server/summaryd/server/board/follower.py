@@ -77,20 +77,23 @@ class BucketFollower:
             for run in new:
                 self._index.hold(run)
         read = 0
+        unread = list(new) if hold else []
         try:
             for run, keys in new.items():
-                read += await self._read_run(run, keys, held=hold)
-        finally:
-            if hold:  # a run whose reading failed is released with what was read: live batches must not wait
-                for run in new:
+                read += await self._read_run(run, keys)
+                if hold:  # its live batches go in now, not after every other run's
                     self._index.release(run)
+                    unread.remove(run)
+        finally:
+            for run in unread:  # reading failed: released with what was read, live batches must not wait
+                self._index.release(run)
         if read:
             log.info(
                 "board: read %d segments of %d runs in the bucket in %.1fs", read, len(new), time.monotonic() - started
             )
         return read
 
-    async def _read_run(self, run: str, keys: list[str], held: bool) -> int:
+    async def _read_run(self, run: str, keys: list[str]) -> int:
         read = 0
         for key in keys:  # in key order: the order of the run's bytes
             got = await self._bucket.get(key)
