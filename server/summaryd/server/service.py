@@ -13,7 +13,7 @@ import contextlib
 import logging
 import time
 import urllib.parse
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any
 
 import grpc
@@ -123,6 +123,7 @@ class SummariesService(pb_grpc.SummariesServicer):
         self.watch = watch
         self.limits = lifecycle.limits
         self._draining = False
+        self.board_status: Callable[[], pb.BoardStatus] | None = None  # with --board-listen
         # Write handlers waiting for their client's next message: cancelled at once when draining.
         self._idle_streams: set[asyncio.Task[object]] = set()
 
@@ -315,6 +316,8 @@ class SummariesService(pb_grpc.SummariesServicer):
         if self.watch is not None:
             after = request.changes_after if request.HasField("changes_after") else None
             self._watch_status(response, after, grant)
+        if self.board_status is not None:
+            response.board.CopyFrom(self.board_status())
         return response
 
     def _watch_status(self, response: pb.GetStatusResponse, after: int | None, grant: Grant | None) -> None:
