@@ -205,7 +205,7 @@ class SessionStatus(_message.Message):
     def __init__(self, session_id: _Optional[str] = ..., run_dir: _Optional[str] = ..., worker: _Optional[str] = ..., client: _Optional[_Union[ClientIdentity, _Mapping]] = ..., acked_sequence: _Optional[int] = ..., events_written: _Optional[int] = ..., duplicates_dropped: _Optional[int] = ..., idle_seconds: _Optional[float] = ..., streaming: _Optional[bool] = ..., aggregated: _Optional[bool] = ..., lag_steps: _Optional[int] = ...) -> None: ...
 
 class GetStatusResponse(_message.Message):
-    __slots__ = ("logdir", "runs", "sessions", "version", "watching", "findings", "changes", "changes_through")
+    __slots__ = ("logdir", "runs", "sessions", "version", "watching", "findings", "changes", "changes_through", "board")
     LOGDIR_FIELD_NUMBER: _ClassVar[int]
     RUNS_FIELD_NUMBER: _ClassVar[int]
     SESSIONS_FIELD_NUMBER: _ClassVar[int]
@@ -214,6 +214,7 @@ class GetStatusResponse(_message.Message):
     FINDINGS_FIELD_NUMBER: _ClassVar[int]
     CHANGES_FIELD_NUMBER: _ClassVar[int]
     CHANGES_THROUGH_FIELD_NUMBER: _ClassVar[int]
+    BOARD_FIELD_NUMBER: _ClassVar[int]
     logdir: str
     runs: _containers.RepeatedCompositeFieldContainer[RunStatus]
     sessions: _containers.RepeatedCompositeFieldContainer[SessionStatus]
@@ -222,7 +223,20 @@ class GetStatusResponse(_message.Message):
     findings: _containers.RepeatedCompositeFieldContainer[WatchFinding]
     changes: _containers.RepeatedCompositeFieldContainer[WatchFinding]
     changes_through: int
-    def __init__(self, logdir: _Optional[str] = ..., runs: _Optional[_Iterable[_Union[RunStatus, _Mapping]]] = ..., sessions: _Optional[_Iterable[_Union[SessionStatus, _Mapping]]] = ..., version: _Optional[str] = ..., watching: _Optional[bool] = ..., findings: _Optional[_Iterable[_Union[WatchFinding, _Mapping]]] = ..., changes: _Optional[_Iterable[_Union[WatchFinding, _Mapping]]] = ..., changes_through: _Optional[int] = ...) -> None: ...
+    board: BoardStatus
+    def __init__(self, logdir: _Optional[str] = ..., runs: _Optional[_Iterable[_Union[RunStatus, _Mapping]]] = ..., sessions: _Optional[_Iterable[_Union[SessionStatus, _Mapping]]] = ..., version: _Optional[str] = ..., watching: _Optional[bool] = ..., findings: _Optional[_Iterable[_Union[WatchFinding, _Mapping]]] = ..., changes: _Optional[_Iterable[_Union[WatchFinding, _Mapping]]] = ..., changes_through: _Optional[int] = ..., board: _Optional[_Union[BoardStatus, _Mapping]] = ...) -> None: ...
+
+class BoardStatus(_message.Message):
+    __slots__ = ("address", "runs", "runs_pending", "segments_pending")
+    ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    RUNS_FIELD_NUMBER: _ClassVar[int]
+    RUNS_PENDING_FIELD_NUMBER: _ClassVar[int]
+    SEGMENTS_PENDING_FIELD_NUMBER: _ClassVar[int]
+    address: str
+    runs: int
+    runs_pending: int
+    segments_pending: int
+    def __init__(self, address: _Optional[str] = ..., runs: _Optional[int] = ..., runs_pending: _Optional[int] = ..., segments_pending: _Optional[int] = ...) -> None: ...
 
 class PutFileRequest(_message.Message):
     __slots__ = ("session_id", "path", "content")

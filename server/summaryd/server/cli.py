@@ -292,6 +292,12 @@ def _status(address: str, settings: ChannelSettings, timeout: float, as_json: bo
         )
     _watch_table(status)
     open_files = sum(1 for run in status.runs if run.event_file)
+    if status.HasField("board"):
+        board = status.board
+        behind = f", {_count(board.runs_pending, 'run')} already there not read yet" if board.runs_pending else ""
+        if board.segments_pending:
+            behind += f", {_count(board.segments_pending, 'segment')} in the bucket not read yet"
+        print(f"\nboard {board.address} (tensorboard --grpc_data_provider): {_count(board.runs, 'run')}{behind}")
     print(
         f"\n{_count(len(status.runs), 'open run')} (with a live session or an open event file; finished runs "
         f"stay in the logdir), {_count(len(status.sessions), 'live session')}, {_count(open_files, 'open file')}"

@@ -151,7 +151,8 @@ class Config:
     board_listen: str = _option(
         "",
         "serve TensorBoard's data provider on HOST:PORT for `tensorboard --grpc_data_provider HOST:PORT` (off when "
-        "empty; TensorBoard sends no token, so keep it on loopback or give --insecure)",
+        "empty); over TLS with --tls-cert (TensorBoard: --grpc_creds_type ssl); TensorBoard sends no token, so "
+        "beyond loopback give --tls-cert or --insecure",
         "HOST:PORT",
     )
     board_runs: str = _option("", "serve only the runs under this prefix on --board-listen (all when empty)", "PREFIX")
@@ -301,10 +302,11 @@ class Config:
         host, sep, port = value.rpartition(":")
         if not (sep and host and port.isdigit() and int(port) <= 65535):
             raise ValueError(f"--board-listen {value!r} needs HOST:PORT, e.g. 127.0.0.1:6106")
-        if not (_is_loopback(_host(value)) or self.insecure):
+        if not (_is_loopback(_host(value)) or self.tls_cert or self.insecure):
             raise ValueError(
                 f"--board-listen {value} reaches beyond this machine, and TensorBoard sends no token: anyone who "
-                "reaches it could read every run; serve it on loopback (e.g. 127.0.0.1:6106) or give --insecure"
+                "reaches it could read every run; serve it on loopback (e.g. 127.0.0.1:6106), over TLS "
+                "(--tls-cert, --tls-key), or give --insecure"
             )
         _ = self.samples  # a bad --samples-per-plugin is one line before anything is created
 

@@ -22,6 +22,7 @@ from grpc_health.v1.health import aio as health_aio  # type: ignore[attr-defined
 from grpc_reflection.v1alpha import reflection
 from tensorboard.data.proto import data_provider_pb2_grpc as dp_grpc
 
+from summaryd.server.board.follower import BucketFollower
 from summaryd.server.board.index import BoardIndex
 from summaryd.server.board.provider import Backfill, BoardService, runs_on_disk
 from summaryd.server.config import Config
@@ -188,7 +189,7 @@ class Server:
             await _ship_leftovers(bucket.shipper, config, state.store.last_of_run)
             resources.push_async_callback(bucket.shipper.stop)
             sweeper = asyncio.create_task(
-                bucket.watermarks.sessions.sweep_forever(config.session_retention_days * 86400)
+                bucket.watermarks.sessions.sweep_forever(config.session_retention_days * 86400, bucket.ownership.leases)
             )
             resources.push_async_callback(_cancelled, sweeper)
             storage = BucketStorage(registry, bucket.shipper, bucket.ownership, bucket.watermarks)
@@ -215,7 +216,8 @@ class Server:
         watch = await self._start_watch(registry, lifecycle, ownership, resources) if config.watch else None
         service = SummariesService(lifecycle, watch)
         if board is not None:
-            await self._serve_board(board, registry, resources)
+            store = shipper.bucket if shipper is not None else None
+            service.board_status = await self._serve_board(board, registry, store, resources)
         self.metrics.registry.register(SessionCollector(lifecycle))
         if self.auth is not None:
             log.info("clients need a bearer token (%d in %s)", len(self.auth.tokens), config.token_file)
@@ -420,11 +422,17 @@ class Server:
 
     def _bind_board(self, resources: contextlib.AsyncExitStack) -> aio.Server:
         """Bind `--board-listen` (served once the index exists, `_serve_board`), beside the gRPC address: a port
-        in use stops start-up before anything is made on disk."""
+        in use stops start-up before anything is made on disk. With `--tls-cert` it serves TLS (no client
+        certificate: TensorBoard's `--grpc_creds_type ssl` presents none)."""
         config = self.config
         server = aio.server(options=[("grpc.so_reuseport", 0)])
         try:
-            port = server.add_insecure_port(config.board_listen)
+            if config.tls_cert:
+                port = server.add_secure_port(config.board_listen, _server_credentials(config, clients=False))
+            else:
+                port = server.add_insecure_port(config.board_listen)
+        except OSError as exc:
+            raise StartupError(f"cannot read the TLS files: {_reason(exc)}; check --tls-cert/--tls-key") from None
         except RuntimeError:
             port = 0
         if not port:
@@ -437,22 +445,44 @@ class Server:
         return server
 
     async def _serve_board(
-        self, server: aio.Server, registry: RunRegistry, resources: contextlib.AsyncExitStack
-    ) -> None:
+        self,
+        server: aio.Server,
+        registry: RunRegistry,
+        bucket: Bucket | None,
+        resources: contextlib.AsyncExitStack,
+    ) -> Callable[[], pb.BoardStatus]:
         """Serve TensorBoard's data provider on the bound board address, over an index fed by every batch written
-        and, on a local logdir, by the runs already there (read in the background)."""
+        and by what was there before: the runs already on a local logdir (read in the background), or on a
+        bucket logdir every segment under the prefix that this daemon does not write (followed). Returns what
+        `summaryd status` shows of it."""
         config = self.config
-        index = BoardIndex(config.samples)
+        index = BoardIndex(config.samples, registry.open_file)
         registry.observe(index)
         location = config.logdir if config.is_bucket else registry.logdir
-        dp_grpc.add_TensorBoardDataProviderServicer_to_server(BoardService(index, location, config.board_runs), server)
+        service = BoardService(index, location, config.board_runs)
+        dp_grpc.add_TensorBoardDataProviderServicer_to_server(service, server)
         await server.start()
-        if not config.is_bucket:
+        follower = None
+        if bucket is not None:
+            follower = BucketFollower(index, bucket, config.board_runs)
+            resources.push_async_callback(_cancelled, asyncio.create_task(follower.follow()))
+        else:
             backfill = Backfill(index, await asyncio.to_thread(runs_on_disk, registry.logdir))
             backfill.start()
             resources.callback(backfill.stop)
         host = config.board_listen.rsplit(":", 1)[0]
-        log.info("TensorBoard reads the daemon: tensorboard --grpc_data_provider %s:%d", host, self.board_port)
+        address = f"{host}:{self.board_port}"
+        log.info("TensorBoard reads the daemon: tensorboard --grpc_data_provider %s", address)
+
+        def status() -> pb.BoardStatus:
+            return pb.BoardStatus(
+                address=address,
+                runs=service.run_count(),
+                runs_pending=index.pending_runs,
+                segments_pending=follower.pending if follower is not None else 0,
+            )
+
+        return status
 
     def _serve_metrics(self) -> Callable[[], None]:
         """Serve `/metrics` on `--metrics-listen`; return what stops it."""
@@ -530,12 +560,13 @@ def run(config: Config) -> None:
         runner.run(main())
 
 
-def _server_credentials(config: Config) -> grpc.ServerCredentials:
-    """TLS with the configured certificate; with `--tls-client-ca`, clients must present a certificate too."""
+def _server_credentials(config: Config, clients: bool = True) -> grpc.ServerCredentials:
+    """TLS with the configured certificate; with `--tls-client-ca` (and `clients`), clients must present a
+    certificate too."""
     with open(config.tls_key, "rb") as key, open(config.tls_cert, "rb") as cert:
         pair = (key.read(), cert.read())
     client_ca = None
-    if config.tls_client_ca:
+    if config.tls_client_ca and clients:
         with open(config.tls_client_ca, "rb") as ca:
             client_ca = ca.read()
     return grpc.ssl_server_credentials([pair], root_certificates=client_ca, require_client_auth=client_ca is not None)

@@ -1,7 +1,7 @@
 """The `summaryd.v1.Summaries` servicer: validation and authorization at the edge, one status per failure.
 
 Each method checks what the request says (`request_checks`, run and file paths, a batch's size) and what the
-caller's token reaches, then hands the request to the session lifecycle (`session_lifecycle`). What the inner
+caller's token reaches, then hands the request to the session lifecycle (`sessions.lifecycle`). What the inner
 layers refuse they raise as the errors of `errors`; `STATUS` is the one table from those to gRPC statuses, and
 `_answered` the one place that applies it.
 """
@@ -13,7 +13,7 @@ import contextlib
 import logging
 import time
 import urllib.parse
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any
 
 import grpc
@@ -123,6 +123,7 @@ class SummariesService(pb_grpc.SummariesServicer):
         self.watch = watch
         self.limits = lifecycle.limits
         self._draining = False
+        self.board_status: Callable[[], pb.BoardStatus] | None = None  # with --board-listen
         # Write handlers waiting for their client's next message: cancelled at once when draining.
         self._idle_streams: set[asyncio.Task[object]] = set()
 
@@ -315,6 +316,8 @@ class SummariesService(pb_grpc.SummariesServicer):
         if self.watch is not None:
             after = request.changes_after if request.HasField("changes_after") else None
             self._watch_status(response, after, grant)
+        if self.board_status is not None:
+            response.board.CopyFrom(self.board_status())
         return response
 
     def _watch_status(self, response: pb.GetStatusResponse, after: int | None, grant: Grant | None) -> None:
