@@ -29,8 +29,8 @@ from tensorboard.compat.proto.event_pb2 import Event
 
 from benchmarks._daemon import Daemon, stop_process
 from benchmarks._daemon import start_daemon as launch_daemon
+from summaryd.cli import main
 from summaryd.client import SummaryWriter
-from summaryd.server.cli import main
 
 __all__ = [
     "Daemon",

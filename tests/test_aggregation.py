@@ -20,9 +20,9 @@ from _aggregate_worker import value
 from tensorboard.backend.event_processing import event_accumulator
 
 from _support import Daemon, event_files, read_events, start_daemon, wait_for
+from summaryd.cli import build_parser, config_from, main
 from summaryd.client import SummaryWriter
 from summaryd.server.aggregation import AggregationSettings
-from summaryd.server.cli import _build_parser, config_from, main
 from summaryd.v1 import summaryd_pb2 as pb
 from summaryd.v1 import summaryd_pb2_grpc as pb_grpc
 
@@ -367,7 +367,7 @@ def test_a_world_that_never_fills_is_written_after_the_straggler_timeout(tmp_pat
 
 
 def test_the_flags_and_their_variables() -> None:
-    parser, _ = _build_parser()
+    parser, _ = build_parser()
     default = parser.parse_args(["serve"])
     assert config_from(default, {}).aggregation == AggregationSettings(enabled=True, straggler_secs=30.0)
     assert config_from(default, {"SUMMARYD_AGGREGATE": "0"}).aggregate is False

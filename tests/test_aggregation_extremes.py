@@ -15,8 +15,8 @@ from test_aggregation import scalars, wait_aggregates_closed
 from test_observability import _metrics_port, _scrape
 
 from _support import Daemon, start_daemon, wait_for
+from summaryd.cli import build_parser, config_from
 from summaryd.client import SummaryWriter
-from summaryd.server.cli import _build_parser, config_from
 
 INF = math.inf
 
@@ -148,7 +148,7 @@ def test_a_run_aggregates_at_most_its_tag_limit_and_frees_it(tmp_path: Path) -> 
 
 
 def test_the_tag_limit_flag_and_its_variable() -> None:
-    parser, _ = _build_parser()
+    parser, _ = build_parser()
     default = parser.parse_args(["serve"])
     assert config_from(default, {}).aggregation.max_tags == 10_000
     assert config_from(default, {"SUMMARYD_AGGREGATE_MAX_TAGS": "50"}).aggregation.max_tags == 50

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from summaryd.cli import build_parser, config_from, main
 from summaryd.server.bucket import is_bucket_url, split_url
-from summaryd.server.cli import _build_parser, config_from, main
 from summaryd.server.config import Config
 from summaryd.server.segments import SealPolicy
 
@@ -84,7 +84,7 @@ def test_bad_run_ownership_settings_are_one_usage_line(
 
 
 def test_the_advertised_address_comes_from_the_environment_too() -> None:
-    parser, _ = _build_parser()
+    parser, _ = build_parser()
     args = parser.parse_args(["serve", "--logdir", "s3://bucket/p"])
     assert config_from(args, {"SUMMARYD_ADVERTISE": "node-3.example:6065"}).advertise == "node-3.example:6065"
     assert config_from(args, {}).advertise == ""  # the daemon advertises its --listen address

@@ -31,12 +31,12 @@ from test_ship import VERSION_RECORD, append, scalar
 from test_zero_code import summaryd_run
 
 from _support import Daemon, event_files, log_losses, read_events, steps_in, unused_port, wait_for
+from summaryd.cli import main
 from summaryd.client import Sender, SummaryWriter
 from summaryd.client._environment import address_key, parse_address
 from summaryd.client._options import ClientOptions
 from summaryd.client._sender._targets import DaemonTargets, RedirectRefusedError
 from summaryd.client._shipper import Shipper
-from summaryd.server.cli import main
 from summaryd.v1 import summaryd_pb2 as pb
 from summaryd.v1 import summaryd_pb2_grpc as pb_grpc
 from summaryd.v1.wire import OWNER_ADDRESS_KEY

@@ -21,9 +21,9 @@ from test_redirect import TOKEN, Loopback, capture
 from test_ship import VERSION_RECORD, append, scalar
 
 from _support import Daemon, log_losses, unused_port
+from summaryd.cli import main
 from summaryd.client import SummaryWriter
 from summaryd.server.bucket import Bucket
-from summaryd.server.cli import main
 from summaryd.server.leases import RunLeases
 from summaryd.v1 import summaryd_pb2 as pb
 from summaryd.v1 import summaryd_pb2_grpc as pb_grpc

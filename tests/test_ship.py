@@ -20,8 +20,8 @@ from tensorboard.backend.event_processing.event_file_loader import RawEventFileL
 from tensorboard.compat.proto.event_pb2 import Event
 
 from _support import Daemon, assert_whole_records, event_files, start_daemon, unused_port, wait_for
+from summaryd.cli import main
 from summaryd.client._shipper import STATE_NAME
-from summaryd.server.cli import main
 from summaryd.v1.wire import frame, masked_crc32c
 
 VERSION_RECORD = Event(wall_time=1.0, file_version="brain.Event:2").SerializeToString()

@@ -1,0 +1,91 @@
+"""`summaryd serve`: flags and `SUMMARYD_*` variables derived from the daemon's `Config`, which then runs."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import logging
+import os
+from typing import Any
+
+from summaryd.cli._commands import ENV_PREFIX, Command, Subcommands
+from summaryd.server.config import Config, fields
+from summaryd.server.logs import configure_logging
+
+
+def _env_name(name: str) -> str:
+    return ENV_PREFIX + name.upper()
+
+
+def _add_parser(commands: Subcommands) -> argparse.ArgumentParser:
+    serve: argparse.ArgumentParser = commands.add_parser(
+        "serve",
+        help="run the daemon",
+        description="Serve gRPC clients and write their summaries as TensorBoard event files under --logdir. "
+        "Every flag can also be set by the environment variable shown.",
+    )
+    for f in fields():
+        if isinstance(f.default, bool):
+            serve.add_argument(
+                "--" + f.name.replace("_", "-"),
+                dest=f.name,
+                # A setting on by default is turned off by its --no- form.
+                action=argparse.BooleanOptionalAction if f.default else "store_true",
+                default=None,
+                help=f"{f.metadata['help']} (env {_env_name(f.name)}=1)",
+            )
+            continue
+        kind = f.type if isinstance(f.type, type) else {"str": str, "int": int, "float": float}[str(f.type)]
+        serve.add_argument(
+            "--" + f.name.replace("_", "-"),
+            dest=f.name,
+            type=kind,
+            default=None,
+            metavar=f.metadata.get("metavar"),
+            help=f"{f.metadata['help']} (env {_env_name(f.name)}, default {f.default!r})",
+        )
+    return serve
+
+
+def config_from(args: argparse.Namespace, environ: dict[str, str] | os._Environ[str]) -> Config:
+    """Flags win over `SUMMARYD_*` variables, which win over the defaults."""
+    values: dict[str, Any] = {}
+    for f in fields():
+        flag = getattr(args, f.name, None)
+        if flag is not None:
+            values[f.name] = flag
+            continue
+        env = environ.get(_env_name(f.name))
+        if env is not None and isinstance(f.default, bool):
+            if env.lower() not in ("1", "true", "yes", "on", "0", "false", "no", "off", ""):
+                raise ValueError(f"{_env_name(f.name)}={env!r}: use 1/true/yes/on or 0/false/no/off")
+            values[f.name] = env.lower() in ("1", "true", "yes", "on")
+        elif env is not None:
+            kind: type = type(f.default)
+            try:
+                values[f.name] = kind(env)
+            except ValueError:
+                raise ValueError(f"{_env_name(f.name)}={env!r} is not a valid {kind.__name__}") from None
+    return Config(**values)
+
+
+def serve(args: argparse.Namespace, sub: argparse.ArgumentParser) -> int:
+    try:
+        config = config_from(args, os.environ)
+    except ValueError as exc:
+        sub.error(str(exc))
+    configure_logging(config.log_level, config.log_format)
+    from summaryd.server.server import StartupError, run
+    from summaryd.server.state import StateError
+
+    log = logging.getLogger("summaryd")
+    log.debug("config %s", dataclasses.asdict(config))
+    try:
+        run(config)
+    except (StartupError, StateError) as exc:
+        log.error("%s", exc)
+        return 1
+    return 0
+
+
+SERVE = Command("serve", _add_parser, serve)
