@@ -1,8 +1,9 @@
-"""What the tests share besides fixtures: a daemon started for a test (the launcher of `benchmarks._daemon`
-plus a health check), readers built on TensorBoard's own, and polling helpers. `conftest.py` keeps the fixtures.
+"""What the tests share besides fixtures: a daemon started for a test (the launcher `_daemon`, which the
+benchmarks use too, plus a health check), readers built on TensorBoard's own, and polling helpers. `conftest.py`
+keeps the fixtures.
 
 `pyproject.toml` puts the repository root and `tests/` on `sys.path` (pytest's `pythonpath`), so test modules
-import this as `_support` and it imports the launcher as `benchmarks._daemon`.
+import this as `_support`, and the launchers of the daemon and of SeaweedFS as `_daemon` and `_seaweed`.
 """
 
 from __future__ import annotations
@@ -27,8 +28,8 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from tensorboard.backend.event_processing.event_file_loader import RawEventFileLoader
 from tensorboard.compat.proto.event_pb2 import Event
 
-from benchmarks._daemon import Daemon, stop_process
-from benchmarks._daemon import start_daemon as launch_daemon
+from _daemon import Daemon, stop_process
+from _daemon import start_daemon as launch_daemon
 from summaryd.cli import main
 from summaryd.client import SummaryWriter
 

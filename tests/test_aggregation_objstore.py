@@ -11,8 +11,8 @@ import pytest
 from test_aggregation import REDUCTIONS, WORKERS_TIMEOUT, finish, start_workers
 from test_objstore import logdir_url, seaweed, start_bucket_daemon, steps_from_bucket
 
+from _seaweed import SeaweedServer
 from _support import Daemon, wait_for
-from benchmarks._seaweed import SeaweedServer
 
 pytestmark = pytest.mark.objstore
 

@@ -19,8 +19,8 @@ import pytest
 from test_failover import daemon_in
 from test_objstore import logdir_url, seaweed, steps_from_bucket
 
+from _seaweed import SeaweedServer
 from _support import Daemon, log_losses, unused_port
-from benchmarks._seaweed import SeaweedServer
 from summaryd.client import SummaryWriter
 
 pytestmark = pytest.mark.objstore

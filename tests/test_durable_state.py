@@ -21,8 +21,8 @@ from tensorboard.compat.proto.summary_pb2 import Summary
 from test_failover import daemon_in
 from test_objstore import logdir_url, seaweed, steps_from_bucket
 
+from _seaweed import SeaweedServer
 from _support import Daemon, log_losses, wait_for
-from benchmarks._seaweed import SeaweedServer
 from summaryd.client import SummaryWriter
 from summaryd.server.bucket import Bucket
 from summaryd.server.bucket_sessions import BucketSessions, DurableSession

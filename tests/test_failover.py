@@ -19,8 +19,8 @@ import grpc
 import pytest
 from test_objstore import logdir_url, seaweed, segments, start_bucket_daemon, steps_from_bucket
 
+from _seaweed import SeaweedServer
 from _support import Daemon, log_losses, unused_port, wait_for
-from benchmarks._seaweed import SeaweedServer
 from summaryd.cli import main
 from summaryd.client import SummaryWriter
 from summaryd.server.bucket import Bucket

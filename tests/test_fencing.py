@@ -24,8 +24,8 @@ from test_durable_state import batch, channels, state_of, stub_of, write
 from test_failover import daemon_in, lease_of
 from test_objstore import logdir_url, seaweed, segments, steps_from_bucket
 
+from _seaweed import SeaweedServer
 from _support import Daemon, log_losses, wait_for
-from benchmarks._seaweed import SeaweedServer
 from summaryd.client import SummaryWriter
 from summaryd.server import segments as shipping
 from summaryd.server.bucket import Bucket

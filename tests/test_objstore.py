@@ -29,8 +29,8 @@ import grpc
 import pytest
 from tensorboard.compat.proto.event_pb2 import Event
 
+from _seaweed import SeaweedServer, create_bucket, start_seaweed
 from _support import Daemon, read_events, start_daemon, unused_port, wait_for
-from benchmarks._seaweed import SeaweedServer, create_bucket, start_seaweed
 from summaryd.client import SummaryWriter
 from summaryd.server.bucket import Bucket, PreconditionFailedError
 from summaryd.server.leases import LeaseHeldError, LeaseLostError, RunLeases

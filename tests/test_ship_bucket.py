@@ -16,8 +16,8 @@ import pytest
 from test_objstore import logdir_url, seaweed, start_bucket_daemon, steps_from_bucket
 from test_ship import VERSION_RECORD, append, scalar, ship_argv
 
+from _seaweed import SeaweedServer
 from _support import Daemon, wait_for
-from benchmarks._seaweed import SeaweedServer
 from summaryd.client._shipper import STATE_NAME, Shipper
 
 pytestmark = pytest.mark.objstore
