@@ -15,10 +15,12 @@ import re
 import socket
 import subprocess
 import sys
+import threading
 import time
 import urllib.parse
 import urllib.request
 from collections.abc import Callable
+from concurrent import futures
 from pathlib import Path
 from typing import Any
 
@@ -32,9 +34,11 @@ from _daemon import Daemon, stop_process
 from _daemon import start_daemon as launch_daemon
 from summaryd.cli import main
 from summaryd.client import SummaryWriter
+from summaryd.v1 import summaryd_pb2_grpc as pb_grpc
 
 __all__ = [
     "Daemon",
+    "Loopback",
     "TensorBoard",
     "assert_whole_records",
     "event_files",
@@ -186,3 +190,34 @@ class TensorBoard:
 
     def get(self, path: str, **query: str) -> Any:
         return json.loads(self.raw(path, **query))
+
+
+class _Recorder(grpc.ServerInterceptor):  # type: ignore[misc]
+    """Records the method and metadata of every call before it is handled (whatever the method)."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, dict[str, str]]] = []
+        self._lock = threading.Lock()
+
+    def intercept_service(self, continuation: Any, details: Any) -> Any:
+        with self._lock:
+            self.calls.append((details.method, {k: str(v) for k, v in details.invocation_metadata}))
+        return continuation(details)
+
+    def tokens(self) -> list[str]:
+        with self._lock:
+            return [m["authorization"] for _, m in self.calls if "authorization" in m]
+
+
+class Loopback:
+    """A real gRPC server on a free loopback port, recording every call's metadata."""
+
+    def __init__(self, servicer: pb_grpc.SummariesServicer) -> None:
+        self.recorder = _Recorder()
+        self.server = grpc.server(futures.ThreadPoolExecutor(4), interceptors=[self.recorder])
+        pb_grpc.add_SummariesServicer_to_server(servicer, self.server)
+        self.address = f"127.0.0.1:{self.server.add_insecure_port('127.0.0.1:0')}"
+        self.server.start()
+
+    def stop(self) -> None:
+        self.server.stop(0).wait()

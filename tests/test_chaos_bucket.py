@@ -16,16 +16,13 @@ import time
 from pathlib import Path
 
 import pytest
-from test_failover import daemon_in
-from test_objstore import logdir_url, seaweed, steps_from_bucket
 
+from _bucket import daemon_in, steps_from_bucket
 from _seaweed import SeaweedServer
 from _support import Daemon, log_losses, unused_port
 from summaryd.client import SummaryWriter
 
 pytestmark = pytest.mark.objstore
-
-__all__ = ["logdir_url", "seaweed"]  # fixtures shared with the object-storage tests
 
 LEASE = 3.0
 ROUNDS = 10

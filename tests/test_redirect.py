@@ -18,9 +18,7 @@ import sys
 import threading
 import time
 from collections.abc import Iterator
-from concurrent import futures
 from pathlib import Path
-from typing import Any
 
 import grpc
 import numpy as np
@@ -30,7 +28,7 @@ from test_faults_fork import FORKING_WRITER, run_script
 from test_ship import VERSION_RECORD, append, scalar
 from test_zero_code import summaryd_run
 
-from _support import Daemon, event_files, log_losses, read_events, steps_in, unused_port, wait_for
+from _support import Daemon, Loopback, event_files, log_losses, read_events, steps_in, unused_port, wait_for
 from summaryd.cli import main
 from summaryd.client import Sender, SummaryWriter
 from summaryd.client._environment import address_key, parse_address
@@ -42,23 +40,6 @@ from summaryd.v1 import summaryd_pb2_grpc as pb_grpc
 from summaryd.v1.wire import OWNER_ADDRESS_KEY
 
 TOKEN = "redirect-test-token-0123456789"
-
-
-class _Recorder(grpc.ServerInterceptor):  # type: ignore[misc]
-    """Records the method and metadata of every call before it is handled (whatever the method)."""
-
-    def __init__(self) -> None:
-        self.calls: list[tuple[str, dict[str, str]]] = []
-        self._lock = threading.Lock()
-
-    def intercept_service(self, continuation: Any, details: Any) -> Any:
-        with self._lock:
-            self.calls.append((details.method, {k: str(v) for k, v in details.invocation_metadata}))
-        return continuation(details)
-
-    def tokens(self) -> list[str]:
-        with self._lock:
-            return [m["authorization"] for _, m in self.calls if "authorization" in m]
 
 
 class _Redirecting(pb_grpc.SummariesServicer):
@@ -75,28 +56,6 @@ class _Redirecting(pb_grpc.SummariesServicer):
             f"run {request.run!r} is written by the daemon at {self.owner}; open the session there",
         )
         raise AssertionError("abort raises")
-
-
-class Loopback:
-    """A real gRPC server on a free loopback port, recording every call's metadata."""
-
-    def __init__(self, servicer: pb_grpc.SummariesServicer) -> None:
-        self.recorder = _Recorder()
-        self.server = grpc.server(futures.ThreadPoolExecutor(4), interceptors=[self.recorder])
-        pb_grpc.add_SummariesServicer_to_server(servicer, self.server)
-        self.address = f"127.0.0.1:{self.server.add_insecure_port('127.0.0.1:0')}"
-        self.server.start()
-
-    def stop(self) -> None:
-        self.server.stop(0).wait()
-
-
-@pytest.fixture
-def capture() -> Iterator[Loopback]:
-    """Where a forged lease points: a gRPC server that only records what reaches it (every call UNIMPLEMENTED)."""
-    server = Loopback(pb_grpc.SummariesServicer())
-    yield server
-    server.stop()
 
 
 def fooled_daemon(owner: str) -> Loopback:

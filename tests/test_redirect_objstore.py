@@ -16,11 +16,11 @@ from pathlib import Path
 import grpc
 import pytest
 from test_client_checks import _leave_a_spool
-from test_objstore import logdir_url, seaweed, start_bucket_daemon
-from test_redirect import TOKEN, Loopback, capture
+from test_redirect import TOKEN
 from test_ship import VERSION_RECORD, append, scalar
 
-from _support import Daemon, log_losses, unused_port
+from _bucket import start_bucket_daemon
+from _support import Daemon, Loopback, log_losses, unused_port
 from summaryd.cli import main
 from summaryd.client import SummaryWriter
 from summaryd.server.bucket import Bucket
@@ -30,8 +30,6 @@ from summaryd.v1 import summaryd_pb2_grpc as pb_grpc
 from summaryd.v1.wire import OWNER_ADDRESS_KEY
 
 pytestmark = pytest.mark.objstore
-
-__all__ = ["capture", "logdir_url", "seaweed"]  # fixtures shared with other modules
 
 
 def forge_lease(url: str, run: str, address: str) -> None:

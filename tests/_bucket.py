@@ -1,0 +1,65 @@
+"""A logdir on a SeaweedFS bucket, for the objstore tests: the tests' bucket, a daemon on a prefix of it, and
+what the daemons left there (segments, their steps read with TensorBoard's loader, a run's lease, a session's
+durable state). The `seaweed` and `logdir_url` fixtures in `conftest.py` make the server and a fresh prefix."""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+from pathlib import Path
+
+from _seaweed import SeaweedServer
+from _support import Daemon, read_events, start_daemon
+from summaryd.server.bucket import Bucket
+from summaryd.server.bucket_sessions import BucketSessions, DurableSession
+from summaryd.server.leases import Lease, RunLeases
+from summaryd.server.segments import parse_segment
+
+BUCKET = "summaryd-tests"
+
+
+def start_bucket_daemon(tmp_path: Path, url: str, *flags: str) -> Daemon:
+    return start_daemon(tmp_path, "--logdir", url, "--state-dir", str(tmp_path / "state"), *flags)
+
+
+def daemon_in(workdir: Path, url: str, *flags: str) -> Daemon:
+    """A daemon on the bucket logdir `url` with a state directory of its own, under `workdir`."""
+    workdir.mkdir(parents=True, exist_ok=True)
+    return start_bucket_daemon(workdir, url, *flags)
+
+
+def prefix_of(url: str) -> str:
+    return url.split("/", 3)[3]
+
+
+def segments(seaweed: SeaweedServer, url: str, run: str) -> list[tuple[str, int]]:
+    """`(key, size)` of every segment of `run`, in key order."""
+    import obstore  # the s3 extra: imported when run, so that the default tier collects this module without it
+
+    store = seaweed.store(BUCKET, prefix_of(url))
+    found = [(meta["path"], meta["size"]) for meta in obstore.list(store, run + "/").collect()]
+    return sorted((key, size) for key, size in found if parse_segment(key) is not None)
+
+
+def steps_from_bucket(seaweed: SeaweedServer, url: str, run: str, into: Path) -> collections.Counter[int]:
+    """How often each step occurs in `run`'s segments, each read whole with TensorBoard's loader."""
+    import obstore
+
+    store = seaweed.store(BUCKET, prefix_of(url))
+    into.mkdir(parents=True, exist_ok=True)
+    steps: collections.Counter[int] = collections.Counter()
+    for key, size in segments(seaweed, url, run):
+        local = into / key.rsplit("/", 1)[1]
+        local.write_bytes(bytes(obstore.get(store, key).bytes()))
+        events = read_events(local)
+        assert sum(8 + 4 + len(e.SerializeToString()) + 4 for e in events) == size, f"{key}: not whole records"
+        steps.update(e.step for e in events if e.HasField("summary"))
+    return steps
+
+
+def lease_of(url: str, run: str) -> Lease | None:
+    return asyncio.run(RunLeases(Bucket(url), "reader", "", 30.0).read(run))
+
+
+def state_of(url: str, session_id: str) -> DurableSession | None:
+    return asyncio.run(BucketSessions(Bucket(url)).get(session_id))
