@@ -10,10 +10,10 @@ from pathlib import Path
 
 from _seaweed import SeaweedServer
 from _support import Daemon, read_events, start_daemon
-from summaryd.server.bucket import Bucket
-from summaryd.server.bucket_sessions import BucketSessions, DurableSession
-from summaryd.server.leases import Lease, RunLeases
-from summaryd.server.segments import parse_segment
+from summaryd.server.storage.bucket.leases import Lease, RunLeases
+from summaryd.server.storage.bucket.segments import parse_segment
+from summaryd.server.storage.bucket.sessions import BucketSessions, DurableSession
+from summaryd.server.storage.bucket.store import Bucket
 
 BUCKET = "summaryd-tests"
 

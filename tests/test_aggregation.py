@@ -22,7 +22,7 @@ from tensorboard.backend.event_processing import event_accumulator
 from _support import Daemon, event_files, read_events, start_daemon, wait_for
 from summaryd.cli import build_parser, config_from, main
 from summaryd.client import SummaryWriter
-from summaryd.server.aggregation import AggregationSettings
+from summaryd.server.aggregation.aggregator import AggregationSettings
 from summaryd.v1 import summaryd_pb2 as pb
 from summaryd.v1 import summaryd_pb2_grpc as pb_grpc
 

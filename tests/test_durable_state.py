@@ -21,8 +21,8 @@ from _bucket import daemon_in, state_of, steps_from_bucket
 from _seaweed import SeaweedServer
 from _support import Daemon, log_losses, wait_for
 from summaryd.client import SummaryWriter
-from summaryd.server.bucket import Bucket
-from summaryd.server.bucket_sessions import BucketSessions, DurableSession
+from summaryd.server.storage.bucket.sessions import BucketSessions, DurableSession
+from summaryd.server.storage.bucket.store import Bucket
 from summaryd.v1 import summaryd_pb2 as pb
 from summaryd.v1 import summaryd_pb2_grpc as pb_grpc
 

@@ -33,8 +33,8 @@ from summaryd.cli import main
 from summaryd.client import Sender, SummaryWriter
 from summaryd.client._environment import address_key, parse_address
 from summaryd.client._options import ClientOptions
+from summaryd.client._patch._shipper import Shipper
 from summaryd.client._sender._targets import DaemonTargets, RedirectRefusedError
-from summaryd.client._shipper import Shipper
 from summaryd.v1 import summaryd_pb2 as pb
 from summaryd.v1 import summaryd_pb2_grpc as pb_grpc
 from summaryd.v1.wire import OWNER_ADDRESS_KEY

@@ -14,12 +14,12 @@ from typing import Any
 import pytest
 from tensorboard.compat.proto.event_pb2 import Event
 
-from summaryd.client._batch_fit import DaemonLimits
-from summaryd.client._encoder import EventEncoder
 from summaryd.client._options import ClientOptions
 from summaryd.client._sender import Sender
+from summaryd.client._sender._batch_fit import DaemonLimits
 from summaryd.client._sender._batch_log import BatchLog
 from summaryd.client._sender._columns import ScalarRun
+from summaryd.client._sender._encoder import EventEncoder
 from summaryd.client._sender._ledger import DELIVERED, Ledger
 from summaryd.client._sender._sender import EventQueue
 from summaryd.client._sender._spiller import Spiller

@@ -18,7 +18,7 @@ from test_ship import VERSION_RECORD, append, scalar, ship_argv
 from _bucket import start_bucket_daemon, steps_from_bucket
 from _seaweed import SeaweedServer
 from _support import Daemon, wait_for
-from summaryd.client._shipper import STATE_NAME, Shipper
+from summaryd.client._patch._shipper import STATE_NAME, Shipper
 
 pytestmark = pytest.mark.objstore
 

@@ -10,7 +10,7 @@ from typing import Any
 
 from summaryd.cli._commands import ENV_PREFIX, Command, Subcommands
 from summaryd.server.config import Config, fields
-from summaryd.server.logs import configure_logging
+from summaryd.server.operations.logs import configure_logging
 
 
 def _env_name(name: str) -> str:
@@ -76,7 +76,7 @@ def serve(args: argparse.Namespace, sub: argparse.ArgumentParser) -> int:
         sub.error(str(exc))
     configure_logging(config.log_level, config.log_format)
     from summaryd.server.server import StartupError, run
-    from summaryd.server.state import StateError
+    from summaryd.server.storage.state import StateError
 
     log = logging.getLogger("summaryd")
     log.debug("config %s", dataclasses.asdict(config))

@@ -8,10 +8,10 @@ the client. Importing this module imports neither the daemon nor TensorFlow.
 
 from summaryd.client._channel import ChannelSettings, open_channel
 from summaryd.client._environment import resolve_address, resolve_addresses, resolve_redirect_allow
-from summaryd.client._launch import run_command
-from summaryd.client._replay import ReplayResult, replay
+from summaryd.client._patch._launch import run_command
+from summaryd.client._patch._shipper import ShipError, Shipper, ShipTotals
+from summaryd.client._sender._replay import ReplayResult, replay
 from summaryd.client._sender._targets import RedirectRefusedError
-from summaryd.client._shipper import ShipError, Shipper, ShipTotals
 
 __all__ = [
     "ChannelSettings",

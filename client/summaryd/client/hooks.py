@@ -5,7 +5,7 @@ its first call, one `SessionLog.START` on the first `after_run`, summaries at th
 run, and `end()` flushing the writer (here: until the daemon has synced it).
 
 `SummarySaverHook` and `StepCounterHook` are resolved on first access (module `__getattr__`): when TensorFlow is
-installed they are the `tf.compat.v1.train.SessionRunHook` subclasses of `summaryd.client._tf`, which run inside
+installed they are the `tf.compat.v1.train.SessionRunHook` subclasses of `summaryd.client._api._tf`, which run inside
 `MonitoredTrainingSession`; otherwise they are `PlainSummarySaverHook` and `PlainStepCounterHook`. Importing this
 module never imports TensorFlow; only touching those two names does.
 
@@ -222,7 +222,7 @@ class SummaryWriterCache:
             if writer is None:
                 writer = cls._writers[logdir] = SummaryWriter(logdir, framework="summaryd-hooks")
                 if graph is not None:
-                    from summaryd.client import _tf  # a graph means TensorFlow is imported already
+                    from summaryd.client._api import _tf  # a graph means TensorFlow is imported already
 
                     for event in _tf.graph_events(graph):
                         writer.add_event(event)
@@ -519,7 +519,7 @@ def _hook_classes() -> dict[str, type[SessionRunHook]]:
     """The TensorFlow hook classes when TensorFlow is installed (importing it), else the plain ones."""
     if importlib.util.find_spec("tensorflow") is not None:
         try:
-            from summaryd.client import _tf
+            from summaryd.client._api import _tf
         except ImportError as e:  # an installed but broken TensorFlow: the hooks still work without it
             log.warning("TensorFlow is installed but does not import (%s); the hooks work without it", e)
         else:

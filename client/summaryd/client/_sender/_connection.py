@@ -6,8 +6,8 @@ from __future__ import annotations
 import threading
 import time
 
-from summaryd.client._batch_fit import DaemonLimits
 from summaryd.client._options import ClientOptions
+from summaryd.client._sender._batch_fit import DaemonLimits
 from summaryd.client._sender._batch_log import BatchLog
 from summaryd.client._sender._ledger import Ledger
 from summaryd.client._sender._spiller import Spiller

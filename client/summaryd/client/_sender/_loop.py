@@ -5,12 +5,12 @@ from __future__ import annotations
 import threading
 import time
 
-from summaryd.client import _process
-from summaryd.client._encoder import EventEncoder
 from summaryd.client._options import ClientOptions
+from summaryd.client._process import _fork
 from summaryd.client._sender._batch_log import BatchLog
 from summaryd.client._sender._columns import ScalarRun
 from summaryd.client._sender._connection import Connection
+from summaryd.client._sender._encoder import EventEncoder
 from summaryd.client._sender._items import FAST_ITEM_BYTES, Batch, Queued
 from summaryd.client._sender._ledger import Ledger
 from summaryd.client._sender._queue import QueuedEvents
@@ -73,7 +73,7 @@ class SenderLoop:
         return not self.alive()
 
     def start(self) -> None:
-        _process.register_multiprocessing_exit()
+        _fork.register_multiprocessing_exit()
         with self._cond:
             if self._thread is not None:
                 return

@@ -14,8 +14,8 @@ from itertools import accumulate, islice, repeat, starmap
 from operator import itemgetter
 from typing import Any
 
-from summaryd.client import _process
 from summaryd.client._options import ClientOptions, carried_or_made
+from summaryd.client._process import _fork
 from summaryd.client._sender._batch_log import BatchLog
 from summaryd.client._sender._connection import Connection
 from summaryd.client._sender._grpc_transport import GrpcTransport
@@ -272,14 +272,14 @@ class Sender:
         self.aggregate = aggregate
         self._transport = transport
         self._init_state()
-        _process.register(self)
+        _fork.register(self)
 
     def _init_state(self) -> None:
         """Everything that belongs to one process; a forked child builds it anew (never the parent's channel)."""
         options = self.options
         self._pid = os.getpid()
         # In a child forked from a process that used gRPC: never use gRPC, write to an outbox instead.
-        self._outbox_pid = _process.outbox_owner()
+        self._outbox_pid = _fork.outbox_owner()
         # Sent when opening the session: a daemon that lost state refuses to resume sessions older than the loss.
         self.identity = SpoolIdentity(
             str(uuid.uuid4()),
@@ -367,7 +367,7 @@ class Sender:
         return self._connection.connect_failed
 
     def owned_here(self) -> bool:
-        return self._pid == _process.pid
+        return self._pid == _fork.pid
 
     def pause_for_fork(self, timeout: float) -> bool:
         return self._encoding.acquire(timeout=timeout)
@@ -448,7 +448,7 @@ class Sender:
     def _enqueue_locked(self, item: Queued) -> bool:
         """`enqueue` under the lock: a large event, no room for more without a look at the budget, or no
         sender thread yet. Applies the overflow policy, wakes the sender and opens the lock-free path again."""
-        if self._pid != _process.pid:  # forked: see `_process`
+        if self._pid != _fork.pid:  # forked: see `_process`
             self.forget_parent_after_fork()
         queue = self._queue
         with self._lock:
@@ -596,7 +596,7 @@ class Sender:
             self._cond.notify_all()
         self._wake.set()
         if first:
-            _process.keep_until_closed(self)
+            _fork.keep_until_closed(self)
 
     def done(self) -> bool:
         """Whether it is closing and its thread has ended: nothing is left for `close()` to wait for."""
@@ -662,5 +662,5 @@ class Sender:
                 self.run,
                 report.spool_path,
             )
-        _process.unregister(self)
+        _fork.unregister(self)
         return report

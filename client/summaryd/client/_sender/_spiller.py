@@ -6,8 +6,8 @@ import threading
 import time
 from collections.abc import Callable
 
-from summaryd.client._courier import outbox_root
 from summaryd.client._options import ClientOptions
+from summaryd.client._process._courier import outbox_root
 from summaryd.client._sender._batch_log import BatchLog
 from summaryd.client._sender._items import Batch
 from summaryd.client._sender._ledger import Ledger
