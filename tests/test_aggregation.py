@@ -370,8 +370,8 @@ def test_the_flags_and_their_variables() -> None:
     parser, _ = build_parser()
     default = parser.parse_args(["serve"])
     assert config_from(default, {}).aggregation == AggregationSettings(enabled=True, straggler_secs=30.0)
-    assert config_from(default, {"SUMMARYD_AGGREGATE": "0"}).aggregate is False
-    assert config_from(default, {"SUMMARYD_STRAGGLER_SECS": "2.5"}).straggler_secs == 2.5
+    assert config_from(default, {"SUMMARYD_AGGREGATE": "0"}).aggregation.enabled is False
+    assert config_from(default, {"SUMMARYD_STRAGGLER_SECS": "2.5"}).aggregation.straggler_secs == 2.5
     off = parser.parse_args(["serve", "--no-aggregate", "--straggler-secs", "5"])
     assert config_from(off, {"SUMMARYD_AGGREGATE": "1"}).aggregation == AggregationSettings(False, 5.0)
     with pytest.raises(ValueError, match="--straggler-secs must be positive"):

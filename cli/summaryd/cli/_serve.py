@@ -1,4 +1,5 @@
-"""`summaryd serve`: flags and `SUMMARYD_*` variables derived from the daemon's `Config`, which then runs."""
+"""`summaryd serve`: flags and `SUMMARYD_*` variables derived from the options of the daemon's `Config`, which
+then runs."""
 
 from __future__ import annotations
 
@@ -9,8 +10,9 @@ import os
 from typing import Any
 
 from summaryd.cli._commands import ENV_PREFIX, Command, Subcommands
-from summaryd.server.config import Config, fields
+from summaryd.server.config import Config, options
 from summaryd.server.operations.logs import configure_logging
+from summaryd.server.settings import flag
 
 
 def _env_name(name: str) -> str:
@@ -24,25 +26,24 @@ def _add_parser(commands: Subcommands) -> argparse.ArgumentParser:
         description="Serve gRPC clients and write their summaries as TensorBoard event files under --logdir. "
         "Every flag can also be set by the environment variable shown.",
     )
-    for f in fields():
-        if isinstance(f.default, bool):
+    for o in options():
+        if o.kind is bool:
             serve.add_argument(
-                "--" + f.name.replace("_", "-"),
-                dest=f.name,
+                flag(o.name),
+                dest=o.name,
                 # A setting on by default is turned off by its --no- form.
-                action=argparse.BooleanOptionalAction if f.default else "store_true",
+                action=argparse.BooleanOptionalAction if o.default else "store_true",
                 default=None,
-                help=f"{f.metadata['help']} (env {_env_name(f.name)}=1)",
+                help=f"{o.help} (env {_env_name(o.name)}=1)",
             )
             continue
-        kind = f.type if isinstance(f.type, type) else {"str": str, "int": int, "float": float}[str(f.type)]
         serve.add_argument(
-            "--" + f.name.replace("_", "-"),
-            dest=f.name,
-            type=kind,
+            flag(o.name),
+            dest=o.name,
+            type=o.kind,
             default=None,
-            metavar=f.metadata.get("metavar"),
-            help=f"{f.metadata['help']} (env {_env_name(f.name)}, default {f.default!r})",
+            metavar=o.metavar,
+            help=f"{o.help} (env {_env_name(o.name)}, default {o.default!r})",
         )
     return serve
 
@@ -50,23 +51,22 @@ def _add_parser(commands: Subcommands) -> argparse.ArgumentParser:
 def config_from(args: argparse.Namespace, environ: dict[str, str] | os._Environ[str]) -> Config:
     """Flags win over `SUMMARYD_*` variables, which win over the defaults."""
     values: dict[str, Any] = {}
-    for f in fields():
-        flag = getattr(args, f.name, None)
-        if flag is not None:
-            values[f.name] = flag
+    for o in options():
+        given = getattr(args, o.name, None)
+        if given is not None:
+            values[o.name] = given
             continue
-        env = environ.get(_env_name(f.name))
-        if env is not None and isinstance(f.default, bool):
+        env = environ.get(_env_name(o.name))
+        if env is not None and o.kind is bool:
             if env.lower() not in ("1", "true", "yes", "on", "0", "false", "no", "off", ""):
-                raise ValueError(f"{_env_name(f.name)}={env!r}: use 1/true/yes/on or 0/false/no/off")
-            values[f.name] = env.lower() in ("1", "true", "yes", "on")
+                raise ValueError(f"{_env_name(o.name)}={env!r}: use 1/true/yes/on or 0/false/no/off")
+            values[o.name] = env.lower() in ("1", "true", "yes", "on")
         elif env is not None:
-            kind: type = type(f.default)
             try:
-                values[f.name] = kind(env)
+                values[o.name] = o.kind(env)
             except ValueError:
-                raise ValueError(f"{_env_name(f.name)}={env!r} is not a valid {kind.__name__}") from None
-    return Config(**values)
+                raise ValueError(f"{_env_name(o.name)}={env!r} is not a valid {o.kind.__name__}") from None
+    return Config.from_options(**values)
 
 
 def serve(args: argparse.Namespace, sub: argparse.ArgumentParser) -> int:

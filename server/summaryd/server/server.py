@@ -206,7 +206,7 @@ class Server:
         self.metrics.registry.register(SessionCollector(lifecycle))
         if self.auth is not None:
             log.info("clients need a bearer token (%d in %s)", len(self.auth.tokens), config.token_file)
-        if not (config.is_loopback or config.token_file or config.tls_cert):
+        if not (config.is_loopback or config.token_file or config.tls.cert):
             log.warning(
                 "listening on %s without token or TLS (--insecure): anyone who reaches it can write", config.listen
             )
@@ -235,7 +235,9 @@ class Server:
             raise StartupError(f"cannot write the daemon's id in {config.state_path}: {_reason(exc)}") from None
         assert self.port is not None, "the port is bound first"
         address = config.advertised(self.port)
-        ownership = RunOwnership(RunLeases(bucket, holder, address, config.run_lease), config.peer_addresses)
+        ownership = RunOwnership(
+            RunLeases(bucket, holder, address, config.bucket.run_lease), config.bucket.peer_addresses
+        )
         ownership.start()
         self.metrics.registry.register(LeaseCollector(ownership))
         log.info("run leases held as %s, clients of other daemons sent to %s", holder, address)
@@ -318,7 +320,7 @@ class Server:
             server,
         )
         credentials = None
-        if config.tls_cert:
+        if config.tls.cert:
             try:
                 credentials = _server_credentials(config)
             except OSError as exc:
@@ -438,7 +440,7 @@ class _Listener:
 
 def run(config: Config) -> None:
     """Run the daemon in this process until SIGTERM/SIGINT; a second signal exits at once."""
-    ensure_open_files(config.max_open_runs)
+    ensure_open_files(config.limits.max_open_runs)
     server = Server(config)
     signals = 0
 
@@ -464,11 +466,11 @@ def run(config: Config) -> None:
 
 def _server_credentials(config: Config) -> grpc.ServerCredentials:
     """TLS with the configured certificate; with `--tls-client-ca`, clients must present a certificate too."""
-    with open(config.tls_key, "rb") as key, open(config.tls_cert, "rb") as cert:
+    with open(config.tls.key, "rb") as key, open(config.tls.cert, "rb") as cert:
         pair = (key.read(), cert.read())
     client_ca = None
-    if config.tls_client_ca:
-        with open(config.tls_client_ca, "rb") as ca:
+    if config.tls.client_ca:
+        with open(config.tls.client_ca, "rb") as ca:
             client_ca = ca.read()
     return grpc.ssl_server_credentials([pair], root_certificates=client_ca, require_client_auth=client_ca is not None)
 
@@ -522,7 +524,7 @@ def _segment_shipper(config: Config, executor: ThreadPoolExecutor, metrics: Metr
         raise StartupError(f"--logdir {config.logdir} needs the bucket library: pip install 'summaryd[s3]'") from None
     except Exception as exc:  # obstore's configuration errors (a bad region, a malformed endpoint)
         raise StartupError(f"cannot use --logdir {config.logdir}: {_reason(exc)}") from None
-    return SegmentShipper(bucket, config.local_logdir, config.seal_policy, executor, metrics.registry)
+    return SegmentShipper(bucket, config.local_logdir, config.bucket.seal, executor, metrics.registry)
 
 
 async def _ship_leftovers(

@@ -40,6 +40,7 @@ from summaryd.server.records.scalar_points import points
 from summaryd.server.records.scalar_records import ScalarRecords
 from summaryd.server.security.limits import DEFAULT, Limits
 from summaryd.server.sessions.live import Session
+from summaryd.server.settings import option
 from summaryd.server.storage.bucket.run_ownership import RunOwnership
 from summaryd.server.storage.bucket.segments import SegmentShipper, parse_segment
 from summaryd.server.storage.bucket.store import Bucket
@@ -63,14 +64,38 @@ FILTER_CACHE = 4096  # tags a session's filter remembers the answer for (beyond,
 
 @dataclass(frozen=True)
 class AggregationSettings:
-    """The daemon's aggregation settings (`--aggregate/--no-aggregate`, `--straggler-secs`)."""
+    """The daemon's aggregation settings (`--aggregate/--no-aggregate`, `--straggler-secs`,
+    `--aggregate-max-tags`)."""
 
-    enabled: bool = False
-    straggler_secs: float = 30.0
+    enabled: bool = option(
+        True,
+        "reduce each scalar tag of a multi-worker run across its workers into the runs RUN/mean, RUN/min, "
+        "RUN/max, RUN/std and RUN/summaryd (counts and straggler lag); --no-aggregate turns it off",
+        name="aggregate",
+    )
+    straggler_secs: float = option(
+        30.0, "seconds a step's aggregate waits for workers that have not reported it before it is written", "SECS"
+    )
     # Pending steps one run may hold; beyond it the oldest are finalised with the workers that reported them.
     max_pending_steps: int = 20_000
-    # Tags one run's aggregation holds (`--aggregate-max-tags`); further tags are not aggregated.
-    max_tags: int = 10_000
+    # Tags one run's aggregation holds; further tags are not aggregated.
+    max_tags: int = option(
+        10_000,
+        "scalar tags one run's aggregation holds; the points of further tags are not aggregated (counted and "
+        "logged; they still reach their worker's run)",
+        "N",
+        name="aggregate_max_tags",
+    )
+
+    def __post_init__(self) -> None:
+        if self.straggler_secs <= 0:
+            raise ValueError("--straggler-secs must be positive")
+        if self.max_tags <= 0:
+            raise ValueError("--aggregate-max-tags must be positive")
+
+
+# A daemon part built without settings (the session lifecycle alone) aggregates nothing.
+AGGREGATION_OFF = AggregationSettings(enabled=False)
 
 
 def _log_failure(task: asyncio.Future[None]) -> None:
@@ -437,7 +462,7 @@ class Aggregation:
         limits: Limits = DEFAULT,
         ownership: RunOwnership | None = None,
     ) -> None:
-        self.settings = settings or AggregationSettings()
+        self.settings = settings or AGGREGATION_OFF
         self._registry = registry
         self._limits = limits
         self._ownership = ownership
