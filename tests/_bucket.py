@@ -1,12 +1,18 @@
-"""A logdir on a SeaweedFS bucket, for the objstore tests: the tests' bucket, a daemon on a prefix of it, and
-what the daemons left there (segments, their steps read with TensorBoard's loader, a run's lease, a session's
-durable state). The `seaweed` and `logdir_url` fixtures in `conftest.py` make the server and a fresh prefix."""
+"""A logdir on a SeaweedFS bucket, for the objstore tests: the tests' bucket, a daemon on a prefix of it, what
+the daemons left there (segments, their steps read with TensorBoard's loader, a run's lease, a session's durable
+state), and a session driven by hand over gRPC. The `seaweed` and `logdir_url` fixtures in `conftest.py` make the
+server and a fresh prefix."""
 
 from __future__ import annotations
 
 import asyncio
 import collections
+import time
 from pathlib import Path
+
+import grpc
+from tensorboard.compat.proto.event_pb2 import Event
+from tensorboard.compat.proto.summary_pb2 import Summary
 
 from _seaweed import SeaweedServer
 from _support import Daemon, read_events, start_daemon
@@ -14,6 +20,8 @@ from summaryd.server.storage.bucket.leases import Lease, RunLeases
 from summaryd.server.storage.bucket.segments import parse_segment
 from summaryd.server.storage.bucket.sessions import BucketSessions, DurableSession
 from summaryd.server.storage.bucket.store import Bucket
+from summaryd.v1 import summaryd_pb2 as pb
+from summaryd.v1 import summaryd_pb2_grpc as pb_grpc
 
 BUCKET = "summaryd-tests"
 
@@ -63,3 +71,24 @@ def lease_of(url: str, run: str) -> Lease | None:
 
 def state_of(url: str, session_id: str) -> DurableSession | None:
     return asyncio.run(BucketSessions(Bucket(url)).get(session_id))
+
+
+def batch(session_id: str, first: int, last: int) -> pb.WriteRequest:
+    """Events `first`..`last`, each a scalar at step = its sequence number - 1."""
+    events = [
+        Event(wall_time=time.time(), step=seq - 1, summary=Summary(value=[Summary.Value(tag="loss", simple_value=seq)]))
+        for seq in range(first, last + 1)
+    ]
+    return pb.WriteRequest(session_id=session_id, first_sequence=first, events=[e.SerializeToString() for e in events])
+
+
+def write(stub: pb_grpc.SummariesStub, *requests: pb.WriteRequest) -> pb.WriteAck:
+    """Send `requests` on one stream; the last ack."""
+    acks = list(stub.Write(iter(requests), timeout=30))
+    assert len(acks) == len(requests)
+    return acks[-1]
+
+
+def stub_of(address: str, channels: list[grpc.Channel]) -> pb_grpc.SummariesStub:
+    channels.append(grpc.insecure_channel(address))
+    return pb_grpc.SummariesStub(channels[-1])

@@ -17,6 +17,7 @@ from cryptography.x509.oid import NameOID
 ALICE = "alice-token-0123456789abcdef"  # may write team-a/ and shared/eval
 ROOT_TOKEN = "root-token-0123456789abcdef"  # may write everything
 BOB = "bob-token-0123456789abcdefgh"  # may write team-ab/ (a prefix of team-a's name, not of its runs)
+TOKEN = "redirect-test-token-0123456789"  # the redirect tests' daemons take this one
 
 
 def token_file(path: Path, *lines: str) -> Path:

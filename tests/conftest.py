@@ -1,7 +1,8 @@
 """Every fixture more than one test module uses: a real daemon process on a free loopback port
 (`_support.start_daemon`), a clean client state for every test, a throw-away PKI, SeaweedFS and a fresh bucket
 prefix, a recording gRPC server, gRPC channels closed at the end. What tests share besides fixtures lives in
-`_support` (and `_bucket`, `_credentials`, the launchers `_daemon` and `_seaweed`)."""
+`_support` and beside it (`_aggregation`, `_bucket`, `_credentials`, `_parity`, `_shipping`, the launchers
+`_daemon` and `_seaweed`); test modules import nothing from each other."""
 
 from __future__ import annotations
 

@@ -8,8 +8,8 @@ import collections
 from pathlib import Path
 
 import pytest
-from test_aggregation import REDUCTIONS, WORKERS_TIMEOUT, finish, start_workers
 
+from _aggregation import REDUCTIONS, WORKERS_TIMEOUT, finish, start_workers
 from _bucket import start_bucket_daemon, steps_from_bucket
 from _seaweed import SeaweedServer
 from _support import Daemon, wait_for

@@ -6,10 +6,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from test_user_errors import cli, one_line
-
 from _credentials import ALICE, Pki, tls_credentials, token_file
-from _support import start_daemon
+from _support import cli, one_line, start_daemon
 
 
 def test_status_with_a_token(tmp_path: Path) -> None:

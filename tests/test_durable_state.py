@@ -8,46 +8,21 @@ from __future__ import annotations
 
 import collections
 import shutil
-import time
 import uuid
 from pathlib import Path
 
 import grpc
 import pytest
-from tensorboard.compat.proto.event_pb2 import Event
-from tensorboard.compat.proto.summary_pb2 import Summary
 
-from _bucket import daemon_in, state_of, steps_from_bucket
+from _bucket import batch, daemon_in, state_of, steps_from_bucket, stub_of, write
 from _seaweed import SeaweedServer
 from _support import Daemon, log_losses, wait_for
 from summaryd.client import SummaryWriter
 from summaryd.server.storage.bucket.sessions import BucketSessions, DurableSession
 from summaryd.server.storage.bucket.store import Bucket
 from summaryd.v1 import summaryd_pb2 as pb
-from summaryd.v1 import summaryd_pb2_grpc as pb_grpc
 
 pytestmark = pytest.mark.objstore
-
-
-def batch(session_id: str, first: int, last: int) -> pb.WriteRequest:
-    """Events `first`..`last`, each a scalar at step = its sequence number - 1."""
-    events = [
-        Event(wall_time=time.time(), step=seq - 1, summary=Summary(value=[Summary.Value(tag="loss", simple_value=seq)]))
-        for seq in range(first, last + 1)
-    ]
-    return pb.WriteRequest(session_id=session_id, first_sequence=first, events=[e.SerializeToString() for e in events])
-
-
-def write(stub: pb_grpc.SummariesStub, *requests: pb.WriteRequest) -> pb.WriteAck:
-    """Send `requests` on one stream; the last ack."""
-    acks = list(stub.Write(iter(requests), timeout=30))
-    assert len(acks) == len(requests)
-    return acks[-1]
-
-
-def stub_of(address: str, channels: list[grpc.Channel]) -> pb_grpc.SummariesStub:
-    channels.append(grpc.insecure_channel(address))
-    return pb_grpc.SummariesStub(channels[-1])
 
 
 async def test_session_state_never_moves_back_and_merges_closed(logdir_url: str) -> None:

@@ -20,9 +20,8 @@ from pathlib import Path
 
 import grpc
 import pytest
-from test_durable_state import batch, stub_of, write
 
-from _bucket import daemon_in, lease_of, segments, state_of, steps_from_bucket
+from _bucket import batch, daemon_in, lease_of, segments, state_of, steps_from_bucket, stub_of, write
 from _seaweed import SeaweedServer
 from _support import Daemon, log_losses, wait_for
 from summaryd.client import SummaryWriter

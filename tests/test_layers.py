@@ -57,3 +57,19 @@ def test_the_command_line_uses_only_public_modules_of_the_client_and_the_daemon(
     assert private == []
     used = {module for _, module in _imports(CLI, "summaryd.cli")}
     assert "summaryd.client.commands" in used  # the client's face for the commands: what this test guards
+
+
+def test_test_modules_import_nothing_from_each_other() -> None:
+    """What tests share (fixtures, launchers, readers, helpers) lives in conftest.py and the support modules
+    beside it, so that a test module can be run, moved or deleted alone."""
+    tests = Path(__file__).resolve().parent
+    modules = {path.stem for path in tests.glob("test_*.py")}
+    crossing = [
+        (path.name, module)
+        for path in sorted(tests.glob("*.py"))
+        for node in ast.walk(ast.parse(path.read_text(), str(path)))
+        if isinstance(node, ast.Import | ast.ImportFrom)
+        for module in ([a.name for a in node.names] if isinstance(node, ast.Import) else [node.module or ""])
+        if module.split(".")[0] in modules
+    ]
+    assert crossing == []

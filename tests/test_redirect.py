@@ -23,12 +23,23 @@ from pathlib import Path
 import grpc
 import numpy as np
 import pytest
-from test_client_checks import _leave_a_spool
-from test_faults_fork import FORKING_WRITER, run_script
-from test_ship import VERSION_RECORD, append, scalar
-from test_zero_code import summaryd_run
 
-from _support import Daemon, Loopback, event_files, log_losses, read_events, steps_in, unused_port, wait_for
+from _credentials import TOKEN
+from _shipping import VERSION_RECORD, append, scalar
+from _support import (
+    FORKING_WRITER,
+    Daemon,
+    Loopback,
+    event_files,
+    leave_a_spool,
+    log_losses,
+    read_events,
+    run_script,
+    steps_in,
+    summaryd_run,
+    unused_port,
+    wait_for,
+)
 from summaryd.cli import main
 from summaryd.client import Sender, SummaryWriter
 from summaryd.client._environment import address_key, parse_address
@@ -38,8 +49,6 @@ from summaryd.client._sender._targets import DaemonTargets, RedirectRefusedError
 from summaryd.v1 import summaryd_pb2 as pb
 from summaryd.v1 import summaryd_pb2_grpc as pb_grpc
 from summaryd.v1.wire import OWNER_ADDRESS_KEY
-
-TOKEN = "redirect-test-token-0123456789"
 
 
 class _Redirecting(pb_grpc.SummariesServicer):
@@ -176,7 +185,7 @@ def test_summaryd_replay_does_not_follow_a_redirect_to_an_address_it_was_not_giv
     monkeypatch: pytest.MonkeyPatch,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    spool = _leave_a_spool(tmp_path / "spool", unused_port())
+    spool = leave_a_spool(tmp_path / "spool", unused_port())
     monkeypatch.setenv("SUMMARYD_TOKEN", TOKEN)
     capsys.readouterr()
     assert main(["replay", str(spool), "--address", fooled.address]) == 1
@@ -190,7 +199,7 @@ def test_summaryd_replay_does_not_follow_a_redirect_to_an_address_it_was_not_giv
 def test_summaryd_replay_follows_a_redirect_to_redirect_allow(
     tmp_path: Path, daemon: Daemon, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    spool = _leave_a_spool(tmp_path / "spool", unused_port())
+    spool = leave_a_spool(tmp_path / "spool", unused_port())
     owner = fooled_daemon(daemon.address)
     try:
         assert main(["replay", str(spool), "--address", owner.address, "--redirect-allow", daemon.address]) == 0
@@ -314,7 +323,7 @@ def test_summaryd_replay_tries_every_address_and_the_allow_list_its_spool_record
     owner = fooled_daemon(daemon.address)
     manifest["addresses"][1] = owner.address  # the owner's stand-in is back, on a port of its own
     (spool / "manifest.json").write_text(json.dumps(manifest))
-    old = _leave_a_spool(tmp_path / "old", unused_port())
+    old = leave_a_spool(tmp_path / "old", unused_port())
     written = json.loads((old / "manifest.json").read_text())
     del written["addresses"], written["redirect_allow"]
     written["address"] = daemon.address

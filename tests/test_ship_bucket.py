@@ -13,10 +13,10 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from test_ship import VERSION_RECORD, append, scalar, ship_argv
 
 from _bucket import start_bucket_daemon, steps_from_bucket
 from _seaweed import SeaweedServer
+from _shipping import VERSION_RECORD, append, scalar, ship_argv
 from _support import Daemon, wait_for
 from summaryd.client._patch._shipper import STATE_NAME, Shipper
 

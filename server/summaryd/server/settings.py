@@ -26,10 +26,9 @@ def flag(name: str) -> str:
 
 @dataclass(frozen=True)
 class Option:
-    """One option: where it sits in the settings (`path` of attribute names from the top) and what it is."""
+    """One option: its name (the flag without dashes), type, default and help."""
 
     name: str
-    path: tuple[str, ...]
     kind: type
     default: Any
     help: str
@@ -39,7 +38,7 @@ class Option:
 def options(settings: type) -> list[Option]:
     """Every option of the settings dataclass `settings` and of those it nests, in declaration order."""
     found: list[Option] = []
-    _collect(settings, (), found)
+    _collect(settings, found)
     return found
 
 
@@ -48,15 +47,15 @@ def _nests(kind: Any) -> bool:
     return isinstance(kind, type) and dataclasses.is_dataclass(kind)
 
 
-def _collect(settings: Any, path: tuple[str, ...], found: list[Option]) -> None:
+def _collect(settings: Any, found: list[Option]) -> None:
     hints = typing.get_type_hints(settings)
     for f in dataclasses.fields(settings):
         kind = hints[f.name]
         if _nests(kind):
-            _collect(kind, (*path, f.name), found)
+            _collect(kind, found)
         elif "help" in f.metadata:
             name = f.metadata["option"] or f.name
-            found.append(Option(name, (*path, f.name), kind, f.default, f.metadata["help"], f.metadata["metavar"]))
+            found.append(Option(name, kind, f.default, f.metadata["help"], f.metadata["metavar"]))
 
 
 def build(settings: type[T], values: dict[str, Any]) -> T:
