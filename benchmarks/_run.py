@@ -10,13 +10,11 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from _daemon import Daemon, start_daemon, tail
 from benchmarks._contenders import SUMMARYD, SUMMARYD_HOOK, WriterSpec
 from benchmarks._report import Spread
-
-if TYPE_CHECKING:
-    from _daemon import Daemon
 
 Results = dict[str, list[dict[str, Any]]]
 
@@ -209,10 +207,6 @@ def median(results: list[dict[str, Any]], key: str) -> float:
 def running_daemon(workdir: Path, *flags: str) -> Iterator[Daemon]:
     """A daemon for one benchmark section (logging warnings only; more `serve` flags in `flags`), stopped at the
     end; an exit other than 0 is reported on stderr with the end of its log."""
-    # Imported here: the trial processes import this module's neighbours without tests/ (the launcher's home)
-    # on their path.
-    from _daemon import start_daemon, tail
-
     daemon = start_daemon(workdir, "--log-level", "warning", *flags, logdir=workdir / "daemon-logdir")
     try:
         yield daemon

@@ -7,10 +7,8 @@ import sys
 from pathlib import Path
 
 if __name__ == "__main__":
-    # Run as a script, Python puts benchmarks/ on the path; the modules import as `benchmarks.*` from the root,
-    # and the daemon's and SeaweedFS's launchers (`_daemon`, `_seaweed`) from the tests' support beside it.
-    root = Path(__file__).resolve().parent.parent
-    sys.path[0:1] = [str(root), str(root / "tests")]
+    # Run as a script, Python puts benchmarks/ on the path; the modules import as `benchmarks.*` from the root.
+    sys.path[0] = str(Path(__file__).resolve().parent.parent)
     from benchmarks.suite import main
 
     sys.exit(main())

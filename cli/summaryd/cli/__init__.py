@@ -2,7 +2,7 @@
 
 Each command is one module holding its parser and the one function that runs it (`_commands.Command`);
 `main` builds the parser from the table in `_main` and dispatches. `serve` maps flags and `SUMMARYD_*`
-variables onto the daemon's `Config`; `status` and `health` ask a daemon; `replay`, `run` and `ship` call
+variables onto the daemon's `Config`; `status`, `health` and `watch` ask a daemon; `replay`, `run` and `ship` call
 `summaryd.client.commands`.
 """
 

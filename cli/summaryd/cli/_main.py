@@ -12,11 +12,12 @@ from summaryd.cli._replay import REPLAY
 from summaryd.cli._run import RUN
 from summaryd.cli._serve import SERVE
 from summaryd.cli._ship import SHIP
+from summaryd.cli._watch import WATCH
 from summaryd.v1.search_path import unshadow
 from summaryd.v1.wire import VERSION
 
 # In the order `summaryd --help` lists them.
-COMMANDS: tuple[Command, ...] = (SERVE, STATUS, HEALTH, REPLAY, RUN, SHIP)
+COMMANDS: tuple[Command, ...] = (SERVE, STATUS, HEALTH, WATCH, REPLAY, RUN, SHIP)
 
 
 def build_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParser]]:

@@ -1,4 +1,5 @@
-"""`summaryd status` and `summaryd health`: one call to a running daemon, with the client's token and TLS."""
+"""`summaryd status` and `summaryd health`: one call to a running daemon, with the client's token and TLS; what
+every command that asks a daemon shares (`parser`, `ask`, `message_json`)."""
 
 from __future__ import annotations
 
@@ -18,7 +19,8 @@ if TYPE_CHECKING:
     from summaryd.v1 import summaryd_pb2 as pb
 
 
-def _parser(commands: Subcommands, name: str, text: str) -> argparse.ArgumentParser:
+def parser(commands: Subcommands, name: str, text: str) -> argparse.ArgumentParser:
+    """A command that asks a running daemon: `--address`, the token and TLS flags, `--timeout`."""
     sub: argparse.ArgumentParser = commands.add_parser(
         name,
         help=text,
@@ -32,24 +34,24 @@ def _parser(commands: Subcommands, name: str, text: str) -> argparse.ArgumentPar
 
 
 def _add_status_parser(commands: Subcommands) -> argparse.ArgumentParser:
-    sub = _parser(commands, "status", "show the open runs and live sessions of a running daemon")
-    sub.add_argument("--json", action="store_true", help="print one JSON object (schema in README)")
+    sub = parser(commands, "status", "show the open runs and live sessions of a running daemon")
+    sub.add_argument("--json", action="store_true", help="print JSON (schema in README)")
     return sub
 
 
 def _add_health_parser(commands: Subcommands) -> argparse.ArgumentParser:
-    return _parser(commands, "health", "check a daemon")
+    return parser(commands, "health", "check a daemon")
 
 
 def status(args: argparse.Namespace, sub: argparse.ArgumentParser) -> int:
-    return _ask(args, sub, lambda address, settings: _status(address, settings, args.timeout, args.json))
+    return ask(args, sub, lambda address, settings: _status(address, settings, args.timeout, args.json))
 
 
 def health(args: argparse.Namespace, sub: argparse.ArgumentParser) -> int:
-    return _ask(args, sub, lambda address, settings: _health(address, settings, args.timeout))
+    return ask(args, sub, lambda address, settings: _health(address, settings, args.timeout))
 
 
-def _ask(args: argparse.Namespace, sub: argparse.ArgumentParser, call: Callable[[str, ChannelSettings], int]) -> int:
+def ask(args: argparse.Namespace, sub: argparse.ArgumentParser, call: Callable[[str, ChannelSettings], int]) -> int:
     """Resolve the address and the channel settings, then `call` them: every failure is one line on stderr."""
     import grpc
 
@@ -91,14 +93,14 @@ def _call(address: str, settings: ChannelSettings, call: str, timeout: float) ->
     return answer
 
 
-def _message_json(message: Message) -> dict[str, Any]:
+def message_json(message: Message) -> dict[str, Any]:
     """Every field of `message` by its proto name, always present: integers as JSON numbers (64-bit ones too),
     strings, floats, booleans, nested messages as objects and repeated fields as lists."""
     result: dict[str, Any] = {}
     for field in message.DESCRIPTOR.fields:
         value = getattr(message, field.name)
         if field.message_type is not None:
-            result[field.name] = [_message_json(item) for item in value] if field.is_repeated else _message_json(value)
+            result[field.name] = [message_json(item) for item in value] if field.is_repeated else message_json(value)
         else:
             result[field.name] = list(value) if field.is_repeated else value
     return result
@@ -110,7 +112,7 @@ def _status(address: str, settings: ChannelSettings, timeout: float, as_json: bo
     status = _call(address, settings, "status", timeout)
     assert isinstance(status, pb.GetStatusResponse)
     if as_json:
-        print(json.dumps({"address": address, **_message_json(status)}, indent=2))
+        print(json.dumps({"address": address, **message_json(status)}, indent=2))
         return 0
     print(f"logdir {status.logdir}  (summaryd {status.version})")
     print(f"{'OPEN RUN':<40} {'FILE':<58} {'EVENTS':>9} {'BYTES':>11} {'SESSIONS':>8}")
@@ -133,12 +135,32 @@ def _status(address: str, settings: ChannelSettings, timeout: float, as_json: bo
             f"{s.session_id:<36} {s.run_dir:<30} {s.worker or '-':<10} {s.client.host:<16} {s.client.pid:>7} "
             f"{s.events_written:>9} {s.acked_sequence:>9} {s.idle_seconds:>7.1f}s {lag:>6}"
         )
+    _watch_table(status)
     open_files = sum(1 for run in status.runs if run.event_file)
+    if status.HasField("board"):
+        board = status.board
+        behind = f", {_count(board.runs_pending, 'run')} already there not read yet" if board.runs_pending else ""
+        if board.segments_pending:
+            behind += f", {_count(board.segments_pending, 'segment')} in the bucket not read yet"
+        print(f"\nboard {board.address} (tensorboard --grpc_data_provider): {_count(board.runs, 'run')}{behind}")
     print(
         f"\n{_count(len(status.runs), 'open run')} (with a live session or an open event file; finished runs "
         f"stay in the logdir), {_count(len(status.sessions), 'live session')}, {_count(open_files, 'open file')}"
     )
     return 0
+
+
+def _watch_table(status: pb.GetStatusResponse) -> None:
+    """WATCH: the findings firing, one a line (or that the watch is off)."""
+    print()
+    if not status.watching:
+        print("WATCH off (--no-watch)")
+        return
+    print(f"{'WATCH':<11} {'RUN':<30} {'RANK':<10} {'STEP':>9}  SUMMARY")
+    for f in status.findings:
+        print(f"{f.rule:<11} {f.run:<30} {f.rank or '-':<10} {f.step:>9}  {f.summary}")
+    if not status.findings:
+        print("-           (nothing found)")
 
 
 def _bucket_table(status: pb.GetStatusResponse) -> None:

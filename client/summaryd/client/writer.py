@@ -29,7 +29,7 @@ from tensorboard.plugins.projector.projector_config_pb2 import EmbeddingInfo, Pr
 from summaryd.client._api import _files, _summaries, _torch
 from summaryd.client._environment import detect_worker
 from summaryd.client._options import carried_or_made
-from summaryd.client._process import _fork
+from summaryd.client._process import _courier
 from summaryd.client._sender import DeliveryReport, Sender, _encoder
 
 log = logging.getLogger("summaryd.client")
@@ -730,7 +730,7 @@ class SummaryWriter:
         senders = self._begin_close(deadline)
         reports = [s.close(max(0.0, deadline - time.monotonic())) for s in senders]
         # What children forked with this writer logged through it, delivered by this process's courier.
-        reports.append(_fork.courier.settle(self._owns_run, max(0.0, deadline - time.monotonic())))
+        reports.append(_courier.courier.settle(self._owns_run, max(0.0, deadline - time.monotonic())))
         return _merge(reports, self._uploader)
 
     def _begin_close(self, deadline: float) -> list[Sender]:

@@ -3,9 +3,9 @@
 
 Each setting is declared once, with its default and its help, in the settings dataclass of the part it
 configures: `Limits` (security/limits.py), `SealPolicy` (storage/bucket/segments.py), `AggregationSettings`
-(aggregation/aggregator.py), and `TlsSettings`, `BucketSettings` and `Config`'s own here. Each checks its own
-values when made; `Config` checks what spans parts (the lease against the idle timeout, an address off loopback
-against token and TLS).
+(aggregation/aggregator.py), and `TlsSettings`, `BucketSettings`, `WatchSettings` and `Config`'s own here.
+Each checks its own values when made; `Config` checks what spans parts (the lease against the idle timeout, an
+address off loopback against token and TLS).
 """
 
 from __future__ import annotations
@@ -25,9 +25,10 @@ from summaryd.server.security.limits import MESSAGE_SLACK_BYTES, Limits
 from summaryd.server.settings import Option, option
 from summaryd.server.storage.bucket.segments import SealPolicy
 from summaryd.server.storage.bucket.store import is_bucket_url, split_url
+from summaryd.server.watch import Rules
 from summaryd.v1.wire import DEFAULT_PORT
 
-__all__ = ["MESSAGE_SLACK_BYTES", "BucketSettings", "Config", "TlsSettings", "options"]
+__all__ = ["MESSAGE_SLACK_BYTES", "BucketSettings", "Config", "TlsSettings", "WatchSettings", "options"]
 
 LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
 # HTTP/2's initial window; a smaller one only slows every stream down.
@@ -98,6 +99,42 @@ class BucketSettings:
 
 
 @dataclass(frozen=True)
+class WatchSettings:
+    """The watch (see README, "The daemon watches the training"): on by default, its rules tuned by a file."""
+
+    enabled: bool = option(
+        True,
+        "watch the runs for silence, non-finite values, divergence and stragglers; --no-watch turns it off",
+        name="watch",
+    )
+    rules_file: str = option(
+        "", "TOML file tuning the watch's rules, thresholds and runs (see README)", "FILE", name="watch_rules"
+    )
+    silent_after: float = option(
+        0.0,
+        "seconds without a batch after which a worker that logged steadily is silent (0: twice its longest recent "
+        "interval between batches, plus 3 s)",
+        "SECS",
+    )
+    webhook: str = option(
+        "",
+        "POST each finding's firing and resolution to this URL, as Alertmanager's webhook does",
+        "URL",
+        name="watch_webhook",
+    )
+
+    def __post_init__(self) -> None:
+        _ = self.rules  # a bad file or value is one line before anything is created
+        if self.webhook and not self.webhook.startswith(("http://", "https://")):
+            raise ValueError(f"--watch-webhook {self.webhook!r}: give an http:// or https:// URL")
+
+    @functools.cached_property
+    def rules(self) -> Rules:
+        """The watch's rules (`--watch-rules`, `--silent-after`). Raises ValueError: a bad file or value."""
+        return Rules.load(self.rules_file, self.silent_after)
+
+
+@dataclass(frozen=True)
 class Config:
     """Settings of `summaryd serve`. Each option is the flag `--option-name` and the variable
     `SUMMARYD_OPTION_NAME`; `from_options` makes one from options by those names."""
@@ -152,7 +189,8 @@ class Config:
     board_listen: str = option(
         "",
         "serve TensorBoard's data provider on HOST:PORT for `tensorboard --grpc_data_provider HOST:PORT` (off when "
-        "empty; TensorBoard sends no token, so keep it on loopback or give --insecure)",
+        "empty); over TLS with --tls-cert (TensorBoard: --grpc_creds_type ssl); TensorBoard sends no token, so "
+        "beyond loopback give --tls-cert or --insecure",
         "HOST:PORT",
     )
     board_runs: str = option("", "serve only the runs under this prefix on --board-listen (all when empty)", "PREFIX")
@@ -164,6 +202,7 @@ class Config:
     )
     log_format: str = option("text", "log lines as 'text' or 'json' (one object a line, for log shippers)", "FORMAT")
     aggregation: AggregationSettings = field(default_factory=AggregationSettings)
+    watch: WatchSettings = field(default_factory=WatchSettings)
 
     @classmethod
     def from_options(cls, **values: Any) -> Config:
@@ -262,10 +301,11 @@ class Config:
         host, sep, port = value.rpartition(":")
         if not (sep and host and port.isdigit() and int(port) <= 65535):
             raise ValueError(f"--board-listen {value!r} needs HOST:PORT, e.g. 127.0.0.1:6106")
-        if not (_is_loopback(_host(value)) or self.insecure):
+        if not (_is_loopback(_host(value)) or self.tls.cert or self.insecure):
             raise ValueError(
                 f"--board-listen {value} reaches beyond this machine, and TensorBoard sends no token: anyone who "
-                "reaches it could read every run; serve it on loopback (e.g. 127.0.0.1:6106) or give --insecure"
+                "reaches it could read every run; serve it on loopback (e.g. 127.0.0.1:6106), over TLS "
+                "(--tls-cert, --tls-key), or give --insecure"
             )
         _ = self.samples  # a bad --samples-per-plugin is one line before anything is created
 

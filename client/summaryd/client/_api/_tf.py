@@ -1,8 +1,9 @@
 """The hooks as `tf.compat.v1.train.SessionRunHook` subclasses, for `MonitoredTrainingSession`.
 
 Imported only when `summaryd.client.SummarySaverHook` or `StepCounterHook` is first touched and TensorFlow is
-installed (see `hooks.__getattr__`). `MonitoredSession` itself only calls the hook methods, but code around it
-(and users) may check `isinstance(hook, tf.compat.v1.train.SessionRunHook)`, so these are real subclasses.
+installed (see `summaryd.client.hooks.__getattr__`). `MonitoredSession` itself only calls the hook methods, but
+code around it (and users) may check `isinstance(hook, tf.compat.v1.train.SessionRunHook)`, so these are real
+subclasses.
 
 Inside a TensorFlow graph (what `MonitoredSession` needs) they do what TensorFlow's hooks do: the global step is
 `training_util._get_or_create_global_step_read()` of the default graph, `before_run` answers with TensorFlow's
@@ -21,7 +22,7 @@ from tensorboard.compat.proto.event_pb2 import Event
 from tensorflow.python.framework import meta_graph
 from tensorflow.python.training import training_util
 
-from summaryd.client.hooks import PlainStepCounterHook, PlainSummarySaverHook
+from summaryd.client._api._hooks import PlainStepCounterHook, PlainSummarySaverHook
 
 
 def graph_events(graph: Any) -> list[Event]:

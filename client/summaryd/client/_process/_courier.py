@@ -2,7 +2,7 @@
 
 gRPC does not survive `fork()` in a process whose threads are inside gRPC calls (a sender's ack thread always
 is): a child that opens a channel of its own may stall for seconds or fail with "Closed on fork". So a child
-forked from a process where the client used gRPC never touches gRPC (`_process.forked_from`): its senders
+forked from a process where the client used gRPC never touches gRPC (`_fork.outbox_owner`): its senders
 append their numbered events to an *outbox*, a spool (`_spool`) under `<spool root>/children-of-<pid>/`, and
 the courier thread of that ancestor process delivers it, resuming the child's own session with the child's
 sequence numbers (so exactly once, like `summaryd replay`):
@@ -40,12 +40,13 @@ import grpc
 
 from summaryd.client._channel import ChannelSettings
 from summaryd.client._options import ClientOptions
+from summaryd.client._process import _fork
 from summaryd.client._sender._batch_fit import DaemonLimits
 from summaryd.client._sender._failover import DaemonChannel
 from summaryd.client._sender._replay import open_request, send_events
 from summaryd.client._sender._report import DeliveryReport
 from summaryd.client._sender._targets import RedirectRefusedError
-from summaryd.client._spool import MANIFEST, SpoolLockedError, lock, recorded_daemons, write_manifest
+from summaryd.client._spool import MANIFEST, SpoolLockedError, lock, outbox_root, recorded_daemons, write_manifest
 from summaryd.v1 import summaryd_pb2 as pb
 from summaryd.v1.wire import read_records
 
@@ -53,11 +54,6 @@ log = logging.getLogger("summaryd.client")
 
 _POLL = 0.2
 _TIMEOUT = 10.0
-
-
-def outbox_root(spool_root: Path, pid: int) -> Path:
-    """Where the children of process `pid` put their outboxes."""
-    return spool_root / f"children-of-{pid}"
 
 
 @dataclass
@@ -295,3 +291,17 @@ def _held(path: Path) -> bool:
         return False  # gone: delivered and deleted
     os.close(fd)
     return False
+
+
+courier = Courier()
+"""This process's courier (a forked child makes its own)."""
+
+
+def _after_fork_in_child() -> None:
+    global courier
+    courier = Courier()
+    _fork.deliver_children_with(courier)
+
+
+_fork.deliver_children_with(courier)
+os.register_at_fork(after_in_child=_after_fork_in_child)

@@ -1,8 +1,8 @@
 """Events the caller queues as plain values, and their bytes, which the sender thread builds.
 
-Queued as one flat tuple of atomic values (which the garbage collector stops tracking the first time it sees
-it, however long the queue grows), a scalar is `(tag, value, step, wall_time, estimated bytes)` and a
-serialized summary `(summary bytes, step, wall_time, estimated bytes)`.
+Queued as one flat tuple of atomic values (`_items.QueuedScalar`, `_items.QueuedSummary`): a scalar is
+`(tag, value, step, wall_time, estimated bytes)` and a serialized summary `(summary bytes, step, wall_time,
+estimated bytes)`.
 """
 
 from __future__ import annotations
