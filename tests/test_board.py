@@ -25,18 +25,17 @@ from tensorboard.backend.event_processing import data_provider as tb_data_provid
 from tensorboard.backend.event_processing import reservoir as tb_reservoir
 from tensorboard.data.proto import data_provider_pb2 as dp
 from tensorboard.data.proto import data_provider_pb2_grpc as dp_grpc
-from test_security import Pki, _credentials, pki
 
+from _credentials import Pki, tls_credentials
 from _support import Daemon, TensorBoard, event_files, read_events, start_daemon, stop_process, unused_port, wait_for
+from summaryd.cli import main
 from summaryd.client import SummaryWriter
 from summaryd.server.board.index import BoardIndex, Datum, Reservoir, SamplesPerPlugin, ScalarPoints
 from summaryd.server.board.provider import Backfill, BoardService, downsample, sample_indices
-from summaryd.server.cli import main
 from summaryd.server.config import Config
 from summaryd.server.server import ListenError, Server
 
 pytestmark = pytest.mark.timeout(180)
-__all__ = ["pki"]  # a fixture shared with the security tests
 
 # torch is imported here (add_graph, add_mesh), so add_text builds torch's summary, whose tag has its suffix.
 NOTE = "note/text_summary"
@@ -478,7 +477,7 @@ def test_the_board_serves_tls_with_the_daemons_certificate_as_tensorboards_ssl_c
         tmp_path,
         *("--tls-cert", str(pki.server_cert), "--tls-key", str(pki.server_key), "--tls-client-ca", str(pki.ca)),
         *("--board-listen", board_address),
-        credentials=_credentials(pki, client_cert=True),
+        credentials=tls_credentials(pki, client_cert=True),
     )
     try:
         monkeypatch.setenv("SUMMARYD_TLS_CA", str(pki.ca))

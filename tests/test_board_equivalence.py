@@ -23,8 +23,8 @@ from typing import Any
 
 import numpy as np
 import pytest
-from test_torch_parity import Inputs, exercise
 
+from _parity import Inputs, exercise
 from _support import TensorBoard, start_daemon, stop_process, unused_port, wait_for
 from summaryd.client import SummaryWriter
 
