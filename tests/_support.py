@@ -10,16 +10,13 @@ from __future__ import annotations
 import glob
 import json
 import os
-import re
+import shutil
 import socket
 import subprocess
 import sys
 import time
-import urllib.parse
-import urllib.request
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import grpc
 import pytest
@@ -29,6 +26,7 @@ from tensorboard.compat.proto.event_pb2 import Event
 
 from benchmarks._daemon import Daemon, stop_process
 from benchmarks._daemon import start_daemon as launch_daemon
+from benchmarks._tensorboard import TensorBoard
 from summaryd.client import SummaryWriter
 from summaryd.server.cli import main
 
@@ -153,35 +151,35 @@ def steps_in(run_dir: Path) -> list[int]:
     return steps
 
 
-TENSORBOARD_SERVING = re.compile(r"TensorBoard \S+ at http://127\.0\.0\.1:(\d+)/")
+ARTIFACTS = Path(os.environ.get("SUMMARYD_ARTIFACTS_DIR", Path(__file__).resolve().parent.parent / "artifacts"))
+"""Where slow-tier tests keep what a person looks at (screenshots): `$SUMMARYD_ARTIFACTS_DIR`, or `artifacts/`."""
 
 
-class TensorBoard:
-    """`tensorboard` with `flags` (its data: `--logdir` or `--grpc_data_provider`) on a loopback port the OS
-    picks (read from its own "TensorBoard ... at" line, so no port is chosen in a race); stop it by its pid."""
-
-    def __init__(self, flags: list[str], workdir: Path) -> None:
-        self.log_path = workdir / "tensorboard.log"
-        env = {**os.environ, "TMPDIR": str(workdir)}
-        args = [sys.executable, "-m", "tensorboard.main", *flags, "--host", "127.0.0.1", "--port", "0"]
-        with open(self.log_path, "wb") as log:
-            self.proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env)
-        wait_for(
-            lambda: self.proc.poll() is not None or TENSORBOARD_SERVING.search(self.log()), 120, "TensorBoard to serve"
-        )
-        match = TENSORBOARD_SERVING.search(self.log())
-        assert match is not None, self.log()
-        self.url = f"http://127.0.0.1:{match.group(1)}"
-
-    def log(self) -> str:
-        return self.log_path.read_text(errors="replace")
-
-    def raw(self, path: str, **query: str) -> bytes:
-        """The body of GET `path` (which may carry a query already) with `query` added."""
-        url = self.url + path + (("&" if "?" in path else "?") + urllib.parse.urlencode(query) if query else "")
-        with urllib.request.urlopen(url, timeout=30) as answer:
-            data: bytes = answer.read()
-            return data
-
-    def get(self, path: str, **query: str) -> Any:
-        return json.loads(self.raw(path, **query))
+def screenshot(url: str, shot: Path, profile: Path) -> None:
+    """A PNG of the page at `url` by headless Chromium (Debian's `chromium`), its profile in `profile`, once
+    the page had 20 s of virtual time to draw."""
+    chromium = shutil.which("chromium") or shutil.which("chromium-browser")
+    assert chromium, "the slow tier needs Debian's chromium (apt-get install -y chromium)"
+    shot.parent.mkdir(parents=True, exist_ok=True)
+    shot.unlink(missing_ok=True)
+    command = [
+        chromium,
+        "--headless",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-quic",
+        "--no-first-run",
+        "--disable-background-networking",
+        "--disable-component-update",
+        "--disable-sync",
+        f"--user-data-dir={profile}",
+        f"--screenshot={shot}",
+        "--window-size=1400,1000",
+        "--virtual-time-budget=20000",
+        url,
+    ]
+    done = subprocess.run(command, capture_output=True, timeout=180, check=False)
+    assert done.returncode == 0, done.stderr.decode(errors="replace")[-2000:]
+    assert shot.stat().st_size > 10_000, "the screenshot is (nearly) empty"
+    with open(shot, "rb") as f:
+        assert f.read(8) == b"\x89PNG\r\n\x1a\n"

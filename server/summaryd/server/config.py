@@ -17,6 +17,7 @@ from summaryd.server.security.limits import DEFAULT as _LIMITS
 from summaryd.server.security.limits import Limits, flag
 from summaryd.server.storage.bucket.segments import SealPolicy
 from summaryd.server.storage.bucket.store import is_bucket_url, split_url
+from summaryd.server.watch import Rules
 from summaryd.v1.wire import DEFAULT_PORT
 
 # How far beyond --max-message-bytes a message still reaches the service (which refuses it naming the flag).
@@ -150,7 +151,8 @@ class Config:
     board_listen: str = _option(
         "",
         "serve TensorBoard's data provider on HOST:PORT for `tensorboard --grpc_data_provider HOST:PORT` (off when "
-        "empty; TensorBoard sends no token, so keep it on loopback or give --insecure)",
+        "empty); over TLS with --tls-cert (TensorBoard: --grpc_creds_type ssl); TensorBoard sends no token, so "
+        "beyond loopback give --tls-cert or --insecure",
         "HOST:PORT",
     )
     board_runs: str = _option("", "serve only the runs under this prefix on --board-listen (all when empty)", "PREFIX")
@@ -174,6 +176,20 @@ class Config:
         "scalar tags one run's aggregation holds; the points of further tags are not aggregated (counted and "
         "logged; they still reach their worker's run)",
         "N",
+    )
+    # The watch (see README, "The daemon watches the training").
+    watch: bool = _option(
+        True, "watch the runs for silence, non-finite values, divergence and stragglers; --no-watch turns it off"
+    )
+    watch_rules: str = _option("", "TOML file tuning the watch's rules, thresholds and runs (see README)", "FILE")
+    silent_after: float = _option(
+        0.0,
+        "seconds without a batch after which a worker that logged steadily is silent (0: twice its longest recent "
+        "interval between batches, plus 3 s)",
+        "SECS",
+    )
+    watch_webhook: str = _option(
+        "", "POST each finding's firing and resolution to this URL, as Alertmanager's webhook does", "URL"
     )
 
     @property
@@ -247,6 +263,9 @@ class Config:
         elif self.board_runs or self.samples_per_plugin:
             raise ValueError("--board-runs and --samples-per-plugin are settings of --board-listen: give it too")
         _ = self.tokens  # read now, so that a bad file is one line before anything is created
+        _ = self.watch_settings
+        if self.watch_webhook and not self.watch_webhook.startswith(("http://", "https://")):
+            raise ValueError(f"--watch-webhook {self.watch_webhook!r}: give an http:// or https:// URL")
 
     @functools.cached_property
     def tokens(self) -> TokenTable | None:
@@ -283,12 +302,18 @@ class Config:
         host, sep, port = value.rpartition(":")
         if not (sep and host and port.isdigit() and int(port) <= 65535):
             raise ValueError(f"--board-listen {value!r} needs HOST:PORT, e.g. 127.0.0.1:6106")
-        if not (_is_loopback(_host(value)) or self.insecure):
+        if not (_is_loopback(_host(value)) or self.tls_cert or self.insecure):
             raise ValueError(
                 f"--board-listen {value} reaches beyond this machine, and TensorBoard sends no token: anyone who "
-                "reaches it could read every run; serve it on loopback (e.g. 127.0.0.1:6106) or give --insecure"
+                "reaches it could read every run; serve it on loopback (e.g. 127.0.0.1:6106), over TLS "
+                "(--tls-cert, --tls-key), or give --insecure"
             )
         _ = self.samples  # a bad --samples-per-plugin is one line before anything is created
+
+    @functools.cached_property
+    def watch_settings(self) -> Rules:
+        """The watch's rules (`--watch-rules`, `--silent-after`). Raises ValueError: a bad file or value."""
+        return Rules.load(self.watch_rules, self.silent_after)
 
     @functools.cached_property
     def samples(self) -> SamplesPerPlugin:

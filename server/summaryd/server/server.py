@@ -22,6 +22,7 @@ from grpc_health.v1.health import aio as health_aio  # type: ignore[attr-defined
 from grpc_reflection.v1alpha import reflection
 from tensorboard.data.proto import data_provider_pb2_grpc as dp_grpc
 
+from summaryd.server.board.follower import BucketFollower
 from summaryd.server.board.index import BoardIndex
 from summaryd.server.board.provider import Backfill, BoardService, runs_on_disk
 from summaryd.server.config import Config
@@ -42,6 +43,7 @@ from summaryd.server.storage.local import LocalStorage
 from summaryd.server.storage.open_files import ensure_open_files
 from summaryd.server.storage.runs import RunRegistry
 from summaryd.server.storage.state import StateDir
+from summaryd.server.watch import STATE_NAME, BoardWriter, FindingBook, Watch, Webhook
 from summaryd.v1 import summaryd_pb2 as pb
 from summaryd.v1 import summaryd_pb2_grpc as pb_grpc
 
@@ -66,6 +68,7 @@ class _Serving:
     health: health_aio.HealthServicer
     service: SummariesService
     lifecycle: SessionLifecycle
+    watch: Watch | None
     # Releases, in reverse order, everything start-up took: the gRPC server, the metrics server, the I/O
     # threads, the state directory (its lock) and the logdir's descriptor.
     resources: contextlib.AsyncExitStack
@@ -186,7 +189,7 @@ class Server:
             await _ship_leftovers(bucket.shipper, config, state.store.last_of_run)
             resources.push_async_callback(bucket.shipper.stop)
             sweeper = asyncio.create_task(
-                bucket.watermarks.sessions.sweep_forever(config.session_retention_days * 86400)
+                bucket.watermarks.sessions.sweep_forever(config.session_retention_days * 86400, bucket.ownership.leases)
             )
             resources.push_async_callback(_cancelled, sweeper)
             storage = BucketStorage(registry, bucket.shipper, bucket.ownership, bucket.watermarks)
@@ -209,9 +212,12 @@ class Server:
         lifecycle = SessionLifecycle(storage, state.store, config.session_lease, config.limits, config.aggregation)
         # Runs another daemon took over: their sessions here are released as the storage finds them.
         resources.push_async_callback(_cancelled, asyncio.create_task(lifecycle.release_lost()))
-        service = SummariesService(lifecycle)
+        ownership = bucket.ownership if bucket is not None else None
+        watch = await self._start_watch(registry, lifecycle, ownership, resources) if config.watch else None
+        service = SummariesService(lifecycle, watch)
         if board is not None:
-            await self._serve_board(board, registry, resources)
+            store = shipper.bucket if shipper is not None else None
+            service.board_status = await self._serve_board(board, registry, store, resources)
         self.metrics.registry.register(SessionCollector(lifecycle))
         if self.auth is not None:
             log.info("clients need a bearer token (%d in %s)", len(self.auth.tokens), config.token_file)
@@ -233,7 +239,31 @@ class Server:
         await listener.start()
         where = f"{config.logdir} (staged in {registry.logdir})" if config.is_bucket else registry.logdir
         log.info("summaryd serving %s on %s (port %d)", where, config.host, self.port)
-        return _Serving(server, health, service, lifecycle, resources)
+        return _Serving(server, health, service, lifecycle, watch, resources)
+
+    async def _start_watch(
+        self,
+        registry: RunRegistry,
+        lifecycle: SessionLifecycle,
+        ownership: RunOwnership | None,
+        resources: contextlib.AsyncExitStack,
+    ) -> Watch:
+        """The watch over every batch written, its findings' book (taken up from the state directory) and
+        outputs: metrics, TensorBoard (`<run>/summaryd`), and the webhook when given."""
+        config = self.config
+        book = await asyncio.to_thread(FindingBook, os.path.join(config.state_path, STATE_NAME))
+        board = BoardWriter(registry, ownership.holds if ownership is not None else lambda run: True)
+        resources.push_async_callback(board.stop)
+        outputs = [board.tell]
+        if config.watch_webhook:
+            webhook = Webhook(config.watch_webhook, self.metrics.registry)
+            resources.callback(webhook.stop)
+            outputs.append(webhook.tell)
+        watch = Watch(config.watch_settings, lifecycle.sessions.get, book, self.metrics.registry, outputs)
+        registry.observe(watch)
+        watch.start()
+        resources.push_async_callback(watch.stop)
+        return watch
 
     async def _bucket_parts(self, executor: ThreadPoolExecutor) -> _BucketParts:
         """A bucket logdir's run leases, the session state and watermarks in the bucket, and the shipper of the
@@ -308,6 +338,8 @@ class Server:
             # Stop accepting: health says NOT_SERVING, new sessions are refused, idle streams end now.
             await serving.health.enter_graceful_shutdown()
             serving.service.start_draining()
+            if serving.watch is not None:  # sessions released from here on are the daemon's doing, not silence
+                await serving.watch.stop()
             # Drain: batches, flushes and closes under way finish and are answered (within half the deadline).
             # Then stop at once: waiting for the grace period would only hold up calls that clients keep
             # making to a server that no longer takes them.
@@ -390,11 +422,17 @@ class Server:
 
     def _bind_board(self, resources: contextlib.AsyncExitStack) -> aio.Server:
         """Bind `--board-listen` (served once the index exists, `_serve_board`), beside the gRPC address: a port
-        in use stops start-up before anything is made on disk."""
+        in use stops start-up before anything is made on disk. With `--tls-cert` it serves TLS (no client
+        certificate: TensorBoard's `--grpc_creds_type ssl` presents none)."""
         config = self.config
         server = aio.server(options=[("grpc.so_reuseport", 0)])
         try:
-            port = server.add_insecure_port(config.board_listen)
+            if config.tls_cert:
+                port = server.add_secure_port(config.board_listen, _server_credentials(config, clients=False))
+            else:
+                port = server.add_insecure_port(config.board_listen)
+        except OSError as exc:
+            raise StartupError(f"cannot read the TLS files: {_reason(exc)}; check --tls-cert/--tls-key") from None
         except RuntimeError:
             port = 0
         if not port:
@@ -407,22 +445,44 @@ class Server:
         return server
 
     async def _serve_board(
-        self, server: aio.Server, registry: RunRegistry, resources: contextlib.AsyncExitStack
-    ) -> None:
+        self,
+        server: aio.Server,
+        registry: RunRegistry,
+        bucket: Bucket | None,
+        resources: contextlib.AsyncExitStack,
+    ) -> Callable[[], pb.BoardStatus]:
         """Serve TensorBoard's data provider on the bound board address, over an index fed by every batch written
-        and, on a local logdir, by the runs already there (read in the background)."""
+        and by what was there before: the runs already on a local logdir (read in the background), or on a
+        bucket logdir every segment under the prefix that this daemon does not write (followed). Returns what
+        `summaryd status` shows of it."""
         config = self.config
-        index = BoardIndex(config.samples)
+        index = BoardIndex(config.samples, registry.open_file)
         registry.observe(index)
         location = config.logdir if config.is_bucket else registry.logdir
-        dp_grpc.add_TensorBoardDataProviderServicer_to_server(BoardService(index, location, config.board_runs), server)
+        service = BoardService(index, location, config.board_runs)
+        dp_grpc.add_TensorBoardDataProviderServicer_to_server(service, server)
         await server.start()
-        if not config.is_bucket:
+        follower = None
+        if bucket is not None:
+            follower = BucketFollower(index, bucket, config.board_runs)
+            resources.push_async_callback(_cancelled, asyncio.create_task(follower.follow()))
+        else:
             backfill = Backfill(index, await asyncio.to_thread(runs_on_disk, registry.logdir))
             backfill.start()
             resources.callback(backfill.stop)
         host = config.board_listen.rsplit(":", 1)[0]
-        log.info("TensorBoard reads the daemon: tensorboard --grpc_data_provider %s:%d", host, self.board_port)
+        address = f"{host}:{self.board_port}"
+        log.info("TensorBoard reads the daemon: tensorboard --grpc_data_provider %s", address)
+
+        def status() -> pb.BoardStatus:
+            return pb.BoardStatus(
+                address=address,
+                runs=service.run_count(),
+                runs_pending=index.pending_runs,
+                segments_pending=follower.pending if follower is not None else 0,
+            )
+
+        return status
 
     def _serve_metrics(self) -> Callable[[], None]:
         """Serve `/metrics` on `--metrics-listen`; return what stops it."""
@@ -500,12 +560,13 @@ def run(config: Config) -> None:
         runner.run(main())
 
 
-def _server_credentials(config: Config) -> grpc.ServerCredentials:
-    """TLS with the configured certificate; with `--tls-client-ca`, clients must present a certificate too."""
+def _server_credentials(config: Config, clients: bool = True) -> grpc.ServerCredentials:
+    """TLS with the configured certificate; with `--tls-client-ca` (and `clients`), clients must present a
+    certificate too."""
     with open(config.tls_key, "rb") as key, open(config.tls_cert, "rb") as cert:
         pair = (key.read(), cert.read())
     client_ca = None
-    if config.tls_client_ca:
+    if config.tls_client_ca and clients:
         with open(config.tls_client_ca, "rb") as ca:
             client_ca = ca.read()
     return grpc.ssl_server_credentials([pair], root_certificates=client_ca, require_client_auth=client_ca is not None)

@@ -253,11 +253,14 @@ class SessionLifecycle:
         except OSError as exc:
             raise self._storage_error(exc, run_dir, "the run's lease could not be taken") from exc
 
-    async def _disown(self, run_dir: str, end: FileEnd | None = None) -> None:
-        """Let go of the run for one session that staged up to `end`: the last session's release waits for
-        that upload. At shutdown the leases are released after the last upload."""
+    async def _disown(
+        self, run_dir: str, end: FileEnd | None = None, closing: tuple[str, str, int] | None = None
+    ) -> None:
+        """Let go of the run for one session that staged up to `end` (and leaves by a close: `closing`): the
+        last session's release waits for that upload, and for the closed session's state. At shutdown the
+        leases are released after the last upload."""
         if not self._stopping:
-            await self.storage.let_go(run_dir, [end] if end is not None else [])
+            await self.storage.let_go(run_dir, [end] if end is not None else [], closing)
 
     async def _start_owned(
         self, request: pb.OpenSessionRequest, parts: list[str], record: SessionRecord | None, peer: str
@@ -529,7 +532,11 @@ class SessionLifecycle:
                 [record] if record is not None else [], [closed] if closed else [], sync=closing and last
             )
             self.sessions.remove(session, ending)
-            await self._disown(owned_run(session.run.run_dir, session.worker), end)
+            await self._disown(
+                owned_run(session.run.run_dir, session.worker),
+                end,
+                (session.session_id, session.run.run_dir, session.acked) if closing else None,
+            )
             await self._record_closed(await self.aggregation.left(session, list(self.sessions), self._stopping))
         return True
 

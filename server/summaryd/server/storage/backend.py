@@ -77,8 +77,10 @@ class Storage(Protocol):
         """
         ...
 
-    async def let_go(self, run: str, ends: Sequence[FileEnd] = ()) -> None:
-        """Hold `run` for one fewer; the last one lets it go once the files are stored up to `ends`."""
+    async def let_go(self, run: str, ends: Sequence[FileEnd] = (), closing: tuple[str, str, int] | None = None) -> None:
+        """Hold `run` for one fewer; the last one lets it go once the files are stored up to `ends`, and the
+        session `closing` leaves by a close (its id, run directory and last sequence number) is recorded
+        closed where daemons share (`closed`)."""
         ...
 
     async def settle(

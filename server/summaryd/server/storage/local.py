@@ -35,7 +35,7 @@ class LocalStorage:
     async def own(self, run: str) -> None:
         pass
 
-    async def let_go(self, run: str, ends: Sequence[FileEnd] = ()) -> None:
+    async def let_go(self, run: str, ends: Sequence[FileEnd] = (), closing: tuple[str, str, int] | None = None) -> None:
         pass
 
     async def settle(

@@ -258,6 +258,11 @@ class RunRegistry:
     def executor(self) -> Executor:
         return self._executor
 
+    def open_file(self, run_dir: str) -> tuple[str, float] | None:
+        """The name of the run's open event file and its `file_version` record's wall time (None: no file)."""
+        writer = self._runs.get(run_dir)
+        return (writer.file.name, writer.file.started) if writer is not None and writer.file is not None else None
+
     async def acquire(self, parts: list[str], limits: Limits = DEFAULT) -> RunWriter:
         """Return the run's writer; its directory (inside the logdir only) is made when it is first written.
 

@@ -108,6 +108,7 @@ class BucketStorage:
         self._watermarks = watermarks
         self._sessions = watermarks.sessions
         self._segments = SegmentIndex(shipper.bucket)
+        self._closing: dict[str, asyncio.Task[None]] = {}  # per session closing: the write of its closed state
 
     @property
     def runs(self) -> RunRegistry:
@@ -132,13 +133,15 @@ class BucketStorage:
     async def own(self, run: str) -> None:
         await self._ownership.take(run)
 
-    async def let_go(self, run: str, ends: Sequence[FileEnd] = ()) -> None:
+    async def let_go(self, run: str, ends: Sequence[FileEnd] = (), closing: tuple[str, str, int] | None = None) -> None:
         uploads = [functools.partial(self._shipper.upload_through, *end) for end in ends]
 
         async def settled() -> None:
             await asyncio.gather(*(upload() for upload in uploads))
+            if closing is not None:  # written only under a live lease: the lease is kept until it is
+                await asyncio.shield(self._closed_state(*closing))
 
-        await self._ownership.let_go(run, settled if uploads else None)
+        await self._ownership.let_go(run, settled if uploads or closing else None)
 
     async def settle(
         self, session_id: str, run_dir: str, record: SessionRecord | None, shared: SharedRecord | None
@@ -182,6 +185,20 @@ class BucketStorage:
         await self._shipper.file_written(run_dir, path, content)
 
     async def closed(self, session_id: str, run_dir: str, acked: int) -> None:
+        try:
+            await asyncio.shield(self._closed_state(session_id, run_dir, acked))
+        finally:
+            self._closing.pop(session_id, None)
+
+    def _closed_state(self, session_id: str, run_dir: str, acked: int) -> asyncio.Task[None]:
+        """The one write of a closed session's state, begun by whichever comes first: the release of the run's
+        lease, which waits for it (the state is written only under a live lease), or the close itself."""
+        task = self._closing.get(session_id)
+        if task is None:
+            task = self._closing[session_id] = asyncio.ensure_future(self._write_closed(session_id, run_dir, acked))
+        return task
+
+    async def _write_closed(self, session_id: str, run_dir: str, acked: int) -> None:
         marks = self._watermarks.marks
         marks.start(session_id, run_dir, acked)
         await self._watermarks.publish(session_id, run_dir, closed=True)

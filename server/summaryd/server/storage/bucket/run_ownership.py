@@ -271,7 +271,6 @@ class RunOwnership:
             BucketError: the bucket could not be read or written.
         """
         parent = run_dir.rpartition("/")[0]
-        run = run_dir
         for candidate in [run_dir, *([parent] if parent else [])]:
             lease = await self.leases.read(candidate)
             if lease is None:
@@ -283,6 +282,11 @@ class RunOwnership:
                 return None
             run = candidate
             break
+        else:
+            # A daemon stages a run only under its lease: none means it was removed, expired past the
+            # retention, and with it the record of who held the run since.
+            log.warning("run %s: its lease is gone (removed past the retention) since this daemon stopped", run_dir)
+            return None
         try:
             await self.take(run)
         except RunOwnedElsewhereError:
