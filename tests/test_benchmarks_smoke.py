@@ -37,6 +37,7 @@ def test_benchmarks_run_at_smoke_size(tmp_path: Path) -> None:
         "add_summary (serialized, the hooks) (",
         "### 9. Many sessions",
         "### 10. Daemon CPU of cross-worker aggregation",
+        "### 12. Daemon CPU of the watch",
     ):
         assert row in result.stdout, row
 

@@ -62,7 +62,7 @@ TRAINING = textwrap.dedent(
         trainer.join()
     report = writer.close()
     print(json.dumps({"pid": os.getpid(), "logged": logged[0], "ok": report.ok, "synced": report.synced,
-                      "delivered": report.delivered}))
+                      "delivered": report.delivered, "tensorflow": "tensorflow" in sys.modules}))
     """
 )
 
@@ -81,6 +81,8 @@ def run_training(daemon: Daemon, tmp_path: Path, epochs: int, **env: str) -> dic
     assert done.returncode == 0, "\n".join(line for line in done.stderr.splitlines() if "fork_posix" not in line)
     report: dict[str, int] = json.loads(done.stdout.strip().splitlines()[-1])
     assert report["ok"] and report["synced"], report
+    # Installed (the slow tier), TensorFlow's threads would be forked into every worker: summaryd imports none.
+    assert not report.pop("tensorflow"), "summaryd imported TensorFlow into a torch training process"
     return report
 
 

@@ -121,8 +121,8 @@ async def test_a_segment_put_after_a_takeover_fenced_the_file_does_not_land(
     (tmp_path / "run").mkdir()
     (tmp_path / "run" / name).write_bytes(b"x" * 300)
     with ThreadPoolExecutor(1) as executor:
-        shipper = SegmentShipper(bucket, str(tmp_path), SealPolicy(), executor)
-        fence = shipper.fence = _AlwaysAdmits()
+        fence = _AlwaysAdmits()
+        shipper = SegmentShipper(bucket, str(tmp_path), SealPolicy(), executor, fence=fence)
         shipper.appended("run", name, 100)
         await shipper.ship(force=True)  # one segment of the old holder, 0..100
         # The next holder takes the lease over and closes the file to it; then the paused PUT goes out.

@@ -17,7 +17,7 @@ import pytest
 from _support import Daemon
 
 # Every key of `summaryd status --json`, always present (README: "summaryd status --json").
-STATUS_KEYS = {"address", "logdir", "version", "runs", "sessions"}
+STATUS_KEYS = {"address", "logdir", "version", "runs", "sessions", "watching", "findings", "changes", "changes_through"}
 RUN_KEYS = {
     "run_dir",
     "event_file",

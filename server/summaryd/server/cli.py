@@ -1,9 +1,10 @@
-"""`summaryd` command line: `serve`, `status`, `health`, `replay`, `run`, `ship`; flags and `SUMMARYD_*`
+"""`summaryd` command line: `serve`, `status`, `health`, `watch`, `replay`, `run`, `ship`; flags and `SUMMARYD_*`
 variables map onto `Config`."""
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import difflib
 import json
@@ -103,6 +104,7 @@ def _build_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.Argumen
     for name, text in (
         ("status", "show the open runs and live sessions of a running daemon"),
         ("health", "check a daemon"),
+        ("watch", "follow the findings of a daemon's watch (hung workers, NaNs, divergence, stragglers), a line each"),
     ):
         sub = subs[name] = commands.add_parser(
             name,
@@ -117,8 +119,11 @@ def _build_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.Argumen
         )
         _add_channel_flags(sub)
         sub.add_argument("--timeout", type=float, default=5.0, help="seconds to wait for the answer")
-        if name == "status":
-            sub.add_argument("--json", action="store_true", help="print one JSON object (schema in README)")
+        if name in ("status", "watch"):
+            sub.add_argument("--json", action="store_true", help="print JSON (schema in README)")
+        if name == "watch":
+            sub.add_argument("--once", action="store_true", help="print the findings firing now and exit")
+            sub.add_argument("--interval", type=float, default=0.5, metavar="SECS", help="seconds between looks")
     replay = subs["replay"] = commands.add_parser(
         "replay",
         help="deliver spooled events (and projector files) a client left behind",
@@ -285,6 +290,7 @@ def _status(address: str, settings: ChannelSettings, timeout: float, as_json: bo
             f"{s.session_id:<36} {s.run_dir:<30} {s.worker or '-':<10} {s.client.host:<16} {s.client.pid:>7} "
             f"{s.events_written:>9} {s.acked_sequence:>9} {s.idle_seconds:>7.1f}s {lag:>6}"
         )
+    _watch_table(status)
     open_files = sum(1 for run in status.runs if run.event_file)
     if status.HasField("board"):
         board = status.board
@@ -296,6 +302,69 @@ def _status(address: str, settings: ChannelSettings, timeout: float, as_json: bo
         f"\n{_count(len(status.runs), 'open run')} (with a live session or an open event file; finished runs "
         f"stay in the logdir), {_count(len(status.sessions), 'live session')}, {_count(open_files, 'open file')}"
     )
+    return 0
+
+
+def _watch_table(status: pb.GetStatusResponse) -> None:
+    """WATCH: the findings firing, one a line (or that the watch is off)."""
+    print()
+    if not status.watching:
+        print("WATCH off (--no-watch)")
+        return
+    print(f"{'WATCH':<11} {'RUN':<30} {'RANK':<10} {'STEP':>9}  SUMMARY")
+    for f in status.findings:
+        print(f"{f.rule:<11} {f.run:<30} {f.rank or '-':<10} {f.step:>9}  {f.summary}")
+    if not status.findings:
+        print("-           (nothing found)")
+
+
+def _finding_line(finding: pb.WatchFinding) -> str:
+    when = finding.resolved_unix or finding.fired_unix
+    stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(when))
+    rank = f" rank={finding.rank}" if finding.rank else ""
+    return f"{stamp} {finding.state} {finding.rule} run={finding.run}{rank} step={finding.step}: {finding.summary}"
+
+
+def _watch(address: str, settings: ChannelSettings, timeout: float, as_json: bool, once: bool, interval: float) -> int:
+    """Print the findings firing, then (unless `once`) each change as it comes, until interrupted."""
+    import grpc
+
+    from summaryd.client._channel import open_channel
+    from summaryd.v1 import summaryd_pb2 as pb
+    from summaryd.v1 import summaryd_pb2_grpc as pb_grpc
+
+    def show(finding: pb.WatchFinding) -> None:
+        print(json.dumps(_message_json(finding)) if as_json else _finding_line(finding), flush=True)
+
+    through, away = 0, False
+    with contextlib.suppress(KeyboardInterrupt), open_channel(address, settings) as channel:
+        stub = pb_grpc.SummariesStub(channel)
+        status = stub.GetStatus(pb.GetStatusRequest(), timeout=timeout)
+        if not status.watching:
+            print(f"summaryd at {address}: the watch is off (--no-watch)", file=sys.stderr)
+            return 1
+        for finding in status.findings:
+            show(finding)
+        through = status.changes_through
+        while not once:
+            time.sleep(interval)
+            try:
+                status = stub.GetStatus(pb.GetStatusRequest(changes_after=through), timeout=timeout)
+            except grpc.RpcError as exc:
+                if not away:  # a daemon restarting: said once, followed again when it answers
+                    code = exc.code().name if isinstance(exc, grpc.Call) else "ERROR"
+                    print(f"summaryd at {address}: {code}; waiting for it", file=sys.stderr, flush=True)
+                away = True
+                continue
+            away = False
+            for finding in status.changes:
+                show(finding)
+            # A daemon whose state was lost numbers its changes from 1 again.
+            through = (
+                status.changes_through
+                if status.changes_through < through
+                else max(through, *(c.sequence for c in status.changes), 0)
+            )
     return 0
 
 
@@ -339,6 +408,8 @@ def _client_command(args: argparse.Namespace, sub: argparse.ArgumentParser) -> i
     try:
         if args.command == "status":
             return _status(address, settings, args.timeout, args.json)
+        if args.command == "watch":
+            return _watch(address, settings, args.timeout, args.json, args.once, args.interval)
         return _health(address, settings, args.timeout)
     except grpc.RpcError as exc:
         code = exc.code() if isinstance(exc, grpc.Call) else None
@@ -474,7 +545,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         sub.error(
             f"unrecognized arguments: {' '.join(unknown)}" + (f"; did you mean {', '.join(hints)}?" if hints else "")
         )
-    if args.command in ("status", "health"):
+    if args.command in ("status", "health", "watch"):
         return _client_command(args, sub)
     if args.command == "replay":
         return _replay(args, sub)

@@ -17,6 +17,7 @@ from summaryd.server.security.limits import DEFAULT as _LIMITS
 from summaryd.server.security.limits import Limits, flag
 from summaryd.server.storage.bucket.segments import SealPolicy
 from summaryd.server.storage.bucket.store import is_bucket_url, split_url
+from summaryd.server.watch import Rules
 from summaryd.v1.wire import DEFAULT_PORT
 
 # How far beyond --max-message-bytes a message still reaches the service (which refuses it naming the flag).
@@ -176,6 +177,20 @@ class Config:
         "logged; they still reach their worker's run)",
         "N",
     )
+    # The watch (see README, "The daemon watches the training").
+    watch: bool = _option(
+        True, "watch the runs for silence, non-finite values, divergence and stragglers; --no-watch turns it off"
+    )
+    watch_rules: str = _option("", "TOML file tuning the watch's rules, thresholds and runs (see README)", "FILE")
+    silent_after: float = _option(
+        0.0,
+        "seconds without a batch after which a worker that logged steadily is silent (0: twice its longest recent "
+        "interval between batches, plus 3 s)",
+        "SECS",
+    )
+    watch_webhook: str = _option(
+        "", "POST each finding's firing and resolution to this URL, as Alertmanager's webhook does", "URL"
+    )
 
     @property
     def host(self) -> str:
@@ -248,6 +263,9 @@ class Config:
         elif self.board_runs or self.samples_per_plugin:
             raise ValueError("--board-runs and --samples-per-plugin are settings of --board-listen: give it too")
         _ = self.tokens  # read now, so that a bad file is one line before anything is created
+        _ = self.watch_settings
+        if self.watch_webhook and not self.watch_webhook.startswith(("http://", "https://")):
+            raise ValueError(f"--watch-webhook {self.watch_webhook!r}: give an http:// or https:// URL")
 
     @functools.cached_property
     def tokens(self) -> TokenTable | None:
@@ -291,6 +309,11 @@ class Config:
                 "(--tls-cert, --tls-key), or give --insecure"
             )
         _ = self.samples  # a bad --samples-per-plugin is one line before anything is created
+
+    @functools.cached_property
+    def watch_settings(self) -> Rules:
+        """The watch's rules (`--watch-rules`, `--silent-after`). Raises ValueError: a bad file or value."""
+        return Rules.load(self.watch_rules, self.silent_after)
 
     @functools.cached_property
     def samples(self) -> SamplesPerPlugin:

@@ -26,11 +26,21 @@ log = logging.getLogger("summaryd.server.runs")  # the name log lines carry, kep
 
 
 class WriteObserver(Protocol):
-    """Told of each batch right after it is written to a run's file, on the event loop: the session that wrote
-    it ("" for the daemon's own records) and the records new to the file (serialized events, or scalar
-    columns). Must not raise or block."""
+    """What follows a written batch: a consumer of every batch the run writers write (cross-worker
+    aggregation, the board index), subscribed with `RunRegistry.observe`.
+
+    `written` is called on the event loop right after a batch is in its run's file and journaled, before it is
+    acknowledged, in the order the observers were subscribed: the batch's run, the session that wrote it (""
+    for the daemon's own records, the aggregates) and the records new to the file (serialized events, or
+    `ScalarRecords`; `records.scalar_points.points` reads the scalars of either). It must not raise or block:
+    slow work goes to a task or a thread of its own.
+    """
 
     def written(self, run_dir: str, session_id: str, events: Sequence[bytes]) -> None: ...
+
+
+FileEnd = tuple[str, str, int]
+"""Where a run's active file ends: (run directory, file name, size in bytes)."""
 
 
 @dataclass(eq=False)
@@ -86,6 +96,12 @@ class RunWriter:
                 self._counters = metrics.events_written.labels(self.run_dir), metrics.bytes_written.labels(self.run_dir)
             self._counters[0].inc(len(events))
             self._counters[1].inc(self.bytes_written - size_before)
+
+    @property
+    def end(self) -> FileEnd | None:
+        """Where the run's active file ends now (None when none is open): what a durable flush or a close
+        waits to see uploaded on a bucket logdir."""
+        return (self.run_dir, self.file.name, self.file.size) if self.file is not None else None
 
     def _write_blocking(self, session_id: str, last: int, events: Sequence[bytes]) -> None:
         blob = events.framed(self.limits) if isinstance(events, ScalarRecords) else check_and_frame(events, self.limits)
@@ -227,8 +243,12 @@ class RunRegistry:
         self._journal_dir_fd = journal_dir_fd
         self._runs: dict[str, RunWriter] = {}
         self._lock = asyncio.Lock()
-        # Told of every batch written to any run, the daemon's own records too (the board index).
-        self.observers: list[WriteObserver] = []
+        # Told of every batch written to any run, the daemon's own records too; shared with every writer.
+        self._observers: list[WriteObserver] = []
+
+    def observe(self, observer: WriteObserver) -> None:
+        """Tell `observer` of every batch written from now on, after those subscribed before it."""
+        self._observers.append(observer)
 
     @property
     def runs(self) -> list[RunWriter]:
@@ -268,7 +288,7 @@ class RunRegistry:
                     metrics=self.metrics,
                     limits=limits,
                     sink=self.sink,
-                    observers=self.observers,
+                    observers=self._observers,
                 )
                 self._runs[run_dir] = writer
             writer.sessions += 1
