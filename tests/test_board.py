@@ -51,7 +51,10 @@ class Board:
 
     def __init__(self, tmp_path: Path, *flags: str, logdir: Path | None = None) -> None:
         self.address = f"127.0.0.1:{unused_port()}"
-        self.daemon: Daemon = start_daemon(tmp_path, "--board-listen", self.address, *flags, logdir=logdir)
+        # The watch (its own tests) writes findings as runs of their own: off, so the runs here are the test's.
+        self.daemon: Daemon = start_daemon(
+            tmp_path, "--no-watch", "--board-listen", self.address, *flags, logdir=logdir
+        )
         self._channel = grpc.insecure_channel(self.address)
         self.stub = dp_grpc.TensorBoardDataProviderStub(self._channel)
 
@@ -251,7 +254,7 @@ def test_runs_already_on_disk_are_served_after_a_restart_and_live_points_follow_
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     logdir = tmp_path / "runs"
-    first = start_daemon(tmp_path, logdir=logdir)
+    first = start_daemon(tmp_path, "--no-watch", logdir=logdir)
     try:
         for run in ("a", "b/c"):
             writer = SummaryWriter(run, address=first.address)

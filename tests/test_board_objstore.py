@@ -40,7 +40,7 @@ def test_tensorboard_without_credentials_serves_both_daemons_runs_through_one_bo
     daemons: list[Daemon],
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    fast = ("--seal-secs", "0.5")  # segments go up within a second: the test waits less
+    fast = ("--seal-secs", "0.5", "--no-watch")  # segments go up within a second: the test waits less
     b = daemon_in(tmp_path / "b", logdir_url, *fast)
     daemons.append(b)
     # In the bucket before the board's daemon starts: read at its start.
