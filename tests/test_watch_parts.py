@@ -112,3 +112,10 @@ def test_no_watch_says_so_in_status_and_watch(tmp_path: Path, capsys: pytest.Cap
         assert "the watch is off" in capsys.readouterr().err
     finally:
         daemon.stop()
+
+
+def test_the_watch_package_exports_its_parts() -> None:
+    from summaryd.server import watch
+
+    names = ["RULES", "STATE_NAME", "BoardWriter", "Finding", "FindingBook", "Rules", "Watch", "Webhook", "message"]
+    assert sorted(watch.__all__) == sorted(names) and all(hasattr(watch, name) for name in names)
