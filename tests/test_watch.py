@@ -22,7 +22,7 @@ from _webhook_receiver import Receiver
 from prometheus_client.parser import text_string_to_metric_families
 
 from _support import Daemon, TensorBoard, start_daemon, unused_port, wait_for
-from summaryd.server.cli import main
+from summaryd.cli import main
 
 WORKER = Path(__file__).with_name("_watch_worker.py")
 STEP_SECS = 0.02
