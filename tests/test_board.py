@@ -509,6 +509,6 @@ def test_the_board_serves_tls_with_the_daemons_certificate_as_tensorboards_ssl_c
     finally:
         daemon.stop()
     # Beyond loopback the board needs TLS (or --insecure), as --listen does.
-    Config(logdir=str(tmp_path / "runs"), board_listen="0.0.0.0:6106", tls_cert="c.pem", tls_key="k.pem")
+    Config.from_options(logdir=str(tmp_path / "runs"), board_listen="0.0.0.0:6106", tls_cert="c.pem", tls_key="k.pem")
     with pytest.raises(ValueError, match="over TLS"):
         Config(logdir=str(tmp_path / "runs"), listen="127.0.0.1:0", board_listen="0.0.0.0:6106")
