@@ -21,9 +21,8 @@ from typing import Any
 
 import grpc
 
-from benchmarks._daemon import running_daemon
 from benchmarks._report import Spread, table
-from benchmarks._run import Run, alternate, median
+from benchmarks._run import Run, alternate, median, running_daemon
 from benchmarks._trials import run_trial
 from summaryd.v1 import summaryd_pb2 as pb
 from summaryd.v1 import summaryd_pb2_grpc as pb_grpc

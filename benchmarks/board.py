@@ -38,9 +38,10 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
-from benchmarks._daemon import Daemon, running_daemon, start_daemon, stop_process
+from _daemon import Daemon, start_daemon, stop_process
+from _tensorboard import TensorBoard
 from benchmarks._report import table
-from benchmarks._tensorboard import TensorBoard
+from benchmarks._run import running_daemon
 from summaryd.client import SummaryWriter
 
 RUN, TAG = "live", "loss"

@@ -23,7 +23,8 @@ import tempfile
 import textwrap
 from pathlib import Path
 
-from benchmarks._daemon import Daemon, refused_address, running_daemon
+from _daemon import Daemon
+from benchmarks._run import refused_address, running_daemon
 
 CASES = ("torch", "daemon up", "daemon slow", "daemon absent")
 TARGET = 1.1

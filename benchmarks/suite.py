@@ -20,10 +20,20 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks._contenders import ABSENT, FLOOR, HOOK, LIVE, NO_WRITER, PEERS, SUMMARYD, SUMMARYD_HOOK, WriterSpec
-from benchmarks._daemon import refused_address, running_daemon
 from benchmarks._machine import facts, load_average
 from benchmarks._report import Spread, micros, rate, ratio, seconds, table
-from benchmarks._run import PLANS, Run, Target, alternate, median, progress, remove_output, slug
+from benchmarks._run import (
+    PLANS,
+    Run,
+    Target,
+    alternate,
+    median,
+    progress,
+    refused_address,
+    remove_output,
+    running_daemon,
+    slug,
+)
 from benchmarks._trials import run_together, run_trial
 from benchmarks.aggregation import aggregation, watch
 from benchmarks.caller_cost import CallerParams

@@ -4,7 +4,8 @@ SPEC is JSON: `address`, `run`, `rank`, `world`, `step_secs` (sleep per step), `
 until it exists, then close). A steady noisy loss `loss` and `acc` are logged every step, unless: `nan` (from
 that step on, until the file `heal` exists, `loss` is NaN), `diverge` (from that step on, until `heal` exists,
 `loss` grows 1.5x a step), `slow` (a file: while it exists, each step sleeps `slow_secs` more). After a step
-listed in `mark` the worker flushes and touches `<until>.<worker>.at-<step>`.
+listed in `mark` the worker flushes and touches `<until>.<worker>.at-<step>`. With `summary`, `loss` goes as a
+serialized `Summary` (`add_summary`, as the hooks send it) instead of `add_scalar`'s columns.
 """
 
 from __future__ import annotations
@@ -14,6 +15,8 @@ import random
 import sys
 import time
 from pathlib import Path
+
+from tensorboard.compat.proto.summary_pb2 import Summary
 
 from summaryd.client import SummaryWriter
 
@@ -36,7 +39,10 @@ def main() -> None:
             loss *= grown
         if nan is not None and step >= nan and sick:
             loss = float("nan")
-        writer.add_scalar("loss", loss, step)
+        if spec.get("summary"):
+            writer.add_summary(Summary(value=[Summary.Value(tag="loss", simple_value=loss)]), step)
+        else:
+            writer.add_scalar("loss", loss, step)
         writer.add_scalar("acc", 0.5 + 0.001 * step, step)
         if step in marks:
             writer.flush(timeout=10)

@@ -25,18 +25,17 @@ from tensorboard.backend.event_processing import data_provider as tb_data_provid
 from tensorboard.backend.event_processing import reservoir as tb_reservoir
 from tensorboard.data.proto import data_provider_pb2 as dp
 from tensorboard.data.proto import data_provider_pb2_grpc as dp_grpc
-from test_security import Pki, _credentials, pki
 
+from _credentials import Pki, tls_credentials
 from _support import Daemon, TensorBoard, event_files, read_events, start_daemon, stop_process, unused_port, wait_for
+from summaryd.cli import main
 from summaryd.client import SummaryWriter
 from summaryd.server.board.index import BoardIndex, Datum, Reservoir, SamplesPerPlugin, ScalarPoints
 from summaryd.server.board.provider import Backfill, BoardService, downsample, sample_indices
-from summaryd.server.cli import main
 from summaryd.server.config import Config
 from summaryd.server.server import ListenError, Server
 
 pytestmark = pytest.mark.timeout(180)
-__all__ = ["pki"]  # a fixture shared with the security tests
 
 # torch is imported here (add_graph, add_mesh), so add_text builds torch's summary, whose tag has its suffix.
 NOTE = "note/text_summary"
@@ -52,7 +51,10 @@ class Board:
 
     def __init__(self, tmp_path: Path, *flags: str, logdir: Path | None = None) -> None:
         self.address = f"127.0.0.1:{unused_port()}"
-        self.daemon: Daemon = start_daemon(tmp_path, "--board-listen", self.address, *flags, logdir=logdir)
+        # The watch (its own tests) writes findings as runs of their own: off, so the runs here are the test's.
+        self.daemon: Daemon = start_daemon(
+            tmp_path, "--no-watch", "--board-listen", self.address, *flags, logdir=logdir
+        )
         self._channel = grpc.insecure_channel(self.address)
         self.stub = dp_grpc.TensorBoardDataProviderStub(self._channel)
 
@@ -252,7 +254,7 @@ def test_runs_already_on_disk_are_served_after_a_restart_and_live_points_follow_
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     logdir = tmp_path / "runs"
-    first = start_daemon(tmp_path, logdir=logdir)
+    first = start_daemon(tmp_path, "--no-watch", logdir=logdir)
     try:
         for run in ("a", "b/c"):
             writer = SummaryWriter(run, address=first.address)
@@ -478,7 +480,7 @@ def test_the_board_serves_tls_with_the_daemons_certificate_as_tensorboards_ssl_c
         tmp_path,
         *("--tls-cert", str(pki.server_cert), "--tls-key", str(pki.server_key), "--tls-client-ca", str(pki.ca)),
         *("--board-listen", board_address),
-        credentials=_credentials(pki, client_cert=True),
+        credentials=tls_credentials(pki, client_cert=True),
     )
     try:
         monkeypatch.setenv("SUMMARYD_TLS_CA", str(pki.ca))

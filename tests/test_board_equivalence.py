@@ -23,8 +23,8 @@ from typing import Any
 
 import numpy as np
 import pytest
-from test_torch_parity import Inputs, exercise
 
+from _parity import Inputs, exercise
 from _support import TensorBoard, start_daemon, stop_process, unused_port, wait_for
 from summaryd.client import SummaryWriter
 
@@ -217,7 +217,7 @@ def log_everything(address: str, tmp_path: Path) -> list[str]:
 
 def test_tensorboard_answers_the_same_through_the_daemon_as_from_its_files(tmp_path: Path) -> None:
     board_address = f"127.0.0.1:{unused_port()}"
-    daemon = start_daemon(tmp_path, "--board-listen", board_address, "--samples-per-plugin", ALL_SAMPLES)
+    daemon = start_daemon(tmp_path, "--no-watch", "--board-listen", board_address, "--samples-per-plugin", ALL_SAMPLES)
     try:
         log_everything(daemon.address, tmp_path)
         (tmp_path / "from-files").mkdir()
@@ -346,7 +346,7 @@ def scalars_and_images(tb: TensorBoard, runs: list[str]) -> dict[str, Any]:
 
 def test_restarts_and_sampling_are_served_as_tensorboard_serves_them_from_files(tmp_path: Path) -> None:
     board_address = f"127.0.0.1:{unused_port()}"
-    daemon = start_daemon(tmp_path, "--board-listen", board_address)  # TensorBoard's default sampling
+    daemon = start_daemon(tmp_path, "--no-watch", "--board-listen", board_address)  # TensorBoard's default sampling
     try:
         address = daemon.address
         image = np.zeros((3, 4, 4), dtype=np.float32)

@@ -11,15 +11,13 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from test_failover import daemon_in
-from test_objstore import logdir_url, seaweed
 
+from _bucket import daemon_in
+from _seaweed import SeaweedServer
 from _support import Daemon, TensorBoard, stop_process, unused_port, wait_for
-from benchmarks._seaweed import SeaweedServer
 from summaryd.client import SummaryWriter
 
 pytestmark = [pytest.mark.objstore, pytest.mark.timeout(300)]
-__all__ = ["logdir_url", "seaweed"]  # fixtures shared with the object-storage tests
 
 
 def losses(tb: TensorBoard, run: str) -> list[tuple[int, float]]:
@@ -42,7 +40,7 @@ def test_tensorboard_without_credentials_serves_both_daemons_runs_through_one_bo
     daemons: list[Daemon],
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    fast = ("--seal-secs", "0.5")  # segments go up within a second: the test waits less
+    fast = ("--seal-secs", "0.5", "--no-watch")  # segments go up within a second: the test waits less
     b = daemon_in(tmp_path / "b", logdir_url, *fast)
     daemons.append(b)
     # In the bucket before the board's daemon starts: read at its start.

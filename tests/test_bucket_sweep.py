@@ -16,10 +16,9 @@ from pathlib import Path
 
 import grpc
 import pytest
-from test_durable_state import batch
-from test_objstore import BUCKET, logdir_url, prefix_of, seaweed, start_bucket_daemon
 
-from benchmarks._seaweed import SeaweedServer
+from _bucket import BUCKET, batch, prefix_of, start_bucket_daemon
+from _seaweed import SeaweedServer
 from summaryd.server.storage.bucket.leases import LEASE_PREFIX, Lease, LeaseLostError, RunLeases
 from summaryd.server.storage.bucket.segments import run_segments
 from summaryd.server.storage.bucket.sessions import PROBE_PREFIX, SESSION_PREFIX, BucketSessions, DurableSession
@@ -29,7 +28,6 @@ from summaryd.v1 import summaryd_pb2_grpc as pb_grpc
 
 pytestmark = pytest.mark.objstore
 
-__all__ = ["logdir_url", "seaweed"]  # fixtures shared with the object-storage tests
 
 FILE = "events.out.tfevents.1"
 

@@ -22,17 +22,14 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from test_failover import daemon_in
-from test_objstore import logdir_url, seaweed, steps_from_bucket
-from test_ship import ship_argv
 
+from _bucket import daemon_in, steps_from_bucket
+from _seaweed import SeaweedServer
+from _shipping import ship_argv
 from _support import Daemon, log_losses, unused_port
-from benchmarks._seaweed import SeaweedServer
 from summaryd.client import SummaryWriter
 
 pytestmark = pytest.mark.objstore
-
-__all__ = ["logdir_url", "seaweed"]  # fixtures shared with the object-storage tests
 
 LEASE = 3.0
 ROUNDS = int(os.environ.get("SUMMARYD_CHAOS_ROUNDS") or 10)

@@ -8,6 +8,7 @@ undisturbed, in order and complete.
 from __future__ import annotations
 
 import collections
+import gc
 import json
 import logging
 import os
@@ -19,8 +20,8 @@ from pathlib import Path
 
 import pytest
 
-from _support import Daemon, assert_whole_records, event_files, read_events, start_daemon
-from summaryd.client import Sender
+from _support import FORKING_WRITER, Daemon, assert_whole_records, event_files, read_events, run_script, start_daemon
+from summaryd.client import Sender, SummaryWriter
 from summaryd.client._process import _fork
 
 # The training process: a thread logs `train/loss` without pause; each epoch forks fresh DataLoader workers
@@ -143,35 +144,6 @@ def test_grpc_fork_support_draws_a_warning(monkeypatch: pytest.MonkeyPatch, capl
     sender.close(timeout=0)
 
 
-# A writer made with the arguments given as JSON (its token, say: no SUMMARYD_TOKEN) forks a child that logs
-# through it: the parent's courier delivers the child's outbox with the writer's settings, as the writer itself does.
-FORKING_WRITER = textwrap.dedent(
-    """
-    import json, os, sys
-    from summaryd.client import SummaryWriter
-
-    writer = SummaryWriter(sys.argv[1], worker="", close_timeout=30, **json.loads(sys.argv[2]))
-    writer.add_scalar("parent", 1.0, 0)
-    assert writer.flush(timeout=10).delivered == 1  # the parent used gRPC: its children must not
-    child = os.fork()
-    if child == 0:
-        writer.add_scalar("child", 2.0, 1)
-        writer.close()
-        os._exit(0)
-    os.waitpid(child, 0)
-    report = writer.close()
-    print(json.dumps({"ok": report.ok, "delivered": report.delivered}))
-    """
-)
-
-
-def run_script(script: str, args: list[str], environ: dict[str, str]) -> subprocess.CompletedProcess[str]:
-    """`python -c script args`, bounded by a timeout."""
-    return subprocess.run(
-        [sys.executable, "-c", script, *args], env=environ, check=False, capture_output=True, text=True, timeout=120
-    )
-
-
 def test_courier_delivers_a_childs_outbox_with_the_writers_own_token(tmp_path: Path) -> None:
     """The token given to SummaryWriter reaches the courier: no SUMMARYD_TOKEN, and the child's step arrives."""
     token = "fork-token-0123456789abcdef"
@@ -277,3 +249,23 @@ def test_close_says_what_forked_children_logged_that_it_could_not_deliver(tmp_pa
     assert seen["delivered"] == 1 and seen["undelivered"] == 50, done.stderr
     assert len(seen["outboxes"]) == 1 and seen["outboxes"][0].startswith("children-of-")
     assert "50 events forked children logged were not delivered yet" in done.stderr
+
+
+def test_a_child_of_a_grpc_user_never_collects_what_it_inherited(daemon: Daemon) -> None:
+    """Cyclic garbage the parent had not collected at the fork holds gRPC objects whose destructors, run in the
+    child, abort it inside gRPC's poller: the child freezes what it inherited, and no collection runs across the
+    fork in either process."""
+    writer = SummaryWriter("frozen", address=daemon.address, worker="")
+    writer.add_scalar("parent", 1.0, 0)
+    assert writer.flush(timeout=30).delivered == 1  # this process used gRPC
+    read, write = os.pipe()
+    child = os.fork()
+    if child == 0:
+        os.write(write, json.dumps([gc.get_freeze_count() > 0, gc.isenabled()]).encode())
+        os._exit(0)
+    os.close(write)
+    os.waitpid(child, 0)
+    with os.fdopen(read) as pipe:
+        assert json.loads(pipe.read()) == [True, True], "the child froze what it inherited and collects the rest"
+    assert gc.isenabled() and gc.get_freeze_count() == 0, "the parent collects as before"
+    assert writer.close(timeout=30).ok

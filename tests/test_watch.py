@@ -22,7 +22,7 @@ from _webhook_receiver import Receiver
 from prometheus_client.parser import text_string_to_metric_families
 
 from _support import Daemon, TensorBoard, start_daemon, unused_port, wait_for
-from summaryd.server.cli import main
+from summaryd.cli import main
 
 WORKER = Path(__file__).with_name("_watch_worker.py")
 STEP_SECS = 0.02
@@ -152,13 +152,16 @@ def _status(daemon: Daemon, capsys: pytest.CaptureFixture[str]) -> dict[str, Any
     return status
 
 
+@pytest.mark.parametrize("summary", [False, True], ids=["add_scalar", "add_summary"])
 def test_a_nan_fires_once_naming_run_rank_and_step_and_resolves_when_finite_again(
-    tmp_path: Path, hook: Hook, capsys: pytest.CaptureFixture[str]
+    tmp_path: Path, hook: Hook, capsys: pytest.CaptureFixture[str], summary: bool
 ) -> None:
-    """Rank 1 of 2 logs NaN from step 40 on: one finding, in the webhook (Alertmanager's format), the metrics and
-    `summaryd status`; once it logs finite values again, one resolution; nothing else is found."""
+    """Rank 1 of 2 logs NaN from step 40 on (as scalar columns, or as serialized summaries): one finding, in the
+    webhook (Alertmanager's format), the metrics, `summaryd status` and `summaryd watch --json`; once it logs
+    finite values again, one resolution; nothing else is found."""
     heal = tmp_path / "heal"
-    with _watched(tmp_path, hook, "nan-job", 2, rank1={"nan": 40, "heal": str(heal)}) as (daemon, _):
+    spec = {"nan": 40, "heal": str(heal), "summary": summary}
+    with _watched(tmp_path, hook, "nan-job", 2, rank0={"summary": summary}, rank1=spec) as (daemon, _):
         wait_for(lambda: hook.alerts("nonfinite"), 30, "the non-finite finding")
         [message] = hook.messages
         assert message["version"] == "4" and message["status"] == "firing" and message["receiver"] == "summaryd"
@@ -184,6 +187,9 @@ def test_a_nan_fires_once_naming_run_rank_and_step_and_resolves_when_finite_agai
             40,
         )
         assert finding["state"] == "firing" and "rank-1" in finding["summary"]
+        assert main(["watch", "--address", daemon.address, "--once", "--json"]) == 0
+        [line] = capsys.readouterr().out.splitlines()
+        assert json.loads(line) == finding
         heal.touch()
         wait_for(lambda: hook.alerts("nonfinite", "resolved"), 30, "the resolution")
         [resolved] = hook.alerts("nonfinite", "resolved")

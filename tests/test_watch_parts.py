@@ -10,7 +10,7 @@ import pytest
 from _webhook_receiver import Receiver
 
 from _support import start_daemon, wait_for
-from summaryd.server.cli import main
+from summaryd.cli import main
 from summaryd.server.config import Config
 from summaryd.server.watch import Finding, FindingBook, Rules, Webhook, message
 
@@ -34,7 +34,7 @@ def test_the_rules_file_tunes_rules_and_runs(tmp_path: Path) -> None:
     rules_file.write_text(
         '[divergence]\ntags = ["val/*"]\nratio = 3\nruns = ["prod/*"]\n[straggler]\nenabled = false\n'
     )
-    rules = Config(watch_rules=str(rules_file), silent_after=30).watch_settings
+    rules = Config.from_options(watch_rules=str(rules_file), silent_after=30).watch.rules
     assert rules.divergence.tags == ("val/*",) and rules.divergence.ratio == 3.0
     assert rules.applies("divergence", "prod/a") and not rules.applies("divergence", "dev/a")
     assert not rules.applies("straggler", "prod/a") and rules.applies("silence", "dev/a")
@@ -112,3 +112,10 @@ def test_no_watch_says_so_in_status_and_watch(tmp_path: Path, capsys: pytest.Cap
         assert "the watch is off" in capsys.readouterr().err
     finally:
         daemon.stop()
+
+
+def test_the_watch_package_exports_its_parts() -> None:
+    from summaryd.server import watch
+
+    names = ["RULES", "STATE_NAME", "BoardWriter", "Finding", "FindingBook", "Rules", "Watch", "Webhook", "message"]
+    assert sorted(watch.__all__) == sorted(names) and all(hasattr(watch, name) for name in names)

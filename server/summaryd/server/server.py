@@ -213,7 +213,7 @@ class Server:
         # Runs another daemon took over: their sessions here are released as the storage finds them.
         resources.push_async_callback(_cancelled, asyncio.create_task(lifecycle.release_lost()))
         ownership = bucket.ownership if bucket is not None else None
-        watch = await self._start_watch(registry, lifecycle, ownership, resources) if config.watch else None
+        watch = await self._start_watch(registry, lifecycle, ownership, resources) if config.watch.enabled else None
         service = SummariesService(lifecycle, watch)
         if board is not None:
             store = shipper.bucket if shipper is not None else None
@@ -221,7 +221,7 @@ class Server:
         self.metrics.registry.register(SessionCollector(lifecycle))
         if self.auth is not None:
             log.info("clients need a bearer token (%d in %s)", len(self.auth.tokens), config.token_file)
-        if not (config.is_loopback or config.token_file or config.tls_cert):
+        if not (config.is_loopback or config.token_file or config.tls.cert):
             log.warning(
                 "listening on %s without token or TLS (--insecure): anyone who reaches it can write", config.listen
             )
@@ -255,11 +255,11 @@ class Server:
         board = BoardWriter(registry, ownership.holds if ownership is not None else lambda run: True)
         resources.push_async_callback(board.stop)
         outputs = [board.tell]
-        if config.watch_webhook:
-            webhook = Webhook(config.watch_webhook, self.metrics.registry)
+        if config.watch.webhook:
+            webhook = Webhook(config.watch.webhook, self.metrics.registry)
             resources.callback(webhook.stop)
             outputs.append(webhook.tell)
-        watch = Watch(config.watch_settings, lifecycle.sessions.get, book, self.metrics.registry, outputs)
+        watch = Watch(config.watch.rules, lifecycle.sessions.get, book, self.metrics.registry, outputs)
         registry.observe(watch)
         watch.start()
         resources.push_async_callback(watch.stop)
@@ -287,7 +287,7 @@ class Server:
         shipper = SegmentShipper(
             bucket,
             config.local_logdir,
-            config.seal_policy,
+            config.bucket.seal,
             executor,
             self.metrics.registry,
             fence=ownership,
@@ -304,7 +304,10 @@ class Server:
             raise StartupError(f"cannot write the daemon's id in {config.state_path}: {_reason(exc)}") from None
         assert self.port is not None, "the port is bound first"
         address = config.advertised(self.port)
-        ownership = RunOwnership(RunLeases(bucket, holder, address, config.run_lease), config.peer_addresses)
+        ownership = RunOwnership(
+            RunLeases(bucket, holder, address, config.bucket.run_lease), config.bucket.peer_addresses
+        )
+        ownership.start()
         self.metrics.registry.register(LeaseCollector(ownership))
         log.info("run leases held as %s, clients of other daemons sent to %s", holder, address)
         return ownership
@@ -388,7 +391,7 @@ class Server:
             server,
         )
         credentials = None
-        if config.tls_cert:
+        if config.tls.cert:
             try:
                 credentials = _server_credentials(config)
             except OSError as exc:
@@ -427,7 +430,7 @@ class Server:
         config = self.config
         server = aio.server(options=[("grpc.so_reuseport", 0)])
         try:
-            if config.tls_cert:
+            if config.tls.cert:
                 port = server.add_secure_port(config.board_listen, _server_credentials(config, clients=False))
             else:
                 port = server.add_insecure_port(config.board_listen)
@@ -536,7 +539,7 @@ class _Listener:
 
 def run(config: Config) -> None:
     """Run the daemon in this process until SIGTERM/SIGINT; a second signal exits at once."""
-    ensure_open_files(config.max_open_runs)
+    ensure_open_files(config.limits.max_open_runs)
     server = Server(config)
     signals = 0
 
@@ -563,11 +566,11 @@ def run(config: Config) -> None:
 def _server_credentials(config: Config, clients: bool = True) -> grpc.ServerCredentials:
     """TLS with the configured certificate; with `--tls-client-ca` (and `clients`), clients must present a
     certificate too."""
-    with open(config.tls_key, "rb") as key, open(config.tls_cert, "rb") as cert:
+    with open(config.tls.key, "rb") as key, open(config.tls.cert, "rb") as cert:
         pair = (key.read(), cert.read())
     client_ca = None
-    if config.tls_client_ca and clients:
-        with open(config.tls_client_ca, "rb") as ca:
+    if config.tls.client_ca and clients:
+        with open(config.tls.client_ca, "rb") as ca:
             client_ca = ca.read()
     return grpc.ssl_server_credentials([pair], root_certificates=client_ca, require_client_auth=client_ca is not None)
 

@@ -41,6 +41,7 @@ from summaryd.server.operations.metrics import Metrics
 from summaryd.server.records.scalar_points import points
 from summaryd.server.records.scalar_records import ScalarRecords
 from summaryd.server.security.limits import DEFAULT, Limits
+from summaryd.server.settings import option
 from summaryd.server.storage.backend import Storage
 from summaryd.server.storage.runs import ClosedFile, RunWriter
 from summaryd.v1 import summaryd_pb2 as pb
@@ -62,14 +63,38 @@ FILTER_CACHE = 4096  # tags a session's filter remembers the answer for (beyond,
 
 @dataclass(frozen=True)
 class AggregationSettings:
-    """The daemon's aggregation settings (`--aggregate/--no-aggregate`, `--straggler-secs`)."""
+    """The daemon's aggregation settings (`--aggregate/--no-aggregate`, `--straggler-secs`,
+    `--aggregate-max-tags`)."""
 
-    enabled: bool = False
-    straggler_secs: float = 30.0
+    enabled: bool = option(
+        True,
+        "reduce each scalar tag of a multi-worker run across its workers into the runs RUN/mean, RUN/min, "
+        "RUN/max, RUN/std and RUN/summaryd (counts and straggler lag); --no-aggregate turns it off",
+        name="aggregate",
+    )
+    straggler_secs: float = option(
+        30.0, "seconds a step's aggregate waits for workers that have not reported it before it is written", "SECS"
+    )
     # Pending steps one run may hold; beyond it the oldest are finalised with the workers that reported them.
     max_pending_steps: int = 20_000
-    # Tags one run's aggregation holds (`--aggregate-max-tags`); further tags are not aggregated.
-    max_tags: int = 10_000
+    # Tags one run's aggregation holds; further tags are not aggregated.
+    max_tags: int = option(
+        10_000,
+        "scalar tags one run's aggregation holds; the points of further tags are not aggregated (counted and "
+        "logged; they still reach their worker's run)",
+        "N",
+        name="aggregate_max_tags",
+    )
+
+    def __post_init__(self) -> None:
+        if self.straggler_secs <= 0:
+            raise ValueError("--straggler-secs must be positive")
+        if self.max_tags <= 0:
+            raise ValueError("--aggregate-max-tags must be positive")
+
+
+# A daemon part built without settings (the session lifecycle alone) aggregates nothing.
+AGGREGATION_OFF = AggregationSettings(enabled=False)
 
 
 class Member(Protocol):
@@ -444,7 +469,7 @@ class Aggregation:
     ) -> None:
         """`closed` is told of the closed files of an aggregator that stopped on its own (idle), for their
         records (the session lifecycle's store)."""
-        self.settings = settings or AggregationSettings()
+        self.settings = settings or AGGREGATION_OFF
         self._storage = storage
         self._limits = limits
         self._closed = closed

@@ -19,13 +19,13 @@ from typing import Any, Protocol, TypeVar
 
 import grpc
 from google.protobuf.message import DecodeError
-from tensorboard.backend.event_processing.event_file_loader import EventFileLoader
 from tensorboard.compat.proto.event_pb2 import Event
 from tensorboard.compat.proto.summary_pb2 import DATA_CLASS_BLOB_SEQUENCE, DATA_CLASS_SCALAR, DATA_CLASS_TENSOR
 from tensorboard.data.proto import data_provider_pb2 as dp
 from tensorboard.data.proto import data_provider_pb2_grpc as dp_grpc
 
 from summaryd.server.board.index import BoardIndex, Datum, Points, ScalarPoints, Series, blob_key, parse_blob_key
+from summaryd.v1.wire import read_records
 
 log = logging.getLogger("summaryd.server.board")  # the name log lines carry, kept across moves
 
@@ -257,11 +257,28 @@ class Backfill:
         log.info("board: read %d runs already on disk in %.1fs", len(self._runs), time.monotonic() - started)
 
     def _events(self, run: str, paths: list[str]) -> Iterator[Event]:
+        """The events of `paths` as written: not migrated (the index migrates what it must, and takes the
+        `simple_value`s of known series without), records checked with the C CRC (TensorBoard's loader checks
+        in Python, and migrates every event: 4x the time)."""
         for path in paths:
             try:
-                for event in EventFileLoader(path).Load():
+                for record in _file_records(path):
                     if self._stop.is_set():
                         return
-                    yield event
+                    yield Event.FromString(record)
             except (OSError, DecodeError) as exc:
                 log.warning("board: run %s: reading %s stopped: %s", run, path, exc)
+
+
+_READ_BYTES = 4 << 20
+
+
+def _file_records(path: str) -> Iterator[bytes]:
+    """The whole records of an event file, up to the first torn or corrupt one (where TensorBoard stops)."""
+    with open(path, "rb") as f:
+        pending = b""
+        while chunk := f.read(_READ_BYTES):
+            pending += chunk
+            records, consumed = read_records(pending)
+            yield from records
+            pending = pending[consumed:]

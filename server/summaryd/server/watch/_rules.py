@@ -54,7 +54,9 @@ class DivergenceRule:
     """A tag matching `tags` stays, for `for_points` points in a row, above the lower of `ratio` times the minimum
     of its last `window` points (when that minimum is positive) and their median plus `spike_mads` robust
     deviations (1.4826 x the median absolute deviation); resolved after `resolve_points` points below halfway
-    back to the median. The baseline needs `warmup` points and is frozen while the finding fires."""
+    back to the median. The baseline needs `warmup` points and is frozen while the finding fires; a series is
+    watched once it has fallen (the median of its window's newest quarter under its oldest quarter's), so that a
+    value that only ever rose is not taken for a loss that diverged."""
 
     enabled: bool = True
     tags: tuple[str, ...] = ("*loss*",)

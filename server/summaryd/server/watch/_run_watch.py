@@ -36,13 +36,28 @@ class Series:
     """One (rank, tag) that divergence watches: a ring of its last points below threshold (the baseline), and its
     state: points above threshold in a row, and, while firing, points below the resolve level in a row."""
 
-    __slots__ = ("at", "dirty", "filled", "firing", "first", "over", "resolve_below", "threshold", "under", "window")
+    __slots__ = (
+        "armed",
+        "at",
+        "dirty",
+        "filled",
+        "firing",
+        "first",
+        "over",
+        "resolve_below",
+        "threshold",
+        "under",
+        "window",
+    )
 
     def __init__(self, size: int) -> None:
         self.window = np.zeros(size)
         self.at = self.filled = self.over = self.under = 0
         self.threshold, self.resolve_below = _INF, -_INF
         self.firing, self.dirty = False, False
+        # Watched once it has fallen (its newest quarter's median under its oldest's): a loss that only ever
+        # rose (a ramp, a counter named loss) is not taken for one that diverged.
+        self.armed = False
         self.first = (0, 0.0)  # step and value of the first point of the current run above threshold
 
     def add(self, steps: list[int], values: list[float], rule: DivergenceRule, clean: bool) -> None:
@@ -87,14 +102,21 @@ class Series:
         if self.firing or self.filled < rule.warmup:
             return
         window = self.window[: self.filled]
+        quarter = max(self.filled // 4, 1)
+        # The newest quarter of the window (the current level), and the oldest (where it started from).
+        newest = float(np.median(np.take(self.window, np.arange(self.at - quarter, self.at), mode="wrap")))
+        if not self.armed:
+            start = self.at if self.filled == len(self.window) else 0
+            oldest = float(np.median(np.take(self.window, np.arange(start, start + quarter), mode="wrap")))
+            self.armed = newest < oldest
+            if not self.armed:
+                return
         median = float(np.median(window))
         spread = max(_MAD_SIGMA * float(np.median(np.abs(window - median))), 1e-3 * float(np.abs(window).mean()))
         spike = median + rule.spike_mads * spread if spread > 0 else _INF
         low = float(window.min())
         self.threshold = min(spike, rule.ratio * low if low > 0 else _INF)
-        # The current level: the median of the newest quarter of the window.
-        newest = np.take(self.window, np.arange(self.at - max(self.filled // 4, 1), self.at), mode="wrap")
-        level = min(float(np.median(newest)), self.threshold)
+        level = min(newest, self.threshold)
         self.resolve_below = (level + self.threshold) / 2
 
 

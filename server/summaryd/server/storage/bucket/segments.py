@@ -44,6 +44,7 @@ from typing import Protocol
 
 from prometheus_client import CollectorRegistry, Counter
 
+from summaryd.server.settings import option
 from summaryd.server.storage.bucket import segment_sessions
 from summaryd.server.storage.bucket.store import Bucket, BucketError, PreconditionFailedError
 
@@ -125,9 +126,24 @@ class SealPolicy:
     (about 290 a day at the default 300 s), however often it writes.
     """
 
-    seal_secs: float = 5.0
-    seal_bytes: int = 16 * 1024 * 1024
-    seal_max_secs: float = 300.0
+    seal_secs: float = option(
+        5.0,
+        "with a bucket --logdir: seconds new events wait before they are uploaded as a segment (while the run is "
+        "young; then longer as it ages, up to --seal-max-secs)",
+        "SECS",
+    )
+    seal_max_secs: float = option(
+        300.0, "with a bucket --logdir: the longest new events of an old run wait before they are uploaded", "SECS"
+    )
+    seal_bytes: int = option(
+        16 * 1024 * 1024,
+        "with a bucket --logdir: a run's segment is uploaded at once when it reaches this size",
+        "BYTES",
+    )
+
+    def __post_init__(self) -> None:
+        if self.seal_secs <= 0 or self.seal_max_secs <= 0 or self.seal_bytes <= 0:
+            raise ValueError("--seal-secs, --seal-max-secs and --seal-bytes must be positive")
 
     def interval(self, file_age: float) -> float:
         """The longest a pending byte waits in a file that has been written for `file_age` seconds."""
