@@ -41,12 +41,13 @@ def prefix_of(url: str) -> str:
 
 
 def segments(seaweed: SeaweedServer, url: str, run: str) -> list[tuple[str, int]]:
-    """`(key, size)` of every segment of `run`, in key order."""
+    """`(key, size)` of every segment of `run` (not of the runs below it, such as the watch's `run/summaryd`),
+    in key order."""
     import obstore  # the s3 extra: imported when run, so that the default tier collects this module without it
 
     store = seaweed.store(BUCKET, prefix_of(url))
     found = [(meta["path"], meta["size"]) for meta in obstore.list(store, run + "/").collect()]
-    return sorted((key, size) for key, size in found if parse_segment(key) is not None)
+    return sorted((key, size) for key, size in found if (parsed := parse_segment(key)) is not None and parsed[0] == run)
 
 
 def steps_from_bucket(seaweed: SeaweedServer, url: str, run: str, into: Path) -> collections.Counter[int]:
