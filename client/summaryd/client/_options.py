@@ -39,6 +39,7 @@ class ClientOptions:
     max_batch_bytes: int = 1024 * 1024
     max_in_flight: int = 8
     linger_secs: float = 0.05
+    max_linger_secs: float = 2.0
     rpc_timeout: float = 10.0
     close_timeout: float = 5.0
     heartbeat_secs: float = 10.0
@@ -69,6 +70,7 @@ class ClientOptions:
         max_batch_bytes: int = 1024 * 1024,
         max_in_flight: int = 8,
         linger_secs: float = 0.05,
+        max_linger_secs: float | None = None,
         rpc_timeout: float = 10.0,
         close_timeout: float = 5.0,
         heartbeat_secs: float = 10.0,
@@ -80,7 +82,7 @@ class ClientOptions:
         environ: Mapping[str, str] = os.environ,
     ) -> ClientOptions:
         """Arguments win; else `SUMMARYD_ADDRESS`, `SUMMARYD_TOKEN`, `SUMMARYD_TLS*`, `SUMMARYD_SPOOL_DIR`,
-        `SUMMARYD_REDIRECT_ALLOW`.
+        `SUMMARYD_REDIRECT_ALLOW`, `SUMMARYD_MAX_LINGER`.
 
         Args:
             address: `host:port` of the daemon (`host` alone: port 6065), or several separated by commas
@@ -94,6 +96,9 @@ class ClientOptions:
             max_batch_events, max_batch_bytes: the largest batch sent at once.
             max_in_flight: batches sent but not yet acknowledged.
             linger_secs: how long a partial batch waits for more events before it is sent.
+            max_linger_secs: the longest a daemon's pacing may make a partial batch wait (a busy daemon asks its
+                clients for fewer, larger messages); default `SUMMARYD_MAX_LINGER`, else 2 seconds. A flush, a
+                close or an end never waits for it.
             rpc_timeout: deadline of each call, and how long a sent batch may wait for its ack.
             close_timeout: default of `close(timeout=...)`, also used at interpreter exit and on SIGTERM.
             heartbeat_secs: longest silence on the stream; the daemon releases sessions it does not hear from.
@@ -127,6 +132,7 @@ class ClientOptions:
             max_batch_bytes=max_batch_bytes,
             max_in_flight=max_in_flight,
             linger_secs=linger_secs,
+            max_linger_secs=_max_linger(max_linger_secs, environ),
             rpc_timeout=rpc_timeout,
             close_timeout=close_timeout,
             heartbeat_secs=heartbeat_secs,
@@ -137,6 +143,18 @@ class ClientOptions:
             block_secs=block_secs,
             redirect_allow=resolve_redirect_allow(redirect_allow, environ),
         )
+
+
+def _max_linger(value: float | None, environ: Mapping[str, str]) -> float:
+    if value is None:
+        text = environ.get("SUMMARYD_MAX_LINGER", "").strip()
+        try:
+            value = float(text) if text else 2.0
+        except ValueError:
+            raise ValueError(f"SUMMARYD_MAX_LINGER={text!r}: give seconds, e.g. 2 or 0.5") from None
+    if not value >= 0:  # NaN too
+        raise ValueError(f"max_linger_secs={value!r}: give seconds of at least 0")
+    return float(value)
 
 
 def carried_or_made(options: ClientOptions | None, address: str | None, settings: dict[str, Any]) -> ClientOptions:

@@ -143,7 +143,7 @@ class SenderLoop:
         """Number queued events into batches, as many as may be in flight. Not when spilling: the spiller then
         spills the batches in memory first and numbers the queue after them (`Spiller.spill`), so that the
         spilled batches stay a prefix of the log."""
-        options = self._options
+        options, pacing = self._options, self._connection.pacing
         while True:
             with self._cond:
                 if not self._queue or self._spiller.must_spill():
@@ -154,9 +154,9 @@ class SenderLoop:
                     # the caller's thread a page fault every few dozen events while the daemon is away).
                     if len(self._queue) < options.max_batch_events:
                         return
-                elif self._batches.in_flight >= options.max_in_flight:
+                elif self._batches.in_flight >= pacing.max_in_flight:
                     return
-                lingering = self._queue.lingering and time.monotonic() - self._queue.queued_at < options.linger_secs
+                lingering = self._queue.lingering and time.monotonic() - self._queue.queued_at < pacing.linger_secs
                 small = len(self._queue) < options.max_batch_events and self._queue.under(options.max_batch_bytes)
                 if lingering and small and not self._status.closing:
                     return
@@ -298,7 +298,7 @@ class SenderLoop:
         waits = [self._connection.wait_hint(now), 1.0, self._status.close_deadline - now]
         with self._cond:
             if self._queue:
-                waits.append(self._options.linger_secs - (now - self._queue.queued_at))
+                waits.append(self._connection.pacing.linger_secs - (now - self._queue.queued_at))
             if self._queue or self._batches:
                 waits.append(self._options.spool_after - (now - self._batches.progress_at))
                 waits.append(0.1)  # acks, overdue batches and the in-flight window
