@@ -33,6 +33,7 @@ from summaryd.server.io_threads import io_executor
 from summaryd.server.leases import RunLeases
 from summaryd.server.metrics import Metrics, MetricsInterceptor
 from summaryd.server.open_files import ensure_open_files
+from summaryd.server.pacing import Pacer
 from summaryd.server.refusals import RefusalInterceptor
 from summaryd.server.run_ownership import LeaseCollector, RunOwnership, holder_id
 from summaryd.server.runs import RunRegistry
@@ -200,7 +201,7 @@ class Server:
         lifecycle = SessionLifecycle(
             registry, state.store, config.session_lease, config.limits, ownership, aggregation=aggregation
         )
-        service = SummariesService(lifecycle)
+        service = SummariesService(lifecycle, Pacer(config.pace_messages))
         if board is not None:
             await self._serve_board(board, registry, resources)
         self.metrics.registry.register(SessionCollector(lifecycle))

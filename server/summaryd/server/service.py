@@ -36,6 +36,7 @@ from summaryd.server.errors import (
     SessionUnknownError,
     StorageError,
 )
+from summaryd.server.pacing import Pacer
 from summaryd.server.request_checks import batch_count, open_problem, session_id_problem, write_problem
 from summaryd.server.runpath import run_dir_parts
 from summaryd.server.scalar_records import ScalarRecords
@@ -118,9 +119,10 @@ def _peer_host(peer: str) -> str:
 class SummariesService(pb_grpc.SummariesServicer):
     """Sessions, the write stream, flush, close, files and status, over one session lifecycle."""
 
-    def __init__(self, lifecycle: SessionLifecycle) -> None:
+    def __init__(self, lifecycle: SessionLifecycle, pacer: Pacer | None = None) -> None:
         self.lifecycle = lifecycle
         self.limits = lifecycle.limits
+        self.pacer = pacer or Pacer()
         self._draining = False
         # Write handlers waiting for their client's next message: cancelled at once when draining.
         self._idle_streams: set[asyncio.Task[object]] = set()
@@ -162,6 +164,7 @@ class SummariesService(pb_grpc.SummariesServicer):
             takes_scalar_columns=True,
             durable_acks=self.lifecycle.durable_acks,
             durable_sequence=self.lifecycle.durable(session.session_id),
+            pacing=self.pacer.pacing,
         )
 
     # ---- Write -----------------------------------------------------------------------------------------
@@ -178,6 +181,9 @@ class SummariesService(pb_grpc.SummariesServicer):
         # One timeout for the stream, armed only while it waits for the client's next message: a timeout
         # object per message would cost a timer and two context switches of its own on every batch.
         idle = asyncio.timeout(None)
+        pacer = self.pacer
+        pacer.opened()
+        told = -1  # the pacing version this stream's client was told: the first ack tells it
         try:
             async with _answered(context):
                 try:
@@ -207,9 +213,14 @@ class SummariesService(pb_grpc.SummariesServicer):
                                 await self._authorize_run(session.run.run_dir, context)
                             await self._check_batch(request, context)
                             acked = await self.lifecycle.write(session, request.first_sequence, _batch_events(request))
-                            yield pb.WriteAck(
+                            pacer.took()
+                            ack = pb.WriteAck(
                                 acked_sequence=acked, durable_sequence=self.lifecycle.durable(session.session_id)
                             )
+                            if told != pacer.version:
+                                told = pacer.version
+                                ack.pacing.CopyFrom(pacer.pacing)
+                            yield ack
                             if self._draining:
                                 return
                 except TimeoutError:
@@ -221,6 +232,7 @@ class SummariesService(pb_grpc.SummariesServicer):
                         "heartbeats (empty batches) or reconnect",
                     )
         finally:
+            pacer.closed()
             log.debug("write stream of session %s ended", session.session_id if session else "?")
             if session is not None:
                 session.detach(task)
