@@ -33,8 +33,13 @@ from benchmarks._machine import load_average
 from benchmarks._report import table
 from benchmarks.aggregation import daemon_cpu
 
-FLOOR, ON, OFF = "floor", "on", "off"
-TARGET_LABELS = {FLOOR: "bare servicer (floor)", ON: "daemon, aggregation on", OFF: "daemon, aggregation off"}
+FLOOR, ON, OFF, UNPACED = "floor", "on", "off", "unpaced"
+TARGET_LABELS = {
+    FLOOR: "bare servicer (floor)",
+    ON: "daemon, aggregation on",
+    OFF: "daemon, aggregation off",
+    UNPACED: "daemon, aggregation on, no pacing",
+}
 _PAGE = os.sysconf("SC_PAGE_SIZE")
 
 
@@ -103,9 +108,11 @@ def _target(kind: str, workdir: Path) -> Iterator[tuple[str, int]]:
         with _floor(workdir) as found:
             yield found
         return
-    flag = "--aggregate" if kind == ON else "--no-aggregate"
+    flags = ["--no-aggregate"] if kind == OFF else ["--aggregate"]
+    if kind == UNPACED:
+        flags += ["--pace-messages", "0"]  # a batch per step, as before pacing: the cost of each message
     # Its defaults but the run count: 1,024 workers' runs and the 5 aggregate runs are over --max-open-runs.
-    with running_daemon(workdir, flag, "--max-open-runs", "4096") as daemon:
+    with running_daemon(workdir, *flags, "--max-open-runs", "4096") as daemon:
         yield daemon.address, daemon.pid
 
 
@@ -253,7 +260,7 @@ def targets_met(rows: Sequence[Row]) -> list[str]:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--workers", default="64,256,1024")
-    parser.add_argument("--targets", default=f"{FLOOR},{ON},{OFF}")
+    parser.add_argument("--targets", default=f"{FLOOR},{ON},{OFF},{UNPACED}", help="of " + ", ".join(TARGET_LABELS))
     parser.add_argument("--tags", type=int, default=20)
     parser.add_argument("--steps-per-second", type=float, default=5.0)
     parser.add_argument("--seconds", type=float, default=20.0)
