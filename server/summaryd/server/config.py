@@ -81,8 +81,13 @@ class Config:
     pace_messages: float = _option(
         1000.0,
         "write messages a second the daemon aims to take: past half of it, it asks its clients to linger longer "
-        "(fewer, larger batches), at most 2 s; 0: never",
+        "(fewer, larger batches), at most --pace-max-linger; 0: never",
         "N",
+    )
+    pace_max_linger: float = _option(
+        2.0,
+        "the longest the daemon's pacing asks a client's partial batch to wait (what it adds to visibility)",
+        "SECS",
     )
     log_level: str = _option("info", "logging level: debug, info, warning, error", "LEVEL")
     port_file: str = _option("", "after binding, write the port to this file (useful with --listen HOST:0)", "FILE")
@@ -205,6 +210,8 @@ class Config:
             raise ValueError(f"--stream-window-bytes must be at least {MIN_STREAM_WINDOW_BYTES} (HTTP/2's default)")
         if not self.pace_messages >= 0:
             raise ValueError(f"--pace-messages {self.pace_messages:g}: give messages a second, 0 or more")
+        if not self.pace_max_linger > 0:
+            raise ValueError(f"--pace-max-linger {self.pace_max_linger:g}: give seconds, more than 0")
         if self.io_threads < 1:
             raise ValueError("--io-threads must be at least 1")
         if self.session_lease <= 0:

@@ -7,14 +7,15 @@ client to let a partial batch linger about `streams / pace` seconds (so that the
 about `--pace-messages` a second) and to keep at most `PACED_IN_FLIGHT` batches in flight. It says so in each
 `OpenSessionResponse` and, when it changes, in the next ack of every stream (`summaryd.v1.Pacing`). Below a
 quarter of the rate it lifts the pacing (0: the clients' own settings), so that at low load nothing changes.
-The linger is rounded up to one of `LINGER_STEPS`, so that it changes seldom and the clients' visibility stays
-within `MAX_LINGER` (2 s).
+The linger is rounded up to one of `LINGER_STEPS` (whole seconds beyond them), so that it changes seldom, and
+is at most `--pace-max-linger` (2 s): the clients' visibility stays within it.
 """
 
 from __future__ import annotations
 
 import bisect
 import logging
+import math
 import time
 from collections.abc import Callable
 
@@ -23,7 +24,7 @@ from summaryd.v1 import summaryd_pb2 as pb
 log = logging.getLogger(__name__)
 
 LINGER_STEPS = (0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1.0, 1.5, 2.0)
-MAX_LINGER = LINGER_STEPS[-1]
+MAX_LINGER = 2.0
 PACED_IN_FLIGHT = 2
 WINDOW_SECS = 0.5
 DEFAULT_PACE = 1000.0
@@ -32,9 +33,12 @@ DEFAULT_PACE = 1000.0
 class Pacer:
     """Counts the messages taken and the write streams open, and states the pacing they call for."""
 
-    def __init__(self, pace: float = DEFAULT_PACE, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self, pace: float = DEFAULT_PACE, max_linger: float = MAX_LINGER, clock: Callable[[], float] = time.monotonic
+    ) -> None:
         self.pace = pace
         """Messages a second the daemon aims to take at most (`--pace-messages`; 0: never paces)."""
+        self.max_linger = max_linger
         self._clock = clock
         self.streams = 0
         self.rate = 0.0
@@ -68,7 +72,8 @@ class Pacer:
         linger = 0.0
         if busy:
             wanted = self.streams / pace
-            linger = LINGER_STEPS[min(bisect.bisect_left(LINGER_STEPS, wanted), len(LINGER_STEPS) - 1)]
+            at = bisect.bisect_left(LINGER_STEPS, wanted)
+            linger = min(LINGER_STEPS[at] if at < len(LINGER_STEPS) else float(math.ceil(wanted)), self.max_linger)
         in_flight = PACED_IN_FLIGHT if busy else 0
         if linger != self.pacing.linger_seconds or in_flight != self.pacing.max_in_flight:
             self.pacing = pb.Pacing(linger_seconds=linger, max_in_flight=in_flight)

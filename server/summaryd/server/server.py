@@ -201,7 +201,7 @@ class Server:
         lifecycle = SessionLifecycle(
             registry, state.store, config.session_lease, config.limits, ownership, aggregation=aggregation
         )
-        service = SummariesService(lifecycle, Pacer(config.pace_messages))
+        service = SummariesService(lifecycle, Pacer(config.pace_messages, config.pace_max_linger))
         if board is not None:
             await self._serve_board(board, registry, resources)
         self.metrics.registry.register(SessionCollector(lifecycle))
