@@ -68,6 +68,10 @@ class RunWriter:
     sink: EventSink | None = None
     observers: Sequence[WriteObserver] = ()
     commit: GroupCommit | None = None
+    # Opening the next file (`open_file`), and whether the last attempt failed (the commit then tries again
+    # itself and fails the batches, which their sessions answer).
+    opening: asyncio.Future[None] | None = None
+    open_failed: bool = False
     _counters: tuple[Any, Any] | None = field(default=None, init=False, repr=False)
 
     async def write(self, session_id: str, last: int, events: Sequence[bytes]) -> None:
@@ -118,6 +122,7 @@ class RunWriter:
         try:
             if self.file is None:
                 self._open_file()
+                self.open_failed = False
             assert self.file is not None and self.journal is not None
             before = end = self.file.size
             for entry in good:
@@ -142,6 +147,17 @@ class RunWriter:
             self.journal.compact_if_large(self.marks, self.file.size)
         except OSError:
             log.exception("run %s: compacting the journal failed; it keeps growing", self.run_dir)
+
+    async def open_file(self) -> None:
+        """Open the run's next event file and its journal before a commit writes to it (never raises)."""
+        async with self.lock:
+            if self.file is not None:
+                return
+            try:
+                await run_to_completion(self.executor, self._open_file)
+                self.open_failed = False
+            except OSError:  # the commit's own attempt raises it to the batches
+                self.open_failed = True
 
     def _open_file(self) -> None:
         if self.dir_fd < 0:
@@ -263,15 +279,23 @@ class GroupCommit:
                 if group is not None:
                     group.append(entry)
                 elif writer in waiting or writer.lock.locked():
-                    waiting.add(writer)  # its fsync or its close is under way: a later commit
+                    waiting.add(writer)  # its fsync, its close or its file's opening is under way: a later commit
                     later.append(entry)
+                elif writer.file is None and not writer.open_failed:
+                    # A new file and journal are made and synced apart, on a thread of their own, in parallel
+                    # with other runs': inside the commit, a job's thousand first writes would queue one by one.
+                    waiting.add(writer)
+                    later.append(entry)
+                    writer.opening = asyncio.ensure_future(writer.open_file())
                 else:
                     await writer.lock.acquire()  # free: no wait
                     groups[writer] = [entry]
             self._queue[:0] = later
-            if not groups:  # every batch waits for a run's fsync or close: the first of those, then again
-                lock = later[0].writer.lock
-                async with lock:
+            if not groups:  # every batch waits for a run's fsync, close or opening: the first of those, again
+                first = later[0].writer
+                if first.opening is not None:
+                    await asyncio.shield(first.opening)
+                async with first.lock:
                     pass
                 continue
             failed: BaseException | None = None
