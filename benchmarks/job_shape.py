@@ -264,7 +264,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--tags", type=int, default=20)
     parser.add_argument("--steps-per-second", type=float, default=5.0)
     parser.add_argument("--seconds", type=float, default=20.0)
-    parser.add_argument("--warmup", type=float, default=5.0)
+    # A thousand ranks' first seconds, before the pacing reaches them through their acks, are a flood of small
+    # batches the daemon drains for some seconds: the window is the steady state after it.
+    parser.add_argument("--warmup", type=float, default=15.0)
     parser.add_argument("--generators", type=int, default=2)
     parser.add_argument("--short", action="store_true", help="8 workers, 2 s: a check that it runs, no figures")
     parser.add_argument("--profile", type=Path, help="sample each target with py-spy into this directory")

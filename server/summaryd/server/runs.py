@@ -264,8 +264,9 @@ class GroupCommit:
         self._queue.append(entry)
         if self._task is None or self._task.done():
             self._task = asyncio.ensure_future(self._commit_all())
-        # Shielded: the batch is written whatever becomes of its caller (its session's count follows the file).
-        return asyncio.shield(entry.done)
+        # Written whatever becomes of the caller (a cancelled caller cancels only its wait): `Session.apply`, whose
+        # count must follow the file, runs to its end anyway (`SessionLifecycle._complete`).
+        return entry.done
 
     async def _commit_all(self) -> None:
         while self._queue:
