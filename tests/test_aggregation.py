@@ -21,7 +21,7 @@ from tensorboard.backend.event_processing import event_accumulator
 
 from _support import Daemon, event_files, read_events, start_daemon, wait_for
 from summaryd.client import SummaryWriter
-from summaryd.server.aggregation import AggregationSettings
+from summaryd.server.aggregation.aggregator import AggregationSettings
 from summaryd.server.cli import _build_parser, config_from, main
 from summaryd.v1 import summaryd_pb2 as pb
 from summaryd.v1 import summaryd_pb2_grpc as pb_grpc
@@ -361,7 +361,10 @@ def test_a_world_that_never_fills_is_written_after_the_straggler_timeout(tmp_pat
         wait_aggregates_closed(daemon)
         assert scalars(job / "mean", "loss") == [(step, 0.5) for step in range(5)]
         assert scalars(job / "summaryd", "count/loss") == [(step, 2.0) for step in range(5)]
-        assert os.listdir(daemon.logdir / ".summaryd" / "open") == []  # their journals are done with
+        # Their journals are done with once the closed files' marks are in the session store, just after the
+        # runs left the registry (which is what `wait_aggregates_closed` sees).
+        open_dir = daemon.logdir / ".summaryd" / "open"
+        wait_for(lambda: os.listdir(open_dir) == [], 30, "the aggregate runs' journals to be deleted")
     finally:
         daemon.stop()
 

@@ -9,7 +9,7 @@ from fractions import Fraction
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from summaryd.server.step_table import Reduction, StepTable, reduce
+from summaryd.server.aggregation.step_table import Reduction, StepTable, reduce
 
 EXTREMES = [math.inf, -math.inf, math.nan, 0.0, -0.0, 5e-324, -5e-324, 2.2e-308, 1e308, -1e308, 1.7976931348623157e308]
 FLOATS = st.one_of(st.floats(allow_nan=True, allow_infinity=True, allow_subnormal=True), st.sampled_from(EXTREMES))

@@ -11,11 +11,11 @@ from tensorboard.compat.proto.summary_pb2 import Summary, SummaryMetadata
 from tensorboard.compat.proto.tensor_pb2 import TensorProto
 from tensorboard.compat.proto.tensor_shape_pb2 import TensorShapeProto
 
-from summaryd.server.aggregation import AggregateRuns, AggregationSettings, RunAggregator
-from summaryd.server.limits import DEFAULT
-from summaryd.server.scalar_points import points
-from summaryd.server.scalar_records import ScalarRecords
-from summaryd.server.step_table import Reduction, StepTable
+from summaryd.server.aggregation.aggregator import AggregateRuns, AggregationSettings, RunAggregator
+from summaryd.server.aggregation.step_table import Reduction, StepTable
+from summaryd.server.records.scalar_points import points
+from summaryd.server.records.scalar_records import ScalarRecords
+from summaryd.server.security.limits import DEFAULT
 from summaryd.v1 import summaryd_pb2 as pb
 
 

@@ -9,7 +9,7 @@ import uuid
 from hypothesis import given
 from hypothesis import strategies as st
 
-from summaryd.client._batch_fit import DaemonLimits
+from summaryd.client._sender._batch_fit import DaemonLimits
 from summaryd.v1 import summaryd_pb2 as pb
 
 SESSION = str(uuid.uuid4())

@@ -13,9 +13,9 @@ from tensorboard.compat.proto.summary_pb2 import Summary
 from tensorboard.compat.proto.tensor_pb2 import TensorProto
 
 from summaryd.server.errors import EventError
-from summaryd.server.event_check import check_and_frame
-from summaryd.server.limits import Limits
-from summaryd.server.scalar_records import ScalarRecords
+from summaryd.server.records.event_check import check_and_frame
+from summaryd.server.records.scalar_records import ScalarRecords
+from summaryd.server.security.limits import Limits
 from summaryd.v1 import summaryd_pb2 as pb
 from summaryd.v1.wire import frame_all
 

@@ -23,8 +23,8 @@ from tensorboard.data.proto import data_provider_pb2_grpc as dp_grpc
 
 from _support import Daemon, TensorBoard, event_files, read_events, start_daemon, stop_process, unused_port, wait_for
 from summaryd.client import SummaryWriter
-from summaryd.server.board import Backfill, downsample, sample_indices
-from summaryd.server.board_index import BoardIndex, Datum, Reservoir, SamplesPerPlugin, ScalarPoints
+from summaryd.server.board.index import BoardIndex, Datum, Reservoir, SamplesPerPlugin, ScalarPoints
+from summaryd.server.board.provider import Backfill, downsample, sample_indices
 from summaryd.server.cli import main
 from summaryd.server.config import Config
 from summaryd.server.server import ListenError, Server

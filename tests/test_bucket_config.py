@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from summaryd.server.bucket import is_bucket_url, split_url
 from summaryd.server.cli import _build_parser, config_from, main
 from summaryd.server.config import Config
-from summaryd.server.segments import SealPolicy
+from summaryd.server.storage.bucket.segments import SealPolicy
+from summaryd.server.storage.bucket.store import is_bucket_url, split_url
 
 
 def test_a_local_logdir_keeps_its_state_beside_it(tmp_path: Path) -> None:

@@ -53,7 +53,7 @@ def test_writer_refuses_a_worker_label_the_daemon_refuses() -> None:
 
 def test_the_daemon_applies_the_same_rules(tmp_path: Path) -> None:
     """One set of rules: what the client refuses, the daemon refuses with the same words."""
-    from summaryd.server.runpath import run_dir_parts
+    from summaryd.server.storage.runpath import run_dir_parts
     from summaryd.v1 import runpath
 
     assert run_dir_parts is runpath.run_dir_parts

@@ -7,7 +7,7 @@ import random
 import google_crc32c
 import numpy as np
 
-from summaryd.server.crc_columns import byte_table, column_crcs, linear_crc, varying_bytes, zero_crc
+from summaryd.server.records.crc_columns import byte_table, column_crcs, linear_crc, varying_bytes, zero_crc
 
 
 def test_a_message_crc_is_its_length_constant_and_a_table_entry_per_byte() -> None:

@@ -14,8 +14,8 @@ import pytest
 from _support import Daemon, assert_whole_records, event_files, read_events, unused_port
 from summaryd.client import SummaryWriter
 from summaryd.server.config import Config
-from summaryd.server.event_file import EventFile
 from summaryd.server.server import Server
+from summaryd.server.storage.event_file import EventFile
 
 
 def _summaryd_threads() -> list[threading.Thread]:

@@ -24,8 +24,8 @@ from test_objstore import logdir_url, seaweed, steps_from_bucket
 from _support import Daemon, log_losses, wait_for
 from benchmarks._seaweed import SeaweedServer
 from summaryd.client import SummaryWriter
-from summaryd.server.bucket import Bucket
-from summaryd.server.bucket_sessions import BucketSessions, DurableSession
+from summaryd.server.storage.bucket.sessions import BucketSessions, DurableSession
+from summaryd.server.storage.bucket.store import Bucket
 from summaryd.v1 import summaryd_pb2 as pb
 from summaryd.v1 import summaryd_pb2_grpc as pb_grpc
 

@@ -21,7 +21,7 @@ from tensorboard.compat.proto.event_pb2 import Event
 from tensorboard.compat.proto.summary_pb2 import Summary
 
 from _support import Daemon, start_daemon, wait_for
-from summaryd.server.logs import MAX_MESSAGE_CHARS, Throttle, configure_logging
+from summaryd.server.operations.logs import MAX_MESSAGE_CHARS, Throttle, configure_logging
 from summaryd.v1 import summaryd_pb2 as pb
 from summaryd.v1 import summaryd_pb2_grpc as pb_grpc
 

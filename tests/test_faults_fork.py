@@ -20,7 +20,8 @@ from pathlib import Path
 import pytest
 
 from _support import Daemon, assert_whole_records, event_files, read_events, start_daemon
-from summaryd.client import Sender, _process
+from summaryd.client import Sender
+from summaryd.client._process import _fork
 
 # The training process: a thread logs `train/loss` without pause; each epoch forks fresh DataLoader workers
 # (fork start method), whose dataset logs `loader/item` through the inherited writer.
@@ -129,13 +130,13 @@ def test_grpc_fork_support_draws_a_warning(monkeypatch: pytest.MonkeyPatch, capl
     """gRPC's own fork support deadlocks children of a streaming client; a fork with it on says so, once."""
     sender = Sender("warned", address="127.0.0.1:1")
     monkeypatch.setenv("GRPC_ENABLE_FORK_SUPPORT", "true")
-    monkeypatch.setattr(_process, "_warned_fork_support", False)
+    monkeypatch.setattr(_fork, "_warned_fork_support", False)
     # No real fork happens: the parent's side must not start a courier (its thread would outlive the test).
-    monkeypatch.setattr(_process, "_grpc_pid", None)
+    monkeypatch.setattr(_fork, "_grpc_pid", None)
     with caplog.at_level(logging.WARNING, logger="summaryd.client"):
         for _ in range(2):
-            _process._before_fork()
-            _process._after_fork_in_parent()
+            _fork._before_fork()
+            _fork._after_fork_in_parent()
     assert sum("unset GRPC_ENABLE_FORK_SUPPORT" in r.getMessage() for r in caplog.records) == 1
     sender.close(timeout=0)
 

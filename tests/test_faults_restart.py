@@ -27,9 +27,9 @@ from tensorboard.compat.proto.event_pb2 import Event
 from tensorboard.compat.proto.summary_pb2 import Summary
 
 from _support import Daemon, assert_whole_records, event_files, log_losses, read_events, start_daemon
-from summaryd.server.journal import FileJournal, encode
-from summaryd.server.runs import RunRegistry
-from summaryd.server.state import StateDir
+from summaryd.server.storage.journal import FileJournal, encode
+from summaryd.server.storage.runs import RunRegistry
+from summaryd.server.storage.state import StateDir
 from summaryd.v1 import summaryd_pb2 as pb
 from summaryd.v1 import summaryd_pb2_grpc as pb_grpc
 from summaryd.v1.wire import frame

@@ -27,9 +27,9 @@ from test_objstore import logdir_url, seaweed, segments, steps_from_bucket
 from _support import Daemon, log_losses, wait_for
 from benchmarks._seaweed import SeaweedServer
 from summaryd.client import SummaryWriter
-from summaryd.server import segments as shipping
-from summaryd.server.bucket import Bucket
-from summaryd.server.segments import SealPolicy, SegmentShipper
+from summaryd.server.storage.bucket import segments as shipping
+from summaryd.server.storage.bucket.segments import SealPolicy, SegmentShipper
+from summaryd.server.storage.bucket.store import Bucket
 from summaryd.v1 import summaryd_pb2 as pb
 from summaryd.v1 import summaryd_pb2_grpc as pb_grpc
 
@@ -141,8 +141,8 @@ async def test_a_segment_put_after_a_takeover_fenced_the_file_does_not_land(
 async def test_a_takeover_closes_the_previous_holders_files_before_it_writes_the_run(
     seaweed: SeaweedServer, logdir_url: str
 ) -> None:
-    from summaryd.server.leases import RunLeases
-    from summaryd.server.run_ownership import RunOwnership
+    from summaryd.server.storage.bucket.leases import RunLeases
+    from summaryd.server.storage.bucket.run_ownership import RunOwnership
 
     bucket = Bucket(logdir_url)
     name = "events.out.tfevents.1700000000.host.1.1"
@@ -223,8 +223,8 @@ class _WaitsAfterItsWrite(Bucket):
 async def test_a_lease_write_cancelled_after_it_landed_is_still_recorded_and_released(
     seaweed: SeaweedServer, logdir_url: str
 ) -> None:
-    from summaryd.server.leases import RunLeases
-    from summaryd.server.run_ownership import RunOwnership
+    from summaryd.server.storage.bucket.leases import RunLeases
+    from summaryd.server.storage.bucket.run_ownership import RunOwnership
 
     bucket = _WaitsAfterItsWrite(logdir_url)
     ownership = RunOwnership(RunLeases(bucket, "a", "10.0.0.1:6065", 30.0))
@@ -244,8 +244,8 @@ async def test_a_lease_write_cancelled_after_it_landed_is_still_recorded_and_rel
 async def test_metrics_show_the_held_leases_and_the_least_time_left_on_them(logdir_url: str) -> None:
     from prometheus_client import CollectorRegistry, generate_latest
 
-    from summaryd.server.leases import RunLeases
-    from summaryd.server.run_ownership import LeaseCollector, RunOwnership
+    from summaryd.server.storage.bucket.leases import RunLeases
+    from summaryd.server.storage.bucket.run_ownership import LeaseCollector, RunOwnership
 
     ownership = RunOwnership(RunLeases(Bucket(logdir_url), "a", "10.0.0.1:6065", 30.0))
     registry = CollectorRegistry()
@@ -260,8 +260,8 @@ async def test_metrics_show_the_held_leases_and_the_least_time_left_on_them(logd
 
 
 async def test_opening_a_session_waits_for_no_renewal_of_another_lease(logdir_url: str) -> None:
-    from summaryd.server.leases import RunLeases
-    from summaryd.server.run_ownership import RunOwnership
+    from summaryd.server.storage.bucket.leases import RunLeases
+    from summaryd.server.storage.bucket.run_ownership import RunOwnership
 
     bucket = _WaitsAfterItsWrite(logdir_url)
     ownership = RunOwnership(RunLeases(bucket, "a", "10.0.0.1:6065", 3.0))
@@ -278,7 +278,7 @@ async def test_opening_a_session_waits_for_no_renewal_of_another_lease(logdir_ur
 
 
 async def test_the_state_of_sessions_closed_past_the_retention_is_removed_and_no_other(logdir_url: str) -> None:
-    from summaryd.server.bucket_sessions import BucketSessions, DurableSession
+    from summaryd.server.storage.bucket.sessions import BucketSessions, DurableSession
 
     sessions = BucketSessions(Bucket(logdir_url))
     await sessions.put(DurableSession("closed", "run", 10, True))

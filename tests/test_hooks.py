@@ -29,7 +29,7 @@ from summaryd.client import (
     SummaryWriter,
     create_global_step,
 )
-from summaryd.client import hooks as hooks_module
+from summaryd.client._api import _hooks
 from summaryd.v1 import summaryd_pb2 as pb
 from summaryd.v1 import summaryd_pb2_grpc as pb_grpc
 
@@ -190,7 +190,7 @@ def test_save_secs_triggers_on_first_step_then_every_10_seconds(
 ) -> None:
     """`save_secs=10` saves on the first step, then only once 10 s have passed on the hooks' clock."""
     fake = FakeClock()
-    monkeypatch.setattr(hooks_module, "clock", fake)
+    monkeypatch.setattr(_hooks, "clock", fake)
     global_step = create_global_step()
     # Seconds to advance the clock before each of 10 steps (the step that then runs is step i + 1).
     advance = {5: 10.0, 6: 9.0, 7: 1.0, 8: 0.5}

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from summaryd.server.journal import Journal, read
-from summaryd.server.session_store import STORE_NAME, SessionRecord, SessionStore
+from summaryd.server.storage.journal import Journal, read
+from summaryd.server.storage.session_store import STORE_NAME, SessionRecord, SessionStore
 
 
 @pytest.fixture

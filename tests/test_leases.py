@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 
-from summaryd.server.leases import Lease, margin
+from summaryd.server.storage.bucket.leases import Lease, margin
 
 
 def lease(renewed: float, files: tuple[tuple[str, str], ...] = ()) -> Lease:
@@ -42,7 +42,7 @@ def test_a_conditional_write_whose_retry_meets_the_write_itself_is_done_and_no_o
     import pytest
     from obstore.store import MemoryStore
 
-    from summaryd.server.bucket import Bucket, PreconditionFailedError
+    from summaryd.server.storage.bucket.store import Bucket, PreconditionFailedError
 
     async def check() -> None:
         bucket = Bucket("s3://b/p", MemoryStore())
@@ -67,9 +67,9 @@ def test_an_upload_cancelled_while_its_lease_names_the_file_leaves_the_next_one_
 
     from obstore.store import MemoryStore
 
-    from summaryd.server.bucket import Bucket
-    from summaryd.server.leases import RunLeases
-    from summaryd.server.run_ownership import RunOwnership
+    from summaryd.server.storage.bucket.leases import RunLeases
+    from summaryd.server.storage.bucket.run_ownership import RunOwnership
+    from summaryd.server.storage.bucket.store import Bucket
 
     class SlowReplace(Bucket):
         async def replace(self, key: str, data: bytes, etag: str) -> str:

@@ -32,10 +32,9 @@ from tensorboard.compat.proto.event_pb2 import Event
 from _support import Daemon, read_events, start_daemon, unused_port, wait_for
 from benchmarks._seaweed import SeaweedServer, create_bucket, start_seaweed
 from summaryd.client import SummaryWriter
-from summaryd.server.bucket import Bucket, PreconditionFailedError
-from summaryd.server.leases import LeaseHeldError, LeaseLostError, RunLeases
-from summaryd.server.segment_sessions import ATTRIBUTE, MAX_SESSIONS, decode, session_tag
-from summaryd.server.segments import (
+from summaryd.server.storage.bucket.leases import LeaseHeldError, LeaseLostError, RunLeases
+from summaryd.server.storage.bucket.segment_sessions import ATTRIBUTE, MAX_SESSIONS, decode, session_tag
+from summaryd.server.storage.bucket.segments import (
     SealPolicy,
     SegmentIndex,
     SegmentShipper,
@@ -43,6 +42,7 @@ from summaryd.server.segments import (
     release_uploaded,
     segment_key,
 )
+from summaryd.server.storage.bucket.store import Bucket, PreconditionFailedError
 from summaryd.v1 import summaryd_pb2 as pb
 from summaryd.v1 import summaryd_pb2_grpc as pb_grpc
 from summaryd.v1 import wire

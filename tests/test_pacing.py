@@ -19,7 +19,7 @@ import pytest
 from _support import start_daemon, steps_in
 from summaryd.client._options import ClientOptions
 from summaryd.client._sender._pacing import Pacing
-from summaryd.server.pacing import PACED_IN_FLIGHT, Pacer
+from summaryd.server.sessions.pacing import PACED_IN_FLIGHT, Pacer
 
 CLIENT = textwrap.dedent(
     """

@@ -34,8 +34,8 @@ from _support import Daemon, event_files, log_losses, read_events, steps_in, unu
 from summaryd.client import Sender, SummaryWriter
 from summaryd.client._environment import address_key, parse_address
 from summaryd.client._options import ClientOptions
+from summaryd.client._patch._shipper import Shipper
 from summaryd.client._sender._targets import DaemonTargets, RedirectRefusedError
-from summaryd.client._shipper import Shipper
 from summaryd.server.cli import main
 from summaryd.v1 import summaryd_pb2 as pb
 from summaryd.v1 import summaryd_pb2_grpc as pb_grpc

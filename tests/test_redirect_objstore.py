@@ -22,9 +22,9 @@ from test_ship import VERSION_RECORD, append, scalar
 
 from _support import Daemon, log_losses, unused_port
 from summaryd.client import SummaryWriter
-from summaryd.server.bucket import Bucket
 from summaryd.server.cli import main
-from summaryd.server.leases import RunLeases
+from summaryd.server.storage.bucket.leases import RunLeases
+from summaryd.server.storage.bucket.store import Bucket
 from summaryd.v1 import summaryd_pb2 as pb
 from summaryd.v1 import summaryd_pb2_grpc as pb_grpc
 from summaryd.v1.wire import OWNER_ADDRESS_KEY

@@ -11,7 +11,7 @@ import grpc
 import pytest
 
 from _support import Daemon, assert_whole_records, event_files
-from summaryd.client._encoder import EventEncoder
+from summaryd.client._sender._encoder import EventEncoder
 from summaryd.v1 import summaryd_pb2 as pb
 from summaryd.v1 import summaryd_pb2_grpc as pb_grpc
 from summaryd.v1.wire import REFUSED_SEQUENCE_KEY, whole_records

@@ -8,8 +8,8 @@ import pytest
 
 from _support import Daemon, assert_whole_records, event_files
 from summaryd.client import SummaryWriter
-from summaryd.client._batch_fit import DaemonLimits
 from summaryd.client._sender import _grpc_transport
+from summaryd.client._sender._batch_fit import DaemonLimits
 from summaryd.client._sender._columns import ScalarRun
 from summaryd.v1 import summaryd_pb2 as pb
 from summaryd.v1.wire import whole_records

@@ -9,7 +9,7 @@ import random
 import pytest
 
 from summaryd.client._sender._columns import ScalarRun
-from summaryd.server.scalar_records import ScalarRecords
+from summaryd.server.records.scalar_records import ScalarRecords
 from summaryd.v1 import summaryd_pb2 as pb
 from summaryd.v1.wire import frame_all
 

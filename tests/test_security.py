@@ -26,7 +26,7 @@ from tensorboard.compat.proto.summary_pb2 import Summary
 
 from _support import Daemon, event_files, read_events, start_daemon, wait_healthy
 from summaryd.client import SummaryWriter
-from summaryd.server.refusals import RefusalInterceptor
+from summaryd.server.security.refusals import RefusalInterceptor
 from summaryd.v1 import summaryd_pb2 as pb
 from summaryd.v1 import summaryd_pb2_grpc as pb_grpc
 

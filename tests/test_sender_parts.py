@@ -14,14 +14,15 @@ from typing import Any
 import pytest
 from tensorboard.compat.proto.event_pb2 import Event
 
-from summaryd.client._batch_fit import DaemonLimits
-from summaryd.client._encoder import EventEncoder
 from summaryd.client._options import ClientOptions
 from summaryd.client._sender import Sender
+from summaryd.client._sender._batch_fit import DaemonLimits
 from summaryd.client._sender._batch_log import BatchLog
 from summaryd.client._sender._columns import ScalarRun
+from summaryd.client._sender._core import SenderCore
+from summaryd.client._sender._encoder import EventEncoder
 from summaryd.client._sender._ledger import DELIVERED, Ledger
-from summaryd.client._sender._sender import EventQueue
+from summaryd.client._sender._queue import EventQueue
 from summaryd.client._sender._spiller import Spiller
 from summaryd.client._sender._status import Status
 from summaryd.client._sender._transport import Ack, Hello, Opened, TransportError
@@ -291,22 +292,9 @@ def test_a_refusal_that_names_no_event_drops_the_oldest_batch() -> None:
 
 
 def spiller_parts(tmp_path: Path, **overrides: Any) -> tuple[Spiller, BatchLog, Ledger, EventQueue, Status]:
-    queue, status = EventQueue(), Status()
-    ledger = Ledger(queue)
-    log = BatchLog(ledger)
     identity = SpoolIdentity("session-1", "run", "", 1, "fake:1", "test", session_started=1.0)
-    spiller = Spiller(
-        options(tmp_path, **overrides),
-        identity,
-        None,
-        threading.RLock(),
-        threading.Event(),
-        queue,
-        log,
-        ledger,
-        status,
-    )
-    return spiller, log, ledger, queue, status
+    core = SenderCore.make(options(tmp_path, **overrides), identity)
+    return Spiller(core), core.batches, core.ledger, core.queue, core.status
 
 
 def test_spilled_batches_are_read_back_and_the_spool_goes_once_acknowledged(tmp_path: Path) -> None:
@@ -485,7 +473,40 @@ def test_options_are_made_once_from_arguments_then_the_environment(tmp_path: Pat
     assert given.spool_root == tmp_path / "mine"
     assert ClientOptions.make(spool=False, environ={}).overflow == "drop_oldest", "nowhere to spill to"
     with pytest.raises(ValueError, match="choose one of spill, drop_oldest, block"):
-        ClientOptions.make(overflow="never", environ={})  # type: ignore[arg-type]
+        ClientOptions.make(overflow="never", environ={})
+
+
+@pytest.mark.parametrize(
+    ("argument", "value"),
+    [
+        ("max_queue_bytes", -5),
+        ("max_queue_bytes", 0),
+        ("max_batch_events", 0),
+        ("max_batch_bytes", 1.5),
+        ("max_in_flight", 0),
+        ("linger_secs", -0.1),
+        ("rpc_timeout", 0),
+        ("heartbeat_secs", float("nan")),
+        ("close_timeout", -1),
+        ("spool_after", -1),
+        ("block_secs", -1),
+        ("backoff_secs", (2.0, 0.05)),
+        ("backoff_secs", (0, 1.0)),
+    ],
+)
+def test_a_bad_setting_is_refused_naming_the_argument(argument: str, value: object) -> None:
+    """As the daemon's flags: the writer refuses a bound out of range at once, not with odd behaviour later."""
+    from summaryd.client import SummaryWriter
+
+    with pytest.raises(ValueError, match=f"^{argument}="):
+        ClientOptions.make(environ={}, **{argument: value})
+    with pytest.raises(ValueError, match=f"^{argument}="):
+        SummaryWriter("run", address="127.0.0.1:1", spool=False, **{argument: value})
+
+
+def test_an_unknown_setting_is_a_type_error() -> None:
+    with pytest.raises(TypeError, match="max_queue_byte"):
+        ClientOptions.make(environ={}, max_queue_byte=5)
 
 
 def test_a_writer_hands_its_one_options_object_to_every_sender(tmp_path: Path) -> None:

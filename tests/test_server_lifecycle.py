@@ -16,7 +16,7 @@ import pytest
 
 from summaryd.server.config import Config
 from summaryd.server.server import ListenError, Server, StartupError
-from summaryd.server.state import StateError
+from summaryd.server.storage.state import StateError
 
 
 def _descriptors_under(path: Path) -> list[str]:

@@ -30,11 +30,11 @@ from summaryd.server.errors import (
     SessionUnknownError,
 )
 from summaryd.server.io_threads import io_executor
-from summaryd.server.limits import Limits
-from summaryd.server.runs import RunRegistry
+from summaryd.server.security.limits import Limits
 from summaryd.server.service import STATUS, status_of
-from summaryd.server.session_lifecycle import SessionLifecycle
-from summaryd.server.state import StateDir
+from summaryd.server.sessions.lifecycle import SessionLifecycle
+from summaryd.server.storage.runs import RunRegistry
+from summaryd.server.storage.state import StateDir
 from summaryd.v1 import summaryd_pb2 as pb
 
 LEASE = 60.0

@@ -20,7 +20,7 @@ from tensorboard.backend.event_processing.event_file_loader import RawEventFileL
 from tensorboard.compat.proto.event_pb2 import Event
 
 from _support import Daemon, assert_whole_records, event_files, start_daemon, unused_port, wait_for
-from summaryd.client._shipper import STATE_NAME
+from summaryd.client._patch._shipper import STATE_NAME
 from summaryd.server.cli import main
 from summaryd.v1.wire import frame, masked_crc32c
 
@@ -153,7 +153,7 @@ def test_a_close_the_checkpoint_missed_doubles_nothing(
 ) -> None:
     """The shipper closed a session and died before its checkpoint said so (restored here from before): the
     daemon answers what the closed session holds, and only the rest goes, in a new session."""
-    from summaryd.client._shipper import Shipper
+    from summaryd.client._patch._shipper import Shipper
 
     local = tmp_path / "local"
     path = local / "events.out.tfevents.1.host"
@@ -294,7 +294,7 @@ def test_a_session_the_daemon_forgot_or_released_is_opened_again(
 ) -> None:
     """Between two passes of one shipper the daemon is restarted (it knows the session only from its store), then
     releases the session after its lease: each time the session is opened again and resumes, nothing doubled."""
-    from summaryd.client._shipper import Shipper
+    from summaryd.client._patch._shipper import Shipper
 
     daemons.append(start_daemon(tmp_path, "--session-lease", "1"))
     local = tmp_path / "local"
@@ -365,7 +365,7 @@ def test_a_daemon_that_holds_less_than_the_checkpoint_gets_the_rest_again(
     """The daemon's disk comes back without what it acknowledged last (as after a power loss: here its logdir
     and state are restored from a copy taken earlier): the session resumes where the daemon holds it, the
     shipper is told so and sends the rest again from its file, and nothing is skipped."""
-    from summaryd.client._shipper import Shipper
+    from summaryd.client._patch._shipper import Shipper
 
     daemons.append(start_daemon(tmp_path))
     logdir = daemons[0].logdir

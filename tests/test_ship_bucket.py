@@ -18,7 +18,7 @@ from test_ship import VERSION_RECORD, append, scalar, ship_argv
 
 from _support import Daemon, wait_for
 from benchmarks._seaweed import SeaweedServer
-from summaryd.client._shipper import STATE_NAME, Shipper
+from summaryd.client._patch._shipper import STATE_NAME, Shipper
 
 pytestmark = pytest.mark.objstore
 

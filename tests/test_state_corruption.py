@@ -26,7 +26,7 @@ import pytest
 
 from _support import Daemon, event_files, read_events, replay, start_daemon, unused_port
 from summaryd.client import SummaryWriter
-from summaryd.client._replay import open_request
+from summaryd.client._sender._replay import open_request
 from summaryd.client._spool import MANIFEST
 from summaryd.server.cli import main
 from summaryd.v1 import summaryd_pb2 as pb
@@ -304,7 +304,7 @@ def test_a_damaged_loss_record_still_refuses(
 
 def test_a_journal_naming_a_run_outside_the_logdir_touches_nothing(tmp_path: Path, daemons: list[Daemon]) -> None:
     """A crafted journal (`"run":"../victim"`) is kept aside; the file it names is not cut."""
-    from summaryd.server.journal import encode
+    from summaryd.server.storage.journal import encode
 
     victim = tmp_path / "victim"
     victim.mkdir()
@@ -381,7 +381,7 @@ def test_a_session_last_recorded_before_a_corrupt_line_is_refused_one_recorded_a
 ) -> None:
     """The corrupt line may have been A's later update (its sequence number is then too low): A is refused. B's
     latest line comes after it: B resumes where that line says. C was closed: it stays closed."""
-    from summaryd.server.journal import encode
+    from summaryd.server.storage.journal import encode
 
     state = tmp_path / "runs" / ".summaryd"
     state.mkdir(parents=True)

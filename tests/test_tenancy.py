@@ -29,7 +29,7 @@ from tensorboard.compat.proto.event_pb2 import Event
 from tensorboard.compat.proto.summary_pb2 import Summary
 
 from _support import Daemon, start_daemon, steps_in, wait_for
-from summaryd.server.auth import fingerprint
+from summaryd.server.security.auth import fingerprint
 from summaryd.v1 import summaryd_pb2 as pb
 from summaryd.v1 import summaryd_pb2_grpc as pb_grpc
 

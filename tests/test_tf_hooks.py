@@ -35,7 +35,7 @@ from tensorboard.context import RequestContext
 import summaryd.client
 from _support import Daemon, event_files, read_events, start_daemon, unused_port
 from summaryd.client import MonitoredLoop, SummaryWriter, SummaryWriterCache, create_global_step
-from summaryd.client import hooks as hooks_module
+from summaryd.client._api import _hooks
 
 pytestmark = pytest.mark.slow
 
@@ -415,7 +415,7 @@ def test_save_secs_and_every_n_secs_follow_the_clock_like_tensorflow(
     from tensorflow.python.training import basic_session_run_hooks
 
     clock = FakeClock()
-    monkeypatch.setattr(hooks_module, "clock", clock)  # our hooks' timer
+    monkeypatch.setattr(_hooks, "clock", clock)  # our hooks' timer
     monkeypatch.setattr(basic_session_run_hooks, "time", types.SimpleNamespace(time=clock))  # TF's timer
     advance = {5: 10.0, 6: 9.0, 7: 1.0, 8: 0.5}
 

@@ -21,7 +21,8 @@ from tensorboard.plugins.projector.projector_config_pb2 import ProjectorConfig
 from torch.utils.tensorboard import SummaryWriter as TorchSummaryWriter
 
 from _support import Daemon, replay, start_daemon, unused_port, wait_for
-from summaryd.client import SummaryWriter, _torch
+from summaryd.client import SummaryWriter
+from summaryd.client._api import _torch
 from summaryd.v1 import summaryd_pb2 as pb
 from summaryd.v1 import summaryd_pb2_grpc as pb_grpc
 

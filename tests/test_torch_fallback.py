@@ -21,7 +21,8 @@ from test_torch_parity import Inputs, describe, exercise, runs
 from torch.utils.tensorboard import SummaryWriter as TorchSummaryWriter
 
 from _support import Daemon
-from summaryd.client import SummaryWriter, _torch
+from summaryd.client import SummaryWriter
+from summaryd.client._api import _torch
 
 pytestmark = [
     # torch.jit.trace (add_graph, in `exercise`) warns that it is deprecated; see test_torch_parity.

@@ -22,7 +22,8 @@ from PIL import Image
 from torch.utils.tensorboard import summary as torch_summary
 
 from _support import Daemon, event_files, read_events
-from summaryd.client import SummaryWriter, _summaries, _torch
+from summaryd.client import SummaryWriter
+from summaryd.client._api import _summaries, _torch
 
 Call = tuple[str, str]
 

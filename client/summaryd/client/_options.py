@@ -8,6 +8,7 @@ writer was made with.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -49,6 +50,27 @@ class ClientOptions:
     block_secs: float | None = None
     redirect_allow: tuple[str, ...] = ()
 
+    def __post_init__(self) -> None:
+        # As the daemon's `Config`: a bad value is refused where it is given, naming the argument.
+        if not self.addresses:
+            raise ValueError("address: give at least one daemon address")
+        for name in ("max_queue_bytes", "max_batch_events", "max_batch_bytes", "max_in_flight"):
+            if not isinstance(getattr(self, name), int) or getattr(self, name) < 1:
+                raise ValueError(f"{name}={getattr(self, name)!r}: must be a whole number, at least 1")
+        for name in ("rpc_timeout", "heartbeat_secs"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"{name}={getattr(self, name)!r}: must be positive (seconds)")
+        for name in ("linger_secs", "max_linger_secs", "close_timeout", "spool_after"):
+            if not getattr(self, name) >= 0:
+                raise ValueError(f"{name}={getattr(self, name)!r}: must be 0 or more (seconds)")
+        if self.block_secs is not None and not self.block_secs >= 0:
+            raise ValueError(f"block_secs={self.block_secs!r}: must be 0 or more (seconds), or None (no bound)")
+        first, longest = self.backoff_secs
+        if not 0 < first <= longest:
+            raise ValueError(f"backoff_secs={self.backoff_secs!r}: give (first, longest) with 0 < first <= longest")
+        if self.overflow not in OVERFLOW_POLICIES:
+            raise ValueError(f"overflow={self.overflow!r}: choose one of {', '.join(OVERFLOW_POLICIES)}")
+
     @property
     def address(self) -> str:
         """The first daemon of `addresses` (the one tried first)."""
@@ -65,24 +87,16 @@ class ClientOptions:
         tls_key: str | None = None,
         spool_dir: str | os.PathLike[str] | None = None,
         spool: bool = True,
-        max_queue_bytes: int = 64 * 1024 * 1024,
-        max_batch_events: int = 1024,
-        max_batch_bytes: int = 1024 * 1024,
-        max_in_flight: int = 8,
-        linger_secs: float = 0.05,
-        max_linger_secs: float | None = None,
-        rpc_timeout: float = 10.0,
-        close_timeout: float = 5.0,
-        heartbeat_secs: float = 10.0,
-        spool_after: float = 10.0,
-        backoff_secs: tuple[float, float] = (0.05, 2.0),
-        overflow: Overflow = "spill",
-        block_secs: float | None = None,
         redirect_allow: str | Sequence[str] | None = None,
+        max_linger_secs: float | None = None,
         environ: Mapping[str, str] = os.environ,
+        **tuning: Any,
     ) -> ClientOptions:
         """Arguments win; else `SUMMARYD_ADDRESS`, `SUMMARYD_TOKEN`, `SUMMARYD_TLS*`, `SUMMARYD_SPOOL_DIR`,
         `SUMMARYD_REDIRECT_ALLOW`, `SUMMARYD_MAX_LINGER`.
+
+        The arguments from `max_queue_bytes` on are the fields of the same names (their defaults are the
+        fields').
 
         Args:
             address: `host:port` of the daemon (`host` alone: port 6065), or several separated by commas
@@ -115,11 +129,18 @@ class ClientOptions:
             environ: the environment to read (the process's own by default).
 
         Raises:
-            ValueError: an address the client cannot dial, half a client certificate, or an unknown overflow
-                policy; the message says what to give.
+            ValueError: an address the client cannot dial, half a client certificate, an unknown overflow
+                policy, or a bound out of range; the message names the argument and says what to give.
+            TypeError: an argument that is not one of these.
         """
-        if overflow not in OVERFLOW_POLICIES:
-            raise ValueError(f"overflow={overflow!r}: choose one of {', '.join(OVERFLOW_POLICIES)}")
+        unknown = tuning.keys() - _TUNING
+        if unknown:
+            raise TypeError(
+                f"unexpected argument {sorted(unknown)[0]!r}; the client takes {', '.join(sorted(_TUNING))}"
+            )
+        if not spool and tuning.get("overflow", "spill") == "spill":
+            # Without a spool there is nowhere to spill to: the oldest queued events make room instead.
+            tuning["overflow"] = "drop_oldest"
         return cls(
             addresses=resolve_addresses(address, environ),
             channel=ChannelSettings.from_environment(
@@ -127,34 +148,32 @@ class ClientOptions:
             ),
             spool_root=Path(spool_dir) if spool_dir is not None else default_root(environ),
             spool_enabled=spool,
-            max_queue_bytes=max_queue_bytes,
-            max_batch_events=max_batch_events,
-            max_batch_bytes=max_batch_bytes,
-            max_in_flight=max_in_flight,
-            linger_secs=linger_secs,
-            max_linger_secs=_max_linger(max_linger_secs, environ),
-            rpc_timeout=rpc_timeout,
-            close_timeout=close_timeout,
-            heartbeat_secs=heartbeat_secs,
-            spool_after=spool_after,
-            backoff_secs=backoff_secs,
-            # Without a spool there is nowhere to spill to: the oldest queued events make room instead.
-            overflow=overflow if spool or overflow != "spill" else "drop_oldest",
-            block_secs=block_secs,
             redirect_allow=resolve_redirect_allow(redirect_allow, environ),
+            max_linger_secs=_max_linger(max_linger_secs, environ),
+            **tuning,
         )
 
 
 def _max_linger(value: float | None, environ: Mapping[str, str]) -> float:
-    if value is None:
-        text = environ.get("SUMMARYD_MAX_LINGER", "").strip()
-        try:
-            value = float(text) if text else 2.0
-        except ValueError:
-            raise ValueError(f"SUMMARYD_MAX_LINGER={text!r}: give seconds, e.g. 2 or 0.5") from None
-    if not value >= 0:  # NaN too
-        raise ValueError(f"max_linger_secs={value!r}: give seconds of at least 0")
-    return float(value)
+    """`max_linger_secs` as given, else `SUMMARYD_MAX_LINGER`, else the field's default."""
+    if value is not None:
+        return value
+    text = environ.get("SUMMARYD_MAX_LINGER", "").strip()
+    try:
+        return float(text) if text else ClientOptions.max_linger_secs
+    except ValueError:
+        raise ValueError(f"SUMMARYD_MAX_LINGER={text!r}: give seconds, e.g. 2 or 0.5") from None
+
+
+# The fields `make` takes as they are: all but those it resolves from its own arguments and the environment.
+_TUNING = frozenset(f.name for f in dataclasses.fields(ClientOptions)) - {
+    "addresses",
+    "channel",
+    "spool_root",
+    "spool_enabled",
+    "redirect_allow",
+    "max_linger_secs",
+}
 
 
 def carried_or_made(options: ClientOptions | None, address: str | None, settings: dict[str, Any]) -> ClientOptions:

@@ -96,6 +96,11 @@ class SpoolIdentity:
         }
 
 
+def outbox_root(spool_root: Path, pid: int) -> Path:
+    """Where the children of process `pid` put their outboxes."""
+    return spool_root / f"children-of-{pid}"
+
+
 def recorded_daemons(manifest: Mapping[str, Any]) -> tuple[tuple[str, ...], tuple[str, ...]]:
     """The daemons a spool's manifest names and the redirect allow-list it records (a manifest written before
     both were recorded names one daemon, `address`, and no allow-list).

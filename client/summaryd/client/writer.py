@@ -26,10 +26,11 @@ from tensorboard.compat.proto.event_pb2 import Event, SessionLog, TaggedRunMetad
 from tensorboard.compat.proto.summary_pb2 import Summary
 from tensorboard.plugins.projector.projector_config_pb2 import EmbeddingInfo, ProjectorConfig
 
-from summaryd.client import _encoder, _files, _process, _summaries, _torch
+from summaryd.client._api import _files, _summaries, _torch
 from summaryd.client._environment import detect_worker
 from summaryd.client._options import carried_or_made
-from summaryd.client._sender import DeliveryReport, Sender
+from summaryd.client._process import _courier
+from summaryd.client._sender import DeliveryReport, Sender, _encoder
 
 log = logging.getLogger("summaryd.client")
 
@@ -729,7 +730,7 @@ class SummaryWriter:
         senders = self._begin_close(deadline)
         reports = [s.close(max(0.0, deadline - time.monotonic())) for s in senders]
         # What children forked with this writer logged through it, delivered by this process's courier.
-        reports.append(_process.courier.settle(self._owns_run, max(0.0, deadline - time.monotonic())))
+        reports.append(_courier.courier.settle(self._owns_run, max(0.0, deadline - time.monotonic())))
         return _merge(reports, self._uploader)
 
     def _begin_close(self, deadline: float) -> list[Sender]:

@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, NoReturn
 
 from summaryd.server.config import Config, fields
-from summaryd.server.logs import configure_logging
+from summaryd.server.operations.logs import configure_logging
 from summaryd.v1.search_path import unshadow
 from summaryd.v1.wire import DEFAULT_ADDRESS, VERSION
 
@@ -346,7 +346,7 @@ def _client_command(args: argparse.Namespace, sub: argparse.ArgumentParser) -> i
 def _replay(args: argparse.Namespace, sub: argparse.ArgumentParser) -> int:
     from pathlib import Path
 
-    from summaryd.client._replay import replay
+    from summaryd.client._sender._replay import replay
 
     try:
         results = replay(
@@ -366,7 +366,7 @@ def _run(args: argparse.Namespace, sub: argparse.ArgumentParser) -> int:
     from pathlib import Path
 
     from summaryd.client._environment import resolve_addresses, resolve_redirect_allow
-    from summaryd.client._launch import run_command
+    from summaryd.client._patch._launch import run_command
 
     command = args.argv[1:] if args.argv[:1] == ["--"] else args.argv
     if not command:
@@ -404,8 +404,8 @@ def _ship(args: argparse.Namespace, sub: argparse.ArgumentParser) -> int:
 
     import grpc
 
+    from summaryd.client._patch._shipper import ShipError, Shipper
     from summaryd.client._sender._targets import RedirectRefusedError
-    from summaryd.client._shipper import ShipError, Shipper
 
     directory = Path(args.directory)
     if not directory.is_dir():
@@ -482,7 +482,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         sub.error(str(exc))
     configure_logging(config.log_level, config.log_format)
     from summaryd.server.server import StartupError, run
-    from summaryd.server.state import StateError
+    from summaryd.server.storage.state import StateError
 
     log = logging.getLogger("summaryd")
     log.debug("config %s", dataclasses.asdict(config))

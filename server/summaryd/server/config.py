@@ -10,13 +10,13 @@ import socket
 from dataclasses import dataclass, field
 from typing import Any
 
-from summaryd.server.aggregation import AggregationSettings
-from summaryd.server.auth import TokenTable
-from summaryd.server.board_index import SamplesPerPlugin
-from summaryd.server.bucket import is_bucket_url, split_url
-from summaryd.server.limits import DEFAULT as _LIMITS
-from summaryd.server.limits import Limits, flag
-from summaryd.server.segments import SealPolicy
+from summaryd.server.aggregation.aggregator import AggregationSettings
+from summaryd.server.board.index import SamplesPerPlugin
+from summaryd.server.security.auth import TokenTable
+from summaryd.server.security.limits import DEFAULT as _LIMITS
+from summaryd.server.security.limits import Limits, flag
+from summaryd.server.storage.bucket.segments import SealPolicy
+from summaryd.server.storage.bucket.store import is_bucket_url, split_url
 from summaryd.v1.wire import DEFAULT_PORT
 
 # How far beyond --max-message-bytes a message still reaches the service (which refuses it naming the flag).

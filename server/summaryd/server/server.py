@@ -22,25 +22,25 @@ from grpc_health.v1.health import aio as health_aio  # type: ignore[attr-defined
 from grpc_reflection.v1alpha import reflection
 from tensorboard.data.proto import data_provider_pb2_grpc as dp_grpc
 
-from summaryd.server.aggregation import Aggregation
-from summaryd.server.auth import AuthInterceptor, TokenTable, current_caller
-from summaryd.server.board import Backfill, BoardService, runs_on_disk
-from summaryd.server.board_index import BoardIndex
-from summaryd.server.bucket import Bucket, BucketError
-from summaryd.server.bucket_sessions import BucketSessions
+from summaryd.server.aggregation.aggregator import Aggregation
+from summaryd.server.board.index import BoardIndex
+from summaryd.server.board.provider import Backfill, BoardService, runs_on_disk
 from summaryd.server.config import Config
 from summaryd.server.io_threads import io_executor
-from summaryd.server.leases import RunLeases
-from summaryd.server.metrics import Metrics, MetricsInterceptor
-from summaryd.server.open_files import ensure_open_files
-from summaryd.server.pacing import Pacer
-from summaryd.server.refusals import RefusalInterceptor
-from summaryd.server.run_ownership import LeaseCollector, RunOwnership, holder_id
-from summaryd.server.runs import RunRegistry
-from summaryd.server.segments import SegmentShipper
+from summaryd.server.operations.metrics import Metrics, MetricsInterceptor
+from summaryd.server.security.auth import AuthInterceptor, TokenTable, current_caller
+from summaryd.server.security.refusals import RefusalInterceptor
 from summaryd.server.service import SummariesService
-from summaryd.server.session_lifecycle import SessionCollector, SessionLifecycle
-from summaryd.server.state import StateDir
+from summaryd.server.sessions.lifecycle import SessionCollector, SessionLifecycle
+from summaryd.server.sessions.pacing import Pacer
+from summaryd.server.storage.bucket.leases import RunLeases
+from summaryd.server.storage.bucket.run_ownership import LeaseCollector, RunOwnership, holder_id
+from summaryd.server.storage.bucket.segments import SegmentShipper
+from summaryd.server.storage.bucket.sessions import BucketSessions
+from summaryd.server.storage.bucket.store import Bucket, BucketError
+from summaryd.server.storage.open_files import ensure_open_files
+from summaryd.server.storage.runs import RunRegistry
+from summaryd.server.storage.state import StateDir
 from summaryd.v1 import summaryd_pb2 as pb
 from summaryd.v1 import summaryd_pb2_grpc as pb_grpc
 

@@ -19,8 +19,6 @@ from typing import Any
 import grpc
 from grpc import aio
 
-from summaryd.server import run_files
-from summaryd.server.auth import Grant, current_caller
 from summaryd.server.errors import (
     BatchRefusedError,
     DiskFullError,
@@ -36,13 +34,15 @@ from summaryd.server.errors import (
     SessionUnknownError,
     StorageError,
 )
-from summaryd.server.pacing import Pacer
-from summaryd.server.request_checks import batch_count, open_problem, session_id_problem, write_problem
-from summaryd.server.runpath import run_dir_parts
-from summaryd.server.scalar_records import ScalarRecords
-from summaryd.server.segments import SegmentShipper
-from summaryd.server.session_lifecycle import SessionLifecycle
-from summaryd.server.sessions import Session
+from summaryd.server.records.scalar_records import ScalarRecords
+from summaryd.server.security.auth import Grant, current_caller
+from summaryd.server.security.request_checks import batch_count, open_problem, session_id_problem, write_problem
+from summaryd.server.sessions.lifecycle import SessionLifecycle
+from summaryd.server.sessions.live import Session
+from summaryd.server.sessions.pacing import Pacer
+from summaryd.server.storage import run_files
+from summaryd.server.storage.bucket.segments import SegmentShipper
+from summaryd.server.storage.runpath import run_dir_parts
 from summaryd.v1 import summaryd_pb2 as pb
 from summaryd.v1 import summaryd_pb2_grpc as pb_grpc
 from summaryd.v1.wire import VERSION

@@ -13,7 +13,7 @@ and when `close()` runs out of time. Spilled batches are read back to be sent wh
 spool left at exit is delivered later by `summaryd replay`.
 
 The parts, each an object with one job, composed by `Sender` (`_sender`, the caller's side and the public
-face): the `EventQueue` (beside it in `_sender`, events not yet numbered), the `Ledger` (`_ledger`, what became of every
+face): the `EventQueue` (`_queue`, events not yet numbered), the `Ledger` (`_ledger`, what became of every
 accepted event), the `BatchLog` (`_batch_log`, numbered batches until acknowledged), the `Spiller`
 (`_spiller`, batches to and from the spool), the `Connection` (`_connection`, the session over a `Transport`:
 `_transport` says what one is, `_grpc_transport` is the one over gRPC), the `Status` (`_status`, closing,
@@ -24,7 +24,7 @@ Nothing here raises into the caller: failures are counted, logged at a limited r
 `flush`/`close`.
 """
 
-from summaryd.client import _grpc_import  # noqa: F401 - before gRPC is imported (its fork handlers)
+from summaryd.client._process import _grpc_import  # noqa: F401 - before gRPC is imported (its fork handlers)
 
 # isort: split
 from summaryd.client._options import OVERFLOW_POLICIES, Overflow

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from operator import itemgetter
 from typing import Any
 
-from summaryd.client._encoder import EventEncoder
+from summaryd.client._sender._encoder import EventEncoder
 from summaryd.v1 import summaryd_pb2 as pb
 
 # The fields of a queued scalar `(tag, value, step, wall_time, estimated bytes)`.

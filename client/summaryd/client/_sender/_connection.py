@@ -3,48 +3,26 @@ and closing it."""
 
 from __future__ import annotations
 
-import threading
 import time
 
-from summaryd.client._batch_fit import DaemonLimits
-from summaryd.client._options import ClientOptions
-from summaryd.client._sender._batch_log import BatchLog
-from summaryd.client._sender._ledger import Ledger
+from summaryd.client._sender._batch_fit import DaemonLimits
+from summaryd.client._sender._core import SenderCore, SenderPart
 from summaryd.client._sender._pacing import Pacing
 from summaryd.client._sender._spiller import Spiller
-from summaryd.client._sender._status import Status, log
+from summaryd.client._sender._status import log
 from summaryd.client._sender._transport import Ack, Hello, Opened, Opening, Stream, Transport, TransportError
-from summaryd.client._spool import SpoolIdentity
 
 
-class Connection:
+class Connection(SenderPart):
     """Keeps one session and write stream open to the daemon and sends the batch log over it; acknowledgements
     settle the log. Sender thread only, but for `on_ack`/`on_end` (the stream's thread) and `flush`/`cancel`
     (the caller's)."""
 
-    def __init__(
-        self,
-        options: ClientOptions,
-        identity: SpoolIdentity,
-        transport: Transport,
-        cond: threading.Condition,
-        wake: threading.Event,
-        abandon: threading.Event,
-        batches: BatchLog,
-        ledger: Ledger,
-        spiller: Spiller,
-        status: Status,
-    ) -> None:
-        self._options = options
-        self._identity = identity
+    def __init__(self, core: SenderCore, transport: Transport, spiller: Spiller) -> None:
+        super().__init__(core)
+        options = core.options
         self._transport = transport
-        self._cond = cond
-        self._wake = wake
-        self._abandon = abandon
-        self._batches = batches
-        self._ledger = ledger
         self._spiller = spiller
-        self._status = status
         self._stream: Stream | None = None
         self._opening: Opening | None = None
         self._used = False  # a session was asked for: there is one to close

@@ -17,14 +17,14 @@ from collections.abc import Callable, Sequence
 
 import grpc
 
-from summaryd.client import _process
-from summaryd.client._batch_fit import DaemonLimits
 from summaryd.client._channel import open_channel
 from summaryd.client._options import ClientOptions
+from summaryd.client._process import _fork
+from summaryd.client._sender._batch_fit import DaemonLimits
 from summaryd.client._sender._columns import ScalarRun
+from summaryd.client._sender._stream import WriteStream
 from summaryd.client._sender._targets import DaemonTargets, RedirectRefusedError
 from summaryd.client._sender._transport import Ack, ErrorKind, Hello, Opened, TransportError
-from summaryd.client._stream import WriteStream
 from summaryd.v1 import summaryd_pb2 as pb
 from summaryd.v1 import summaryd_pb2_grpc as pb_grpc
 from summaryd.v1.wire import OWNER_ADDRESS_KEY, REFUSED_SEQUENCE_KEY, VERSION
@@ -170,7 +170,7 @@ class GrpcTransport:
 
     def _stub(self) -> pb_grpc.SummariesStub:
         if self._channel is None:
-            _process.note_grpc_used()
+            _fork.note_grpc_used()
             self._channel = open_channel(self._targets.current, self._options.channel)
         return pb_grpc.SummariesStub(self._channel)
 
@@ -265,4 +265,4 @@ class GrpcTransport:
         self._drop_channel()
 
     def leave_to_parent(self) -> None:
-        _process.keep_forever(self._channel, self._stream, self._opening)
+        _fork.keep_forever(self._channel, self._stream, self._opening)

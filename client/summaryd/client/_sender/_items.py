@@ -11,16 +11,28 @@ from summaryd.client._sender._columns import ScalarRun
 # that no encoding, PNG or protobuf, runs on the caller's thread).
 EventSource = bytes | Callable[[], bytes]
 
-# What the queue holds: `(source, estimated bytes)`, or the plain values of a scalar or of a serialized summary
-# that the sender thread turns into an event (see `_encoder`).
-Queued = tuple[EventSource, int] | tuple[bytes, int, float, int] | tuple[str, float, int, float, int]
+# What the queue holds, each kind one flat tuple of atomic values ending in its estimated bytes: flat, because
+# the garbage collector stops tracking such a tuple the first time it sees it, however long the queue grows (a
+# tagged object per event cost full collections of the training process's heap); no kind field, because the
+# caller builds one of these per logged event. Their lengths tell them apart, named here, and only here.
+QueuedSource = tuple[EventSource, int]
+"""`(source, estimated bytes)`: serialized bytes, or a function the sender thread calls for them."""
+QueuedSummary = tuple[bytes, int, float, int]
+"""`(serialized Summary, step, wall_time, estimated bytes)`: the sender thread builds the event (`_encoder`)."""
+QueuedScalar = tuple[str, float, int, float, int]
+"""`(tag, value, step, wall_time, estimated bytes)`: built into an event, or sent as columns (`_columns`)."""
+Queued = QueuedSource | QueuedSummary | QueuedScalar
+
+SOURCE = 2
+"""The length of a `QueuedSource`."""
+SUMMARY = 4
+"""The length of a `QueuedSummary`."""
+SCALAR = 5
+"""The length of a `QueuedScalar`."""
 
 FAST_ITEM_BYTES = 256
 """The largest event (estimated bytes) a caller queues without the lock: a scalar or a small summary. Larger
 ones take the lock and are counted exactly against the memory bound."""
-
-SCALAR_ITEM = 5
-"""The length of a queued scalar's tuple (what tells it from the other queued kinds)."""
 
 
 @dataclass(eq=False)
@@ -95,4 +107,4 @@ class Batch:
 def size_known(item: Queued) -> bool:
     """Whether a queued event's estimated size is (about) its size: serialized bytes and plain values are;
     a function's estimate may be far off until it has run."""
-    return len(item) != 2 or isinstance(item[0], bytes)
+    return len(item) != SOURCE or isinstance(item[0], bytes)

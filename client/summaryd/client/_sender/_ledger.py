@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections import Counter
 
-from summaryd.client._sender._queue import QueuedEvents
+from summaryd.client._sender._queue import EventQueue
 from summaryd.client._sender._report import DeliveryReport
 
 DELIVERED = "delivered"
@@ -15,7 +15,7 @@ class Ledger:
     yet settled are safe in the spool. The queue counts what it accepted (on the caller's hot path, one count in
     one place). Every change holds the sender's lock."""
 
-    def __init__(self, queue: QueuedEvents) -> None:
+    def __init__(self, queue: EventQueue) -> None:
         self._queue = queue
         self.settled = 0
         self.delivered = 0

@@ -5,59 +5,30 @@ from __future__ import annotations
 import threading
 import time
 
-from summaryd.client import _process
-from summaryd.client._encoder import EventEncoder
-from summaryd.client._options import ClientOptions
-from summaryd.client._sender._batch_log import BatchLog
+from summaryd.client._process import _exit
 from summaryd.client._sender._columns import ScalarRun
 from summaryd.client._sender._connection import Connection
-from summaryd.client._sender._items import FAST_ITEM_BYTES, Batch, Queued
-from summaryd.client._sender._ledger import Ledger
-from summaryd.client._sender._queue import QueuedEvents
+from summaryd.client._sender._core import SenderCore, SenderPart
+from summaryd.client._sender._encoder import EventEncoder
+from summaryd.client._sender._items import SCALAR, SUMMARY, Batch, Queued
 from summaryd.client._sender._spiller import Spiller
-from summaryd.client._sender._status import Status, log
-from summaryd.client._spool import SpoolIdentity
+from summaryd.client._sender._status import log
 
 BACKED_UP_BATCHES = 8
 """A backed-up queue's scalars go in batches of up to this many times `max_batch_events`."""
 
 
-class SenderLoop:
+class SenderLoop(SenderPart):
     """One named daemon thread per sender, started on the first event; it does all the work but queueing:
     numbers events into the batch log, has the connection send them, the spiller spill them, and ends once
     everything is acknowledged after a close (or when told to stop)."""
 
-    def __init__(
-        self,
-        options: ClientOptions,
-        identity: SpoolIdentity,
-        outbox_pid: int | None,
-        cond: threading.Condition,
-        wake: threading.Event,
-        abandon: threading.Event,
-        encoding: threading.Lock,
-        queue: QueuedEvents,
-        batches: BatchLog,
-        ledger: Ledger,
-        status: Status,
-        spiller: Spiller,
-        connection: Connection,
-    ) -> None:
-        self._options = options
-        self._identity = identity
-        self._outbox_pid = outbox_pid
-        self._cond = cond
-        self._wake = wake
-        self._abandon = abandon
-        self._encoding = encoding  # held while an event is encoded; a fork waits for it (see `_process`)
-        self._queue = queue
-        self._batches = batches
-        self._ledger = ledger
-        self._status = status
+    def __init__(self, core: SenderCore, spiller: Spiller, connection: Connection) -> None:
+        super().__init__(core)
+        self._encoding = core.encoding  # held while an event is encoded; a fork waits for it (see `_process._fork`)
         self._spiller = spiller
         self._connection = connection
         self._encoder = EventEncoder()
-        self._refill_below = options.max_queue_bytes // FAST_ITEM_BYTES // 2
         self._thread: threading.Thread | None = None
         self.after: SenderLoop | None = None  # a closing sender of the same run, to finish before this one opens
         self.started = False
@@ -73,7 +44,7 @@ class SenderLoop:
         return not self.alive()
 
     def start(self) -> None:
-        _process.register_multiprocessing_exit()
+        _exit.register_multiprocessing_exit()
         with self._cond:
             if self._thread is not None:
                 return
@@ -225,10 +196,8 @@ class SenderLoop:
         return batch
 
     def _refill(self) -> None:
-        """Holding the lock: once callers used up half their room to append without the lock, measure the room
-        again (acknowledgements freed some), so that they rarely take the lock for it."""
-        if self._queue.fast_room() < self._refill_below:
-            self._queue.open_fast(self._batches.memory_bytes, self._options.max_queue_bytes, self._status.accepting)
+        """Holding the lock: give callers lock-free room again when they used up half of it."""
+        self._budget.refill(self._status.accepting)
 
     def _drop_too_large(self, events: list[bytes]) -> None:
         """Events over the daemon's limits: no resend could deliver them (counted as rejected, and logged)."""
@@ -250,9 +219,10 @@ class SenderLoop:
     def _encode(self, item: Queued) -> bytes | None:
         """The bytes of a queued event; None (counted) when building it failed."""
         try:
-            if len(item) == 5:
+            kind = len(item)
+            if kind == SCALAR:
                 return self._encoder.scalar(item)  # protobuf only: no lock a fork could inherit held
-            if len(item) == 4:
+            if kind == SUMMARY:
                 return self._encoder.summary(item)
             source = item[0]
             if isinstance(source, bytes):

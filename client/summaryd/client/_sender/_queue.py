@@ -1,56 +1,191 @@
-"""What the sender's parts see of the caller's queue.
-
-The queue itself (`_sender.EventQueue`) lives beside its hot path, `Sender.enqueue`, which appends to it inline;
-the parts that drain and count it see it through this protocol, so that none of them imports the facade.
-"""
+"""The caller's queue: a deque callers append to without a lock while there is room, and what the sender's side
+knows of it (how much it holds, what to take next)."""
 
 from __future__ import annotations
 
-from typing import Protocol
+import time
+from bisect import bisect_left
+from collections import deque
+from itertools import accumulate, islice, repeat, starmap
+from operator import itemgetter
 
-from summaryd.client._sender._items import Queued
+from summaryd.client._sender._items import FAST_ITEM_BYTES, SCALAR, SOURCE, SUMMARY, Queued, size_known
 
 
-class QueuedEvents(Protocol):
-    """The events the caller queued and the sender has not yet taken into batches. Every call holds the
-    sender's lock (callers append without it: only the sender's side takes events off)."""
+class EventQueue:
+    """A deque of queued events, which callers append to without a lock while there is room (`fast_until`),
+    and what the sender's side knows of it. Everything but `Sender.enqueue`'s append and its reads of
+    `items` and `fast_until` holds the sender's lock.
+
+    Why the lock-free append is safe (the GIL may switch threads between any two bytecodes; `deque.append`,
+    `popleft`, `extendleft`, `len` and an index are each one C call, so they are atomic):
+    - Only holders of the lock take events off, and only from the left; callers only append on the right. So
+      under the lock the positions of the queued events are stable, and `accepted = taken + len(items)` (read
+      under the lock) counts every event appended so far exactly once, without the caller counting anything.
+    - Bytes are counted lazily, under the lock: `_counted` leading events are in `_counted_bytes`; those appended
+      since are summed by index (no iterator, which an append would invalidate) when someone needs the figure.
+    - `fast_until` is a count the callers compare `len(items)` with: it leaves room for `fast_until - len`
+      more events of at most `FAST_ITEM_BYTES` each within the memory bound. Callers read it and append in two
+      steps, so threads racing there may each put one event past it: the bound holds to within one event per
+      logging thread.
+    """
+
+    def __init__(self) -> None:
+        self.items: deque[Queued] = deque()
+        self.taken = 0  # events taken off the queue (into batches, dropped, or given up): accepted - queued
+        self._counted = 0
+        self._counted_bytes = 0
+        self._large_bytes = 0  # of events over FAST_ITEM_BYTES queued (under the lock) since the last count
+        self.queued_at = 0.0  # when the oldest event of the next batch arrived (what linger counts from)
+        self.room_wanted = 0  # bytes a caller waits to queue (policies spill and block)
+        self.fast_until = 0  # callers append without the lock while fewer events are queued (0: never)
+        self.send_now_until = 0  # events accepted before this count are sent without lingering (`flush()`)
+
+    @property
+    def lingering(self) -> bool:
+        """Whether the next batch may wait for more events: not while some a `flush()` asked to send remain."""
+        return self.taken >= self.send_now_until
+
+    def __len__(self) -> int:
+        return len(self.items)
 
     @property
     def accepted(self) -> int:
         """Events ever queued: what the sender owes the caller an account of."""
+        return self.taken + len(self.items)
 
     @property
     def nbytes(self) -> int:
         """Estimated bytes of the queued events."""
+        items = self.items
+        end = len(items)
+        if end > self._counted:
+            # One C-level pass over the events appended since the last count. No Python code runs inside it, so
+            # this thread keeps the GIL throughout and no caller can append under the iterator. (Not by index:
+            # a deque's `items[i]` walks its blocks from the nearer end, so a count by index over a long queue
+            # cost time quadratic in its length.)
+            self._counted_bytes += sum(map(_SIZE, islice(items, self._counted, end)))
+            self._counted = end
+            self._large_bytes = 0
+        return self._counted_bytes
 
     def under(self, nbytes: int) -> bool:
-        """Whether the queued events take fewer than `nbytes` (estimated)."""
+        """Whether the queued events take fewer than `nbytes`: decided from an upper bound when it can be
+        (those counted, and `FAST_ITEM_BYTES` for each appended since, plus the larger ones), so that the
+        sender's checks of the budget do not count every event the caller appends."""
+        bound = self._counted_bytes + (len(self.items) - self._counted) * FAST_ITEM_BYTES + self._large_bytes
+        return bound < nbytes or self.nbytes < nbytes
 
-    @property
-    def queued_at(self) -> float:
-        """When the oldest event of the next batch arrived (what linger counts from)."""
+    def append(self, item: Queued) -> None:
+        """Queue `item` holding the lock (`Sender.enqueue` appends a small one without it)."""
+        self.items.append(item)
+        if item[-1] > FAST_ITEM_BYTES:
+            self._large_bytes += item[-1]
 
-    @property
-    def lingering(self) -> bool:
-        """Whether the next batch may wait for more events (`linger_secs`): not while events a `flush()` asked
-        to send now are still queued."""
+    def _popped(self, count: int, nbytes: int) -> None:
+        """`count` events of `nbytes` were taken from the left."""
+        self.taken += count
+        self.fast_until -= count  # fewer queued, the same room: callers may queue as many more as before
+        if count >= self._counted:
+            self._counted = self._counted_bytes = 0
+        else:
+            self._counted -= count
+            self._counted_bytes -= nbytes
 
-    def __len__(self) -> int: ...
-
-    def take_run(self, max_events: int, max_bytes: int, scalars_apart: bool = False) -> list[Queued]:
-        """Pop the next events of a batch (see `EventQueue.take_run`)."""
-
-    def take_scalars(self, max_events: int, max_bytes: int) -> tuple[list[Queued], int]:
-        """Pop the next run of plain scalars, for a batch of columns, and their estimated bytes."""
-
-    def open_fast(self, held_bytes: int, max_queue_bytes: int, accepting: bool) -> None:
-        """Let callers append small events without the lock while they fit (see `EventQueue`)."""
+    def open_fast(self, room: int, accepting: bool) -> None:
+        """Let callers append without the lock as many small events as `room` (bytes, counted just before by
+        `MemoryBudget.room`) takes (none while a caller waits for room, or when the sender no longer accepts)."""
+        if not accepting or self.room_wanted or room < FAST_ITEM_BYTES:
+            self.fast_until = 0
+        else:
+            self.fast_until = self._counted + room // FAST_ITEM_BYTES
 
     def fast_room(self) -> int:
         """How many more small events callers may append without the lock."""
+        return self.fast_until - len(self.items)
+
+    def take_run(self, max_events: int, max_bytes: int, scalars_apart: bool = False) -> list[Queued]:
+        """Pop the next events of a batch: a run of those whose size is known, so that the lock is taken once
+        per run, not per event; a function alone, since only encoding it tells its size. `scalars_apart`: stop
+        before a scalar (they go as columns, `take_scalars`)."""
+        queue = self.items
+        if not queue or (scalars_apart and len(queue[0]) == SCALAR):
+            return []
+        first = queue.popleft()
+        items = [first]
+        room = max_bytes - first[-1]
+        if size_known(first):
+            while queue and len(items) < max_events and room > 0:
+                head = queue[0]
+                if not size_known(head) or (scalars_apart and len(head) == SCALAR):
+                    break
+                items.append(queue.popleft())
+                room -= head[-1]
+        self._popped(len(items), max_bytes - room)
+        self.queued_at = time.monotonic()
+        return items
+
+    def take_scalars(self, max_events: int, max_bytes: int) -> tuple[list[Queued], int]:
+        """Pop the run of scalars at the head of the queue (at most `max_events`, about `max_bytes`: the event
+        that crosses it is the last taken), and their estimated bytes.
+
+        Every step is a C-level pass over the run (no Python per event). The events are popped first and those
+        past the run put back on the left: no iterator over the deque, which a caller's append would invalidate.
+        """
+        queue = self.items
+        head = list(starmap(queue.popleft, repeat((), min(max_events, len(queue)))))
+        lengths = list(map(len, head))
+        count = len(head)
+        for other in _NOT_SCALAR:  # the first event of another kind ends the run
+            if other in lengths:
+                count = min(count, lengths.index(other))
+        if count < len(head):
+            queue.extendleft(reversed(head[count:]))
+            del head[count:]
+        if not count:
+            return head, 0
+        nbytes = sum(map(_SIZE, head))
+        if nbytes > max_bytes:  # rare: cut where the sizes cross `max_bytes`
+            ends = list(accumulate(map(_SIZE, head)))
+            cut = bisect_left(ends, max_bytes) + 1
+            if cut < count:
+                queue.extendleft(reversed(head[cut:]))  # before the other kinds put back above
+                del head[cut:]
+                count, nbytes = cut, ends[cut - 1]
+        self._popped(count, nbytes)
+        self.queued_at = time.monotonic()
+        return head, nbytes
+
+    def drop_oldest(self) -> None:
+        self._popped(1, self.items.popleft()[-1])
 
     def clear(self) -> int:
         """Forget every queued event; how many there were."""
+        count = len(self.items)
+        for _ in starmap(self.items.popleft, repeat((), count)):
+            pass
+        self._popped(count, 0)
+        return count
 
-    def over_budget(self, held_bytes: int, max_queue_bytes: int, nbytes: int = 0) -> bool:
-        """Whether the queue and `held_bytes` in memory, with `nbytes` more, are over the memory bound."""
+    def take_back(self, item: Queued) -> bool:
+        """Take `item` (or one equal to it) back off the queue, if no one took it yet: a caller that appended it
+        while the sender stopped accepting refuses it instead."""
+        try:
+            self.items.remove(item)
+        except ValueError:
+            return False
+        return True
+
+    def want_room(self, nbytes: int) -> None:
+        """A caller waits to queue `nbytes` (0: no longer): the budget counts them already, and the other callers
+        queue under the lock meanwhile."""
+        self.room_wanted = nbytes
+        if nbytes:
+            self.fast_until = 0
+
+
+_NOT_SCALAR = (SUMMARY, SOURCE)
+"""The other queued kinds (see `_items.Queued`)."""
+
+_SIZE = itemgetter(-1)
+"""A queued event's estimated bytes."""

@@ -4,216 +4,24 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import threading
 import time
 import uuid
-from bisect import bisect_left
-from collections import deque
 from collections.abc import Callable
-from itertools import accumulate, islice, repeat, starmap
-from operator import itemgetter
 from typing import Any
 
-from summaryd.client import _process
 from summaryd.client._options import ClientOptions, carried_or_made
-from summaryd.client._sender._batch_log import BatchLog
+from summaryd.client._process import _exit, _fork
 from summaryd.client._sender._connection import Connection
+from summaryd.client._sender._core import SenderCore
 from summaryd.client._sender._grpc_transport import GrpcTransport
-from summaryd.client._sender._items import FAST_ITEM_BYTES, SCALAR_ITEM, EventSource, Queued, size_known
-from summaryd.client._sender._ledger import Ledger
+from summaryd.client._sender._items import FAST_ITEM_BYTES, EventSource, Queued
 from summaryd.client._sender._loop import SenderLoop
 from summaryd.client._sender._report import DeliveryReport
 from summaryd.client._sender._spiller import Spiller
-from summaryd.client._sender._status import Status, log
+from summaryd.client._sender._status import log
 from summaryd.client._sender._transport import Transport
 from summaryd.client._spool import SpoolIdentity
 from summaryd.v1.runpath import run_dir_parts
-
-
-class EventQueue:
-    """A deque of queued events, which callers append to without a lock while there is room (`fast_until`),
-    and what the sender's side knows of it. Everything but `Sender.enqueue`'s append and its reads of
-    `items` and `fast_until` holds the sender's lock.
-
-    Why the lock-free append is safe (the GIL may switch threads between any two bytecodes; `deque.append`,
-    `popleft`, `extendleft`, `len` and an index are each one C call, so they are atomic):
-    - Only holders of the lock take events off, and only from the left; callers only append on the right. So
-      under the lock the positions of the queued events are stable, and `accepted = taken + len(items)` (read
-      under the lock) counts every event appended so far exactly once, without the caller counting anything.
-    - Bytes are counted lazily, under the lock: `_counted` leading events are in `_counted_bytes`; those appended
-      since are summed by index (no iterator, which an append would invalidate) when someone needs the figure.
-    - `fast_until` is a count the callers compare `len(items)` with: it leaves room for `fast_until - len`
-      more events of at most `FAST_ITEM_BYTES` each within the memory bound. Callers read it and append in two
-      steps, so threads racing there may each put one event past it: the bound holds to within one event per
-      logging thread.
-    """
-
-    def __init__(self) -> None:
-        self.items: deque[Queued] = deque()
-        self.taken = 0  # events taken off the queue (into batches, dropped, or given up): accepted - queued
-        self._counted = 0
-        self._counted_bytes = 0
-        self._large_bytes = 0  # of events over FAST_ITEM_BYTES queued (under the lock) since the last count
-        self.queued_at = 0.0  # when the oldest event of the next batch arrived (what linger counts from)
-        self.room_wanted = 0  # bytes a caller waits to queue (policies spill and block)
-        self.fast_until = 0  # callers append without the lock while fewer events are queued (0: never)
-        self.send_now_until = 0  # events accepted before this count are sent without lingering (`flush()`)
-
-    @property
-    def lingering(self) -> bool:
-        """Whether the next batch may wait for more events: not while some a `flush()` asked to send remain."""
-        return self.taken >= self.send_now_until
-
-    def __len__(self) -> int:
-        return len(self.items)
-
-    @property
-    def accepted(self) -> int:
-        """Events ever queued: what the sender owes the caller an account of."""
-        return self.taken + len(self.items)
-
-    @property
-    def nbytes(self) -> int:
-        """Estimated bytes of the queued events."""
-        items = self.items
-        end = len(items)
-        if end > self._counted:
-            # One C-level pass over the events appended since the last count. No Python code runs inside it, so
-            # this thread keeps the GIL throughout and no caller can append under the iterator. (Not by index:
-            # a deque's `items[i]` walks its blocks from the nearer end, so a count by index over a long queue
-            # cost time quadratic in its length.)
-            self._counted_bytes += sum(map(_SIZE, islice(items, self._counted, end)))
-            self._counted = end
-            self._large_bytes = 0
-        return self._counted_bytes
-
-    def under(self, nbytes: int) -> bool:
-        """Whether the queued events take fewer than `nbytes`: decided from an upper bound when it can be
-        (those counted, and `FAST_ITEM_BYTES` for each appended since, plus the larger ones), so that the
-        sender's checks of the budget do not count every event the caller appends."""
-        bound = self._counted_bytes + (len(self.items) - self._counted) * FAST_ITEM_BYTES + self._large_bytes
-        return bound < nbytes or self.nbytes < nbytes
-
-    def append(self, item: Queued) -> None:
-        """Queue `item` holding the lock (`Sender.enqueue` appends a small one without it)."""
-        self.items.append(item)
-        if item[-1] > FAST_ITEM_BYTES:
-            self._large_bytes += item[-1]
-
-    def _popped(self, count: int, nbytes: int) -> None:
-        """`count` events of `nbytes` were taken from the left."""
-        self.taken += count
-        self.fast_until -= count  # fewer queued, the same room: callers may queue as many more as before
-        if count >= self._counted:
-            self._counted = self._counted_bytes = 0
-        else:
-            self._counted -= count
-            self._counted_bytes -= nbytes
-
-    def open_fast(self, held_bytes: int, max_queue_bytes: int, accepting: bool) -> None:
-        """Let callers append without the lock while the queue, `held_bytes` and small events stay within the
-        memory bound (none while a caller waits for room, or when the sender no longer accepts events)."""
-        queued = self.nbytes
-        room = max_queue_bytes - held_bytes - queued
-        if not accepting or self.room_wanted or room < FAST_ITEM_BYTES:
-            self.fast_until = 0
-        else:
-            self.fast_until = self._counted + room // FAST_ITEM_BYTES
-
-    def fast_room(self) -> int:
-        """How many more small events callers may append without the lock."""
-        return self.fast_until - len(self.items)
-
-    def take_run(self, max_events: int, max_bytes: int, scalars_apart: bool = False) -> list[Queued]:
-        """Pop the next events of a batch: a run of those whose size is known, so that the lock is taken once
-        per run, not per event; a function alone, since only encoding it tells its size. `scalars_apart`: stop
-        before a scalar (they go as columns, `take_scalars`)."""
-        queue = self.items
-        if not queue or (scalars_apart and len(queue[0]) == SCALAR_ITEM):
-            return []
-        first = queue.popleft()
-        items = [first]
-        room = max_bytes - first[-1]
-        if size_known(first):
-            while queue and len(items) < max_events and room > 0:
-                head = queue[0]
-                if not size_known(head) or (scalars_apart and len(head) == SCALAR_ITEM):
-                    break
-                items.append(queue.popleft())
-                room -= head[-1]
-        self._popped(len(items), max_bytes - room)
-        self.queued_at = time.monotonic()
-        return items
-
-    def take_scalars(self, max_events: int, max_bytes: int) -> tuple[list[Queued], int]:
-        """Pop the run of scalars at the head of the queue (at most `max_events`, about `max_bytes`: the event
-        that crosses it is the last taken), and their estimated bytes.
-
-        Every step is a C-level pass over the run (no Python per event). The events are popped first and those
-        past the run put back on the left: no iterator over the deque, which a caller's append would invalidate.
-        """
-        queue = self.items
-        head = list(starmap(queue.popleft, repeat((), min(max_events, len(queue)))))
-        lengths = list(map(len, head))
-        count = len(head)
-        for other in _NOT_SCALAR:  # the first event of another kind ends the run
-            if other in lengths:
-                count = min(count, lengths.index(other))
-        if count < len(head):
-            queue.extendleft(reversed(head[count:]))
-            del head[count:]
-        if not count:
-            return head, 0
-        nbytes = sum(map(_SIZE, head))
-        if nbytes > max_bytes:  # rare: cut where the sizes cross `max_bytes`
-            ends = list(accumulate(map(_SIZE, head)))
-            cut = bisect_left(ends, max_bytes) + 1
-            if cut < count:
-                queue.extendleft(reversed(head[cut:]))  # before the other kinds put back above
-                del head[cut:]
-                count, nbytes = cut, ends[cut - 1]
-        self._popped(count, nbytes)
-        self.queued_at = time.monotonic()
-        return head, nbytes
-
-    def drop_oldest(self) -> None:
-        self._popped(1, self.items.popleft()[-1])
-
-    def clear(self) -> int:
-        """Forget every queued event; how many there were."""
-        count = len(self.items)
-        for _ in starmap(self.items.popleft, repeat((), count)):
-            pass
-        self._popped(count, 0)
-        return count
-
-    def take_back(self, item: Queued) -> bool:
-        """Take `item` (or one equal to it) back off the queue, if no one took it yet: a caller that appended it
-        while the sender stopped accepting refuses it instead."""
-        try:
-            self.items.remove(item)
-        except ValueError:
-            return False
-        return True
-
-    def want_room(self, nbytes: int) -> None:
-        """A caller waits to queue `nbytes` (0: no longer): the budget counts them already, and the other callers
-        queue under the lock meanwhile."""
-        self.room_wanted = nbytes
-        if nbytes:
-            self.fast_until = 0
-
-    def over_budget(self, held_bytes: int, max_queue_bytes: int, nbytes: int = 0) -> bool:
-        """Whether the queue and the batches in memory (`held_bytes`), with `nbytes` more (or the room a caller
-        waits for), are over the memory bound."""
-        return not self.under(max_queue_bytes - held_bytes - max(nbytes, self.room_wanted) + 1)
-
-
-_NOT_SCALAR = (4, 2)
-"""The lengths of the other queued kinds' tuples (see `_items.Queued`)."""
-
-_SIZE = itemgetter(-1)
-"""A queued event's estimated bytes."""
 
 # Share of `close(timeout)` kept for spooling what the daemon did not acknowledge (at most a second).
 _SPOOL_RESERVE = 0.2
@@ -262,7 +70,6 @@ class Sender:
         run_dir_parts(run, worker, max_bytes=None, max_depth=None)
         self.options = options
         # Read on the caller's hot path: plain attributes, one lookup each.
-        self._max_queue_bytes = options.max_queue_bytes
         self._max_batch_events = options.max_batch_events
         self._max_batch_bytes = options.max_batch_bytes
         self.run = run
@@ -272,14 +79,14 @@ class Sender:
         self.aggregate = aggregate
         self._transport = transport
         self._init_state()
-        _process.register(self)
+        _exit.register(self)
 
     def _init_state(self) -> None:
         """Everything that belongs to one process; a forked child builds it anew (never the parent's channel)."""
         options = self.options
         self._pid = os.getpid()
         # In a child forked from a process that used gRPC: never use gRPC, write to an outbox instead.
-        self._outbox_pid = _process.outbox_owner()
+        self._outbox_pid = _fork.outbox_owner()
         # Sent when opening the session: a daemon that lost state refuses to resume sessions older than the loss.
         self.identity = SpoolIdentity(
             str(uuid.uuid4()),
@@ -293,58 +100,17 @@ class Sender:
             addresses=options.addresses,
             redirect_allow=options.redirect_allow,
         )
-        # One lock for every part. Re-entrant: the SIGTERM handler may close the sender while the interrupted
-        # caller holds it.
-        self._lock = threading.RLock()
-        self._cond = threading.Condition(self._lock)
-        self._wake = threading.Event()
-        self._abandon = threading.Event()
-        # Held while an event is encoded on the sender thread; a fork waits for it (see `_process`).
-        self._encoding = threading.Lock()
-        self._queue = EventQueue()
-        self._ledger = Ledger(self._queue)
-        self._batches = BatchLog(self._ledger)
-        self._status = Status()
+        core = SenderCore.make(options, self.identity, self._outbox_pid)
+        # The caller's side reads these on every call: plain attributes, one lookup each.
+        self._lock, self._cond, self._wake, self._abandon = core.lock, core.cond, core.wake, core.abandon
+        self._encoding = core.encoding
+        self._queue, self._ledger, self._batches = core.queue, core.ledger, core.batches
+        self._status, self._budget = core.status, core.budget
         # What takes the events logged after close() (see `hand_over_after_close`); None: they are dropped.
         self._successor: Callable[[], Sender] | None = None
-        self._spiller = Spiller(
-            options,
-            self.identity,
-            self._outbox_pid,
-            self._lock,
-            self._abandon,
-            self._queue,
-            self._batches,
-            self._ledger,
-            self._status,
-        )
-        self._connection = Connection(
-            options,
-            self.identity,
-            self._transport(options),
-            self._cond,
-            self._wake,
-            self._abandon,
-            self._batches,
-            self._ledger,
-            self._spiller,
-            self._status,
-        )
-        self._loop = SenderLoop(
-            options,
-            self.identity,
-            self._outbox_pid,
-            self._cond,
-            self._wake,
-            self._abandon,
-            self._encoding,
-            self._queue,
-            self._batches,
-            self._ledger,
-            self._status,
-            self._spiller,
-            self._connection,
-        )
+        self._spiller = Spiller(core)
+        self._connection = Connection(core, self._transport(options), self._spiller)
+        self._loop = SenderLoop(core, self._spiller, self._connection)
 
     @property
     def address(self) -> str:
@@ -367,7 +133,7 @@ class Sender:
         return self._connection.connect_failed
 
     def owned_here(self) -> bool:
-        return self._pid == _process.pid
+        return self._pid == _fork.pid
 
     def pause_for_fork(self, timeout: float) -> bool:
         return self._encoding.acquire(timeout=timeout)
@@ -448,7 +214,7 @@ class Sender:
     def _enqueue_locked(self, item: Queued) -> bool:
         """`enqueue` under the lock: a large event, no room for more without a look at the budget, or no
         sender thread yet. Applies the overflow policy, wakes the sender and opens the lock-free path again."""
-        if self._pid != _process.pid:  # forked: see `_process`
+        if self._pid != _fork.pid:  # forked: see `_process`
             self.forget_parent_after_fork()
         queue = self._queue
         with self._lock:
@@ -459,38 +225,33 @@ class Sender:
                 self._ledger.refuse("closed" if status.closing else "rejected")
                 return False
             nbytes: int = item[-1]
-            limit = self._max_queue_bytes
-            batches = self._batches
-            held = batches.held_bytes + batches.kept_bytes  # kept until durable: in memory too
+            budget = self._budget
+            if budget.over(nbytes) and not self._make_room(nbytes):
+                self._ledger.refuse("queue_full")
+                status.warnings.warn(
+                    "queue_full", f"queue full ({budget.limit} bytes): dropping events of {self.run!r}"
+                )
+                return False
+            room = budget.room()  # after any wait for room: the lock was let go meanwhile
             before = queue.nbytes
-            queued = before + nbytes
-            wanted = queue.room_wanted  # 0 unless a caller waits for room (then the budget counts it already)
-            if queued + held > limit or (wanted and before + held + wanted > limit):
-                if not self._make_room(nbytes):
-                    self._ledger.refuse("queue_full")
-                    status.warnings.warn("queue_full", f"queue full ({limit} bytes): dropping events of {self.run!r}")
-                    return False
-                held = batches.held_bytes + batches.kept_bytes  # the lock was let go while waiting for room
-                before = queue.nbytes
-                queued = before + nbytes
             items = queue.items
             # The first event of a new batch wakes the sender, which may be asleep for up to a heartbeat
             # interval, so that the batch leaves within `linger_secs` of it; later ones only when it is full.
             wake = not items
             if wake:
                 now = time.monotonic()
-                batches.nothing_pending(now)
+                self._batches.nothing_pending(now)
                 queue.queued_at = now
             queue.append(item)
             if not wake:
                 wake = (
                     len(items) == self._max_batch_events
-                    or before < self._max_batch_bytes <= queued
-                    or before + held <= limit < queued + held
+                    or before < self._max_batch_bytes <= before + nbytes
+                    or 0 <= room < nbytes  # this event takes memory over the bound: the sender thread spills
                 )
             started = self._loop.started
             if started:  # the sender thread is there to take what callers append without the lock
-                queue.open_fast(held, limit, status.accepting)
+                budget.open_fast(status.accepting)
         if not started:
             self._loop.start()
         elif wake:
@@ -499,15 +260,15 @@ class Sender:
 
     def _make_room(self, nbytes: int) -> bool:
         """Apply the overflow policy for an event of `nbytes`; False when it must be dropped. Holds the lock."""
-        options, queue, batches = self.options, self._queue, self._batches
-        if not queue.over_budget(batches.memory_bytes, options.max_queue_bytes, nbytes):
+        options, queue, budget = self.options, self._queue, self._budget
+        if not budget.over(nbytes):
             return True
         if options.overflow == "spill" and self._spiller.error is None:
             # The sender thread spills to disk; only events it has not even serialized yet are waited for,
             # i.e. the caller slows down only when it outruns this machine's own encoding and disk.
             queue.want_room(nbytes)
             try:
-                while queue.nbytes + nbytes > options.max_queue_bytes and self._loop.alive():
+                while budget.over(nbytes, queue_only=True) and self._loop.alive():
                     self._wake.set()
                     self._cond.wait(0.05)
                     if self._spiller.error is not None:
@@ -520,11 +281,7 @@ class Sender:
             deadline = None if options.block_secs is None else time.monotonic() + options.block_secs
             queue.want_room(nbytes)
             try:
-                while (
-                    queue.over_budget(batches.memory_bytes, options.max_queue_bytes, nbytes)
-                    and self._loop.alive()
-                    and not self._status.closing
-                ):
+                while budget.over(nbytes) and self._loop.alive() and not self._status.closing:
                     remaining = 0.1 if deadline is None else min(0.1, deadline - time.monotonic())
                     if remaining <= 0:
                         return False
@@ -535,7 +292,7 @@ class Sender:
             return True
         # drop_oldest (also `spill` once the spool failed): make room from the head of the queue.
         dropped = 0
-        while queue.items and queue.over_budget(batches.memory_bytes, options.max_queue_bytes, nbytes):
+        while queue.items and budget.over(nbytes):
             queue.drop_oldest()
             dropped += 1
         if dropped:
@@ -596,7 +353,7 @@ class Sender:
             self._cond.notify_all()
         self._wake.set()
         if first:
-            _process.keep_until_closed(self)
+            _exit.keep_until_closed(self)
 
     def done(self) -> bool:
         """Whether it is closing and its thread has ended: nothing is left for `close()` to wait for."""
@@ -662,5 +419,5 @@ class Sender:
                 self.run,
                 report.spool_path,
             )
-        _process.unregister(self)
+        _exit.unregister(self)
         return report

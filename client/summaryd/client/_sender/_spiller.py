@@ -2,47 +2,23 @@
 
 from __future__ import annotations
 
-import threading
 import time
 from collections.abc import Callable
 
-from summaryd.client._courier import outbox_root
-from summaryd.client._options import ClientOptions
-from summaryd.client._sender._batch_log import BatchLog
+from summaryd.client._sender._core import SenderCore, SenderPart
 from summaryd.client._sender._items import Batch
-from summaryd.client._sender._ledger import Ledger
-from summaryd.client._sender._queue import QueuedEvents
-from summaryd.client._sender._status import Status, log
-from summaryd.client._spool import Spool, SpoolIdentity
+from summaryd.client._sender._status import log
+from summaryd.client._spool import Spool, outbox_root
 
 
-class Spiller:
+class Spiller(SenderPart):
     """Spills the batch log (and the queue) to the session's spool when the daemon is away, memory is over its
     bound, or `close()` runs out of time; reads spilled batches to send them; deletes the spool once the daemon
     acknowledged all of it. In a forked child (`outbox_pid`) every batch goes to the outbox the parent's
     courier delivers. Sender thread only, but for the questions asked holding the lock."""
 
-    def __init__(
-        self,
-        options: ClientOptions,
-        identity: SpoolIdentity,
-        outbox_pid: int | None,
-        lock: threading.RLock,
-        abandon: threading.Event,
-        queue: QueuedEvents,
-        batches: BatchLog,
-        ledger: Ledger,
-        status: Status,
-    ) -> None:
-        self._options = options
-        self._identity = identity
-        self._outbox_pid = outbox_pid
-        self._lock = lock
-        self._abandon = abandon
-        self._queue = queue
-        self._batches = batches
-        self._ledger = ledger
-        self._status = status
+    def __init__(self, core: SenderCore) -> None:
+        super().__init__(core)
         self._spool: Spool | None = None
         self.error: str | None = None  # why the spool failed; then nothing more is spilled
         self._told = False
@@ -64,10 +40,7 @@ class Spiller:
         waiting = bool(self._queue) or bool(self._batches)
         if waiting and time.monotonic() - self._batches.progress_at >= self._options.spool_after:
             return True
-        options = self._options
-        return options.overflow == "spill" and self._queue.over_budget(
-            self._batches.memory_bytes, options.max_queue_bytes
-        )
+        return self._options.overflow == "spill" and self._budget.over()
 
     def spill(self, *, everything: bool, number: Callable[[], Batch | None]) -> None:
         """Move every in-memory batch of the log to the spool, then number (`number`) and spill the queue too,
@@ -130,7 +103,7 @@ class Spiller:
             self._told = True
             if self._status.closing:
                 why = "closing before the daemon acknowledged them"
-            elif self._queue.over_budget(self._batches.memory_bytes, options.max_queue_bytes):
+            elif self._budget.over():
                 why = f"more than max_queue_bytes={options.max_queue_bytes} waiting"
             else:
                 why = f"no acknowledgement from {options.address} for {options.spool_after:g}s"

@@ -17,7 +17,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Literal, Protocol
 
-from summaryd.client._batch_fit import DaemonLimits
+from summaryd.client._sender._batch_fit import DaemonLimits
 from summaryd.client._sender._columns import ScalarRun
 from summaryd.client._spool import SpoolIdentity
 

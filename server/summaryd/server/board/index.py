@@ -1,0 +1,416 @@
+"""The board index: every run's time series, sampled, in memory, for TensorBoard's data provider (`board`).
+
+Events enter as TensorBoard reads them: each is migrated with TensorBoard's own `data_compat` and
+`dataclass_compat` (legacy `simple_value`, `histo`, `image`, `audio`, graphs and hparams become tensors of a
+data class), and its values go to one series per (run, tag), of the data class its first point declares:
+scalars keep a float, tensors their `TensorProto`, blob sequences their blobs.
+
+Each series is a reservoir as TensorBoard's (`Reservoir`): at most `capacity` points, chosen uniformly, the
+newest always kept; a point whose step is not above the newest kept one is a restart, and the points at its
+step and later give way (TensorBoard's purge of orphaned data; RustBoard's preemption). A `SessionLog.START`
+at step s purges every series of its run at steps >= s. Capacities are per plugin (`SamplesPerPlugin`).
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import logging
+import random
+import threading
+from array import array
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Protocol, TypeAlias
+
+from google.protobuf.message import DecodeError
+from tensorboard import data_compat, dataclass_compat
+from tensorboard.compat.proto.event_pb2 import Event, SessionLog
+from tensorboard.compat.proto.summary_pb2 import (
+    DATA_CLASS_BLOB_SEQUENCE,
+    DATA_CLASS_SCALAR,
+    DATA_CLASS_TENSOR,
+    Summary,
+    SummaryMetadata,
+)
+from tensorboard.compat.proto.tensor_pb2 import TensorProto
+from tensorboard.util import tensor_util
+
+from summaryd.server.operations.logs import Throttle
+from summaryd.server.records.scalar_points import points
+from summaryd.server.records.scalar_records import ScalarRecords
+
+log = logging.getLogger("summaryd.server.board_index")  # the name log lines carry, kept across moves
+_failures = Throttle(log)
+
+# TensorBoard's defaults (`data_ingester.DEFAULT_TENSOR_SIZE_GUIDANCE`, and 10 for any other plugin).
+DEFAULT_SAMPLES = {"scalars": 1000, "images": 10, "audio": 10, "histograms": 500, "pr_curves": 100}
+OTHER_SAMPLES = 10
+ALL = 0  # a capacity of 0 keeps every point
+
+Value: TypeAlias = float | TensorProto | tuple[bytes, ...]
+
+
+class SamplesPerPlugin:
+    """Points kept per series, by plugin: TensorBoard's defaults, overridden like its `--samples_per_plugin`."""
+
+    def __init__(self, overrides: dict[str, int] | None = None) -> None:
+        self._capacity = {**DEFAULT_SAMPLES, **(overrides or {})}
+
+    @classmethod
+    def parse(cls, text: str) -> SamplesPerPlugin:
+        """`scalars=1000,images=all,...`: a number of points, or `all` for every point.
+
+        Raises:
+            ValueError: an entry is not PLUGIN=N or PLUGIN=all.
+        """
+        overrides: dict[str, int] = {}
+        for entry in filter(None, (e.strip() for e in text.split(","))):
+            plugin, sep, count = entry.partition("=")
+            plugin, count = plugin.strip(), count.strip()
+            if not sep or not plugin:
+                raise ValueError(f"--samples-per-plugin entry {entry!r} needs PLUGIN=N or PLUGIN=all")
+            if count == "all":
+                overrides[plugin] = ALL
+            elif count.isdigit() and int(count) > 0:
+                overrides[plugin] = int(count)
+            else:
+                raise ValueError(f"--samples-per-plugin {plugin}={count!r}: give a positive number of points or all")
+        return cls(overrides)
+
+    def capacity(self, plugin: str) -> int:
+        return self._capacity.get(plugin, OTHER_SAMPLES)
+
+
+@dataclass(slots=True)
+class Datum:
+    step: int
+    wall_time: float
+    value: Value
+
+
+class Points(Protocol):
+    """A series' kept points, in step order: a `list[Datum]`, or `ScalarPoints` for scalars."""
+
+    def __len__(self) -> int: ...
+    def __getitem__(self, index: int) -> Datum: ...
+    def __setitem__(self, index: int, datum: Datum) -> None: ...
+    def __delitem__(self, index: slice) -> None: ...
+    def __iter__(self) -> Iterator[Datum]: ...
+    def append(self, datum: Datum) -> None: ...
+    def pop(self, index: int) -> Datum: ...
+
+
+class ScalarPoints:
+    """Scalar points as three columns (24 bytes a point, where a list of `Datum` takes about 150), with their
+    largest wall time kept (wall times mostly grow, so it is rarely recomputed)."""
+
+    def __init__(self) -> None:
+        self._step = array("q")
+        self._wall_time = array("d")
+        self._value = array("d")  # float32 values and float64 ones, both exact
+        self._max_wall_time: float | None = 0.0
+
+    def __len__(self) -> int:
+        return len(self._step)
+
+    def __getitem__(self, index: int) -> Datum:
+        return Datum(self._step[index], self._wall_time[index], self._value[index])
+
+    def __setitem__(self, index: int, datum: Datum) -> None:
+        self._forget(self._wall_time[index])
+        self._step[index], self._wall_time[index] = datum.step, datum.wall_time
+        self._value[index] = float(datum.value)  # type: ignore[arg-type]
+        self._grown(datum.wall_time)
+
+    def __delitem__(self, index: slice) -> None:
+        del self._step[index], self._wall_time[index], self._value[index]
+        self._max_wall_time = None
+
+    def __iter__(self) -> Iterator[Datum]:
+        return map(Datum, self._step, self._wall_time, self._value)
+
+    def append(self, datum: Datum) -> None:
+        self._step.append(datum.step)
+        self._wall_time.append(datum.wall_time)
+        self._value.append(float(datum.value))  # type: ignore[arg-type]
+        self._grown(datum.wall_time)
+
+    def pop(self, index: int) -> Datum:
+        datum = Datum(self._step.pop(index), self._wall_time.pop(index), self._value.pop(index))
+        self._forget(datum.wall_time)
+        return datum
+
+    def columns(self, indices: Sequence[int]) -> tuple[Sequence[int], Sequence[float], Sequence[float]]:
+        """The steps, wall times and values of the points at `indices` (in order)."""
+        if isinstance(indices, range) and indices == range(len(self)):
+            return self._step, self._wall_time, self._value
+        return (
+            [self._step[i] for i in indices],
+            [self._wall_time[i] for i in indices],
+            [self._value[i] for i in indices],
+        )
+
+    def max_wall_time(self) -> float:
+        if self._max_wall_time is None:
+            self._max_wall_time = max(self._wall_time, default=0.0)
+        return self._max_wall_time
+
+    def _grown(self, wall_time: float) -> None:
+        if self._max_wall_time is not None and (wall_time > self._max_wall_time or len(self) == 1):
+            self._max_wall_time = wall_time
+
+    def _forget(self, wall_time: float) -> None:
+        if self._max_wall_time is not None and wall_time >= self._max_wall_time:
+            self._max_wall_time = None
+
+
+class Reservoir:
+    """Up to `capacity` points (0: all) sampled uniformly from those offered, the newest always kept.
+
+    TensorBoard's `ReservoirBucket` with `always_keep_last`, seeded the same way (0) so samples repeat. The
+    points stay in step order: one whose step is not above the newest purges from its step first.
+    """
+
+    def __init__(self, capacity: int, points: Points | None = None) -> None:
+        self.capacity = capacity
+        self.items: Points = [] if points is None else points
+        self._seen = 0
+        self._random = random.Random(0)
+
+    def offer(self, datum: Datum) -> None:
+        if len(self.items) and datum.step <= self.items[-1].step:
+            self.purge(datum.step)
+        self._seen += 1
+        if self.capacity == ALL or len(self.items) < self.capacity:
+            self.items.append(datum)
+            return
+        r = self._random.randint(0, self._seen - 1)
+        if r < self.capacity:
+            self.items.pop(r)
+            self.items.append(datum)
+        else:
+            self.items[-1] = datum
+
+    def purge(self, step: int) -> None:
+        """Drop the points at `step` and later; what was seen shrinks in proportion (as TensorBoard does)."""
+        before = len(self.items)
+        low, high = 0, before  # the first point at `step` or later: the points are in step order
+        while low < high:
+            middle = (low + high) // 2
+            if self.items[middle].step < step:
+                low = middle + 1
+            else:
+                high = middle
+        del self.items[low:]
+        if before:
+            self._seen = round(self._seen * low / before)
+
+
+@dataclass
+class Series:
+    """One (run, tag): its data class and metadata (from its first point) and its sampled points."""
+
+    data_class: int
+    metadata: SummaryMetadata
+    reservoir: Reservoir
+
+    @property
+    def plugin(self) -> str:
+        return str(self.metadata.plugin_data.plugin_name)
+
+    @property
+    def max_step(self) -> int:
+        items = self.reservoir.items  # in step order: a step not above the last one purges from it first
+        return items[-1].step if items else 0
+
+    @property
+    def max_wall_time(self) -> float:
+        items = self.reservoir.items
+        if isinstance(items, ScalarPoints):
+            return items.max_wall_time()
+        return max((d.wall_time for d in items), default=0.0)
+
+    @property
+    def max_length(self) -> int:
+        return max((len(d.value) for d in self.reservoir.items if isinstance(d.value, tuple)), default=0)
+
+
+@dataclass
+class RunIndex:
+    """The series of one run and its start (the wall time of its first event)."""
+
+    samples: SamplesPerPlugin
+    start_time: float | None = None
+    series: dict[str, Series] = field(default_factory=dict)
+    _initial: dict[str, SummaryMetadata] = field(default_factory=dict)
+
+    def add_event(self, event: Event) -> None:
+        if self.start_time is None and event.wall_time:
+            self.start_time = event.wall_time
+        if event.HasField("session_log") and event.session_log.status == SessionLog.START:
+            for series in self.series.values():
+                series.reservoir.purge(event.step)
+        if event.HasField("summary") and self._took_simple_values(event):
+            return
+        for migrated in data_compat_events(event, self._initial):
+            if migrated.HasField("summary"):
+                for value in migrated.summary.value:
+                    self._add_value(migrated.step, migrated.wall_time, value)
+
+    def _took_simple_values(self, event: Event) -> bool:
+        """Take an event of `simple_value`s of known scalar series directly (most events: migrating one through
+        TensorBoard's `data_compat` costs ~50x more); False, taking nothing, for any other event."""
+        values = event.summary.value
+        series = [self.series.get(v.tag) for v in values]
+        if not all(
+            s is not None and s.data_class == DATA_CLASS_SCALAR and v.WhichOneof("value") == "simple_value"
+            for s, v in zip(series, values, strict=True)
+        ):
+            return False
+        for s, v in zip(series, values, strict=True):
+            assert s is not None
+            s.reservoir.offer(Datum(event.step, event.wall_time, float(v.simple_value)))
+        return True
+
+    def add_scalar(self, tag: str, step: int, wall_time: float, number: float) -> None:
+        """A point of a batch of scalar columns (what `add_scalar` sends: the scalars plugin's `simple_value`)."""
+        if self.start_time is None:
+            self.start_time = wall_time
+        series = self.series.get(tag)
+        if series is None:
+            event = Event(
+                step=step, wall_time=wall_time, summary=Summary(value=[Summary.Value(tag=tag, simple_value=number)])
+            )
+            self.add_event(event)
+        elif series.data_class == DATA_CLASS_SCALAR:
+            series.reservoir.offer(Datum(step, wall_time, number))
+
+    def _add_value(self, step: int, wall_time: float, value: Summary.Value) -> None:
+        series = self.series.get(value.tag)
+        if series is None:
+            data_class = value.metadata.data_class
+            if data_class not in (DATA_CLASS_SCALAR, DATA_CLASS_TENSOR, DATA_CLASS_BLOB_SEQUENCE):
+                return  # no data class TensorBoard can serve (as TensorBoard itself drops it)
+            metadata = SummaryMetadata()
+            metadata.CopyFrom(value.metadata)
+            capacity = self.samples.capacity(metadata.plugin_data.plugin_name)
+            points = ScalarPoints() if data_class == DATA_CLASS_SCALAR else None
+            series = self.series[value.tag] = Series(data_class, metadata, Reservoir(capacity, points))
+        datum = _datum(series.data_class, step, wall_time, value)
+        if datum is not None:
+            series.reservoir.offer(datum)
+
+
+def data_compat_events(event: Event, initial: dict[str, SummaryMetadata]) -> Iterable[Event]:
+    """`event` as TensorBoard's loaders see it: legacy summaries as tensors with a data class."""
+    migrated: Iterable[Event] = dataclass_compat.migrate_event(data_compat.migrate_event(event), initial)
+    return migrated
+
+
+def _datum(data_class: int, step: int, wall_time: float, value: Summary.Value) -> Datum | None:
+    if value.WhichOneof("value") != "tensor":
+        return None
+    tensor = value.tensor
+    try:
+        if data_class == DATA_CLASS_SCALAR:
+            return Datum(step, wall_time, float(tensor_util.make_ndarray(tensor).item()))
+        if data_class == DATA_CLASS_BLOB_SEQUENCE:
+            return Datum(step, wall_time, tuple(tensor.string_val))
+    except (ValueError, TypeError):  # not the one number a scalar holds: TensorBoard drops it too
+        return None
+    kept = TensorProto()
+    kept.CopyFrom(tensor)
+    return Datum(step, wall_time, kept)
+
+
+def blob_key(run: str, tag: str, step: int, index: int) -> str:
+    """The key `ReadBlob` takes for blob `index` of a series' point at `step`."""
+    return base64.urlsafe_b64encode(json.dumps([run, tag, step, index]).encode()).decode().rstrip("=")
+
+
+def parse_blob_key(key: str) -> tuple[str, str, int, int]:
+    """Raises ValueError: not a key `blob_key` made."""
+    try:
+        run, tag, step, index = json.loads(base64.urlsafe_b64decode(key + "=" * (-len(key) % 4)))
+    except (ValueError, TypeError) as exc:
+        raise ValueError(f"blob key {key!r} is not one this daemon gave") from exc
+    if not (isinstance(run, str) and isinstance(tag, str) and isinstance(step, int) and isinstance(index, int)):
+        raise ValueError(f"blob key {key!r} is not one this daemon gave")
+    return run, tag, step, index
+
+
+class BoardIndex:
+    """Every run's `RunIndex`, fed live after each batch is written (`written`) and by the runs already on disk
+    (`backfill`). Its methods may be called from any thread; each holds the index's lock briefly."""
+
+    def __init__(self, samples: SamplesPerPlugin | None = None) -> None:
+        self.samples = samples or SamplesPerPlugin()
+        self._runs: dict[str, RunIndex] = {}
+        self._lock = threading.Lock()
+        # Runs whose files from before the start are still being read: their live batches wait here, in order.
+        self._waiting: dict[str, list[Sequence[bytes]]] = {}
+
+    def written(self, run_dir: str, session_id: str, events: Sequence[bytes]) -> None:
+        """Take a batch right after it was written to `run_dir` (a `runs.WriteObserver`); never raises."""
+        with self._lock:
+            waiting = self._waiting.get(run_dir)
+            if waiting is not None:
+                waiting.append(events)
+                return
+            self._take(self._run(run_dir), events)
+
+    def _run(self, name: str) -> RunIndex:
+        run = self._runs.get(name)
+        if run is None:
+            run = self._runs[name] = RunIndex(self.samples)
+        return run
+
+    @staticmethod
+    def _take(run: RunIndex, events: Sequence[bytes]) -> None:
+        if isinstance(events, ScalarRecords):
+            for tag, step, wall_time, value in points(events):
+                run.add_scalar(tag, step, wall_time, value)
+            return
+        for data in events:
+            try:
+                run.add_event(Event.FromString(data))
+            except DecodeError:  # refused before it was written; never reaches here
+                continue
+            except Exception as exc:  # the batch is written: an event the index cannot take must not fail it
+                _failures.warning(
+                    "board-event", "board: an event TensorBoard's migration refused is not indexed: %r", exc
+                )
+
+    def hold(self, run_dir: str) -> None:
+        """Make `run_dir`'s live batches wait until its older files are read (`backfilled`)."""
+        with self._lock:
+            self._waiting.setdefault(run_dir, [])
+
+    def backfilled(self, run_dir: str, events: Iterable[Event]) -> None:
+        """Index the events of `run_dir`'s files from before the start (read outside the lock), then its live
+        batches that waited meanwhile."""
+        run = RunIndex(self.samples)
+        for event in events:
+            run.add_event(event)
+        with self._lock:
+            self._runs[run_dir] = run
+            for batch in self._waiting.pop(run_dir, []):
+                self._take(run, batch)
+
+    def snapshot(self) -> Iterator[tuple[str, RunIndex]]:
+        """The runs, by name, as (name, run) pairs; the caller reads them on the thread that feeds `written`."""
+        with self._lock:
+            runs = sorted(self._runs.items())
+        return iter(runs)
+
+    def awaited(self) -> list[str]:
+        """The held runs that live batches wait for, those written to first first."""
+        with self._lock:
+            return [run for run, batches in self._waiting.items() if batches]
+
+    @property
+    def pending_runs(self) -> int:
+        """Runs already on disk whose files are not read yet."""
+        with self._lock:
+            return len(self._waiting)

@@ -1,0 +1,1 @@
+"""Operations: the daemon's metrics and its log lines."""

@@ -1,0 +1,1 @@
+"""What a batch becomes: events checked and framed, scalar records built from columns, their points."""

@@ -1,0 +1,1 @@
+"""Sessions: the live ones and everything that happens to a session from its open to its end."""

@@ -1,0 +1,710 @@
+"""The life of every session, from `OpenSession` to its close or release, and every session-store write.
+
+A session opens new or resumes where the session store says it stands; it writes batches and files, flushes,
+and ends either closed by its client (final) or released (its lease ran out, or the daemon stops; it stays
+resumable). The servicer has checked each request and the caller's token before it gets here; what is refused
+here is raised as one of the errors of `errors`, which the servicer answers with one status each.
+
+The session store is written here only, in one place (`_record_blocking`): a session's record when it leaves
+(released or closed), and when a run's event file closes, the sequence numbers its journal held
+(`runs.ClosedFile`), in the same append, synced once; then the file's journal is deleted.
+
+Everything that changes a session or a file (a batch, a flush, a close, a release) runs to its end even if
+the RPC that asked for it is cancelled (`_complete`): a client that hangs up half-way must not leave a batch
+written but not counted, which would write it twice when the client sends it again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import errno
+import functools
+import logging
+import time
+from collections.abc import Coroutine, Iterator, Sequence
+from typing import Any, TypeVar
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+
+from summaryd.server.aggregation.aggregator import Aggregation
+from summaryd.server.errors import (
+    DiskFullError,
+    ResumeRefusedError,
+    RunMismatchError,
+    RunPathError,
+    SessionClosedError,
+    SessionReleasedError,
+    SessionUnknownError,
+    StorageError,
+)
+from summaryd.server.io_threads import run_to_completion
+from summaryd.server.operations.logs import Throttle
+from summaryd.server.security.limits import DEFAULT, LimitError, Limits
+from summaryd.server.security.request_checks import MAX_SEQUENCE
+from summaryd.server.sessions.live import Ending, Session, SessionTable
+from summaryd.server.storage import run_files
+from summaryd.server.storage.bucket.durable_marks import DurableMarks
+from summaryd.server.storage.bucket.run_ownership import RunOwnership, leased_run
+from summaryd.server.storage.bucket.segments import SegmentIndex, SegmentShipper, segment_key
+from summaryd.server.storage.bucket.sessions import BucketSessions, DurableSession
+from summaryd.server.storage.bucket.store import BucketError
+from summaryd.server.storage.runs import ClosedFile, RunRegistry, RunWriter
+from summaryd.server.storage.session_store import SessionRecord, SessionStore
+from summaryd.v1 import summaryd_pb2 as pb
+
+log = logging.getLogger("summaryd.server.session_lifecycle")  # the name log lines carry, kept across moves
+
+T = TypeVar("T")
+
+# What the daemon fails to write is logged at a limited rate: a client retrying into a broken disk must not flood.
+_write_failures = Throttle(log)
+
+
+def _retrieve(task: asyncio.Task[Any]) -> None:
+    # An RPC cancelled while its work went on no longer awaits the result; its error is logged, not lost.
+    if not task.cancelled() and task.exception() is not None:
+        log.debug("work of a cancelled call failed: %r", task.exception())
+
+
+class SessionLifecycle:
+    """Opens, resumes, writes, flushes, releases and closes the sessions of one run registry and session store."""
+
+    def __init__(
+        self,
+        registry: RunRegistry,
+        store: SessionStore,
+        lease: float,
+        limits: Limits = DEFAULT,
+        ownership: RunOwnership | None = None,
+        aggregation: Aggregation | None = None,
+    ) -> None:
+        self.registry = registry
+        # Cross-worker aggregation of the sessions that ask for it (off unless given settings that enable it).
+        self.aggregation = aggregation or Aggregation(registry, limits=limits, ownership=ownership)
+        self.aggregation.on_closed = self._record_closed
+        self.store = store
+        self.lease = lease
+        self.limits = limits
+        # A bucket logdir's run leases: a session holds its run's lease from its start to its end.
+        self.ownership = ownership
+        if ownership is not None:
+            ownership.on_lost = self.release_run
+        # A bucket logdir: each session's state in the bucket and its durable watermark (what is uploaded).
+        self.bucket_sessions = BucketSessions(ownership.leases.bucket) if ownership is not None else None
+        self.segment_index = SegmentIndex(ownership.leases.bucket) if ownership is not None else None
+        self.marks = DurableMarks()
+        self._through: dict[str, str] = {}  # per run: a key after every segment uploaded (and marked) here
+        self._published: dict[str, int] = {}  # per session: the watermark the bucket's state holds
+        self._publishing: dict[str, asyncio.Task[None]] = {}
+        if self.bucket_sessions is not None and isinstance(registry.sink, SegmentShipper):
+            registry.sink.on_uploaded = self._on_uploaded
+        self._stopping = False
+        self.sessions = SessionTable()
+        # Batches, flushes, closes and releases being carried out; shutdown waits for these.
+        self._busy = 0
+        self._quiet = asyncio.Event()
+        self._quiet.set()
+
+    # ---- work that outlives its call -------------------------------------------------------------------
+
+    async def _complete(self, work: Coroutine[Any, Any, T]) -> T:
+        """Carry `work` out to its end even if the calling RPC is cancelled; `wait_quiet` waits for it."""
+        self._busy += 1
+        self._quiet.clear()
+
+        async def tracked() -> T:
+            try:
+                return await work
+            finally:
+                self._busy -= 1
+                if self._busy == 0:
+                    self._quiet.set()
+
+        task = asyncio.ensure_future(tracked())
+        task.add_done_callback(_retrieve)
+        return await asyncio.shield(task)
+
+    async def wait_quiet(self) -> None:
+        """Return once no batch, flush, close or release is being carried out."""
+        await self._quiet.wait()
+
+    # ---- the durable watermark (a bucket logdir) -----------------------------------------------------
+
+    @property
+    def durable_acks(self) -> bool:
+        """Whether an ack means staged only, and clients keep batches until the durable watermark covers them."""
+        return self.bucket_sessions is not None
+
+    def durable(self, session_id: str) -> int:
+        """The session's highest sequence number uploaded and recorded in the bucket (0 on a local logdir)."""
+        return self._published.get(session_id, 0)
+
+    def _on_uploaded(self, run_dir: str, name: str, end: int) -> None:
+        self._through[run_dir] = segment_key(run_dir, name, end)
+        for session_id, _ in self.marks.uploaded(run_dir, name, end):
+            if session_id not in self._publishing:
+                task = asyncio.create_task(self._publish(session_id, run_dir))
+                self._publishing[session_id] = task
+                task.add_done_callback(functools.partial(self._published_by, session_id))
+
+    def _published_by(self, session_id: str, _: asyncio.Task[None]) -> None:
+        self._publishing.pop(session_id, None)
+
+    async def _publish(self, session_id: str, run_dir: str, closed: bool = False) -> None:
+        """Write the session's watermark to its state in the bucket, until it holds the latest; only then is
+        it acknowledged as durable (a daemon resuming the session elsewhere starts from that state)."""
+        assert self.bucket_sessions is not None
+        while (durable := self.marks.durable(session_id)) > self._published.get(session_id, 0) or closed:
+            if self.ownership is not None and not self.ownership.valid(run_dir):
+                # The lease may have passed to another daemon: its state is that daemon's to write now.
+                log.warning("session %s: its state is not written, the run's lease is not live here", session_id)
+                return
+            # Read with `durable`, no await between: every segment before it is counted in `durable`.
+            since = self._through.get(run_dir, "")
+            try:
+                await self.bucket_sessions.put(DurableSession(session_id, run_dir, durable, closed, since))
+            except BucketError as exc:  # written again after the next upload
+                log.warning("session %s: its state could not be written to the bucket: %s", session_id, exc)
+                return
+            self._published[session_id] = max(durable, self._published.get(session_id, 0))
+            closed = False
+
+    async def _bucket_state(self, session_id: str) -> DurableSession | None:
+        """The session as the bucket knows it (a bucket logdir; None on a local one)."""
+        if self.bucket_sessions is None:
+            return None
+        try:
+            return await self.bucket_sessions.get(session_id)
+        except BucketError as exc:
+            raise self._storage_error(
+                OSError(errno.EIO, str(exc)), "?", "the session's state could not be read"
+            ) from exc
+
+    async def _settle(
+        self, session_id: str, run_dir: str, record: SessionRecord | None, state: DurableSession | None
+    ) -> tuple[SessionRecord | None, int]:
+        """A bucket logdir, the run's lease held: the session's record and the highest sequence number of it in
+        the bucket. A session new to the bucket gets its state first (before any segment can hold its events);
+        a known one is counted through the run's segments newer than its state, which a daemon lost between an
+        upload and the state's write leaves uncounted (`segment_sessions`).
+
+        Raises:
+            StorageError: the bucket could not be read or written.
+        """
+        if self.bucket_sessions is None or self.segment_index is None:
+            return record, 0
+        try:
+            if state is None:
+                # New: nothing of it is in the run's segments so far. Known here only (it opened before sessions
+                # got a state at their start): its events may be in any segment, so every one is searched.
+                since = "" if record is not None else await self.segment_index.end_key(run_dir)
+                await self.bucket_sessions.put(DurableSession(session_id, run_dir, 0, False, since))
+                return record, 0
+            held = await self.segment_index.held(run_dir, session_id, state.since)
+        except BucketError as exc:
+            raise self._storage_error(
+                OSError(errno.EIO, str(exc)), run_dir, "the session's state in the bucket could not be settled"
+            ) from exc
+        if held > state.durable:
+            log.info(
+                "session %s: the run's segments hold it through sequence %d, its state in the bucket only %d",
+                session_id,
+                held,
+                state.durable,
+            )
+        durable = max(state.durable, held)
+        if record is not None and durable > record.last:
+            record = dataclasses.replace(record, last=durable)
+        return record, durable
+
+    # ---- lookups ---------------------------------------------------------------------------------------
+
+    def run_of(self, session_id: str) -> str | None:
+        """The run a session id is bound to: its live session's, else its record's; None when unknown."""
+        session = self.sessions.get(session_id)
+        if session is not None:
+            return session.run.run_dir
+        record = self.store.get(session_id)
+        return record.run_dir if record is not None else None
+
+    def live(self, session_id: str) -> Session:
+        """The live session `session_id`.
+
+        Raises:
+            SessionClosedError, SessionReleasedError: it ended (released: resume it with `OpenSession`).
+            SessionUnknownError: the daemon never saw it, or forgot it (`--session-retention-days`).
+        """
+        session = self.sessions.get(session_id)
+        if session is not None:
+            return session
+        record = self.store.get(session_id)
+        if record is not None and record.closed:
+            raise SessionClosedError(session_id)
+        if record is not None:
+            raise SessionReleasedError(session_id, self.lease)
+        raise SessionUnknownError(session_id)
+
+    # ---- opening ---------------------------------------------------------------------------------------
+
+    async def open(self, request: pb.OpenSessionRequest, parts: list[str], peer: str) -> Session:
+        """Open session `request.session_id` on the run `parts` for a client at `peer`: new, resumed where the
+        store says it stands, or the live one (its lease renewed).
+
+        Raises:
+            SessionClosedError: the session was closed.
+            RunMismatchError: the session id is bound to another run.
+            ResumeRefusedError: resuming could write events twice.
+            LimitError: the session would exceed `--max-sessions`, `--max-sessions-per-peer` or `--max-open-runs`.
+            RunPathError: a part of the run path exists already as a symlink or a file.
+            RunOwnedElsewhereError: (a bucket logdir) another daemon writes the run.
+            StorageError: the run directory (or the run's lease) could not be opened.
+        """
+        session_id, run_dir = request.session_id, "/".join(parts)
+        session = self.sessions.get(session_id)
+        refused = self.aggregation.open_problem(request)
+        if refused is not None:
+            raise RunPathError(refused)
+        if session is None:
+            # A bucket logdir: the bucket's state says what is uploaded, also of a session the local store knows.
+            state = await self._bucket_state(session_id)
+            from_bucket = (
+                SessionRecord(session_id, state.run_dir, state.durable, closed=state.closed) if state else None
+            )
+            record = self.store.get(session_id) or from_bucket
+            self._check_resumable(request, run_dir, record)
+            session = await self._complete(self._start(request, parts, record, peer, state))
+        if session.run.run_dir != run_dir:  # held already, or opened meanwhile by a racing call of the same id
+            raise RunMismatchError(session_id, session.run.run_dir, run_dir)
+        session.touch()
+        return session
+
+    def _check_resumable(self, request: pb.OpenSessionRequest, run_dir: str, record: SessionRecord | None) -> None:
+        session_id = request.session_id
+        if record is not None and record.closed:
+            raise SessionClosedError(session_id)
+        if record is not None and record.run_dir != run_dir:
+            raise RunMismatchError(session_id, record.run_dir, run_dir)
+        if record is not None and record.last > MAX_SEQUENCE:  # kept by a daemon that did not bound them
+            raise ResumeRefusedError(
+                f"session {session_id} holds sequence numbers beyond {MAX_SEQUENCE}; open a new session"
+            )
+        if (record is not None and record.doubtful) or (
+            record is None and self.store.may_have_lost(request.next_sequence, request.session_started)
+        ):
+            raise ResumeRefusedError(
+                f"session {session_id} cannot be resumed: the daemon's record of it may have been lost with "
+                f"damaged state (see the daemon's log), and resuming could write its events twice; check run "
+                f"{run_dir!r} for what arrived and log the rest in a new session"
+            )
+
+    async def _start(
+        self,
+        request: pb.OpenSessionRequest,
+        parts: list[str],
+        record: SessionRecord | None,
+        peer: str,
+        state: DurableSession | None = None,
+    ) -> Session:
+        """A session this daemon does not hold live: new, or resumed where the session store (or, on a daemon
+        that does not know it, the bucket: `state` and the run's segments) says it stands."""
+        over = self._over_session_limits(peer)
+        if over is not None:  # before any directory is made
+            raise LimitError(over)
+        run = leased_run("/".join(parts), request.worker)
+        await self._own(run)
+        try:
+            record, durable = await self._settle(request.session_id, "/".join(parts), record, state)
+            session = await self._start_owned(request, parts, record, peer)
+            self._track(session, durable)
+        except BaseException:
+            await self._disown(run)
+            raise
+        return session
+
+    async def _own(self, run_dir: str) -> None:
+        """Hold the run's lease for one more session (a bucket logdir)."""
+        if self.ownership is not None:
+            try:
+                await self.ownership.take(run_dir)
+            except OSError as exc:
+                raise self._storage_error(exc, run_dir, "the run's lease could not be taken") from exc
+
+    async def _disown(self, run_dir: str, end: tuple[str, str, int] | None = None) -> None:
+        """Let go of the run's lease for one session that staged up to `end`: the last session's release waits
+        for that upload. At shutdown the leases are released after the last upload."""
+        if self.ownership is not None and not self._stopping:
+            await self.ownership.let_go(run_dir, (lambda: self._uploaded(end)) if end is not None else None)
+
+    async def _start_owned(
+        self, request: pb.OpenSessionRequest, parts: list[str], record: SessionRecord | None, peer: str
+    ) -> Session:
+        session_id = request.session_id
+        try:
+            writer = await self.registry.acquire(parts, self.limits)
+        except OSError as exc:
+            raise self._storage_error(exc, "/".join(parts), "the run directory could not be opened") from exc
+        # Another OpenSession of the same id may have won the race while the directory was opened.
+        raced = self.sessions.get(session_id)
+        if raced is not None:
+            await self.registry.release(writer)
+            # This call's count; the raced session holds its own.
+            await self._disown(leased_run(writer.run_dir, request.worker))
+            return raced
+        # Counted again right before the session is added (no await in between): concurrent opens cannot overshoot.
+        over = self._over_session_limits(peer)
+        if over is not None:
+            await self.registry.release(writer)
+            raise LimitError(over)
+        client = pb.ClientIdentity()
+        client.CopyFrom(request.client)
+        # A session the daemon has no record of (its state directory was lost, or it never wrote) continues the
+        # client's numbering. One it has a record of resumes where the record stands, even when the client
+        # claims more (the daemon lost staged events with its disk, a bucket's state is behind): the answer's
+        # `last_sequence` tells the client to resend from there, rather than the gap being skipped.
+        claimed = max(request.next_sequence - 1, 0)
+        acked = record.last if record is not None else claimed
+        if claimed > acked:
+            log.warning(
+                "session %s: its client has sequence numbers through %d acknowledged, the daemon holds %d; "
+                "it resumes from %d",
+                session_id,
+                claimed,
+                acked,
+                acked + 1,
+            )
+        session = Session(
+            session_id, writer, request.worker, request.world_size, client, self.lease, peer=peer, acked=acked
+        )
+        self.sessions.add(session)
+        await self.aggregation.joined(session, request, parts)
+        log.info(
+            "session %s %s: run %s at sequence %d, client %s pid %d (%s %s)",
+            session_id,
+            "resumed" if record is not None else "opened",
+            writer.run_dir,
+            acked,
+            client.host or "?",
+            client.pid,
+            client.framework or "?",
+            client.version or "?",
+        )
+        return session
+
+    def _track(self, session: Session, durable: int) -> None:
+        """Follow the session's durable watermark from `durable` (what the bucket holds of it); whatever it
+        holds beyond is staged here and durable once the run's staged file is uploaded up to its end now."""
+        if self.bucket_sessions is None:
+            return
+        self.marks.start(session.session_id, session.run.run_dir, durable)
+        self._published[session.session_id] = max(durable, self._published.get(session.session_id, 0))
+        self._staged(session)
+
+    def _staged(self, session: Session) -> None:
+        end = self._staged_end(session.run)
+        if end is not None:
+            self.marks.staged(session.session_id, end[1], end[2], session.acked)
+
+    def _over_session_limits(self, peer: str) -> str | None:
+        """Why one more session from `peer` is too many, or None."""
+        limits = self.limits
+        if len(self.sessions) >= limits.max_sessions:
+            return (
+                f"the daemon holds {len(self.sessions)} live sessions, its limit (--max-sessions); close finished "
+                "sessions or raise the limit"
+            )
+        from_peer = sum(1 for s in self.sessions if s.peer == peer)
+        if from_peer >= limits.max_sessions_per_peer:
+            return (
+                f"{peer} holds {from_peer} live sessions, the limit per client address (--max-sessions-per-peer); "
+                "close finished sessions or raise the limit"
+            )
+        return None
+
+    # ---- writing ---------------------------------------------------------------------------------------
+
+    async def write(self, session: Session, first: int, events: Sequence[bytes]) -> int:
+        """Write a batch (see `Session.apply`); return the session's highest contiguous sequence number.
+
+        Raises:
+            SequenceGapError, SessionClosedError, SessionReleasedError, BatchRefusedError: from `Session.apply`.
+            StorageError: the batch was not written.
+        """
+        try:
+            acked = await self._complete(session.apply(first, events))
+        except OSError as exc:
+            raise self._storage_error(exc, session.run.run_dir, "the batch was not written") from exc
+        if self.bucket_sessions is not None and events:
+            self._staged(session)
+        return acked
+
+    async def flush(self, session: Session, durable: bool) -> int:
+        """The session's highest contiguous sequence number, all of it on disk when `durable` (for a bucket
+        logdir: uploaded).
+
+        Raises:
+            StorageError: fsync failed.
+        """
+        session.touch()
+        uploaded = self._staged_end(session.run)
+        acked = await self._complete(self._flush(session, durable))
+        if durable:
+            await self._uploaded(uploaded)
+        return acked
+
+    @staticmethod
+    def _staged_end(run: RunWriter) -> tuple[str, str, int] | None:
+        """Where the run's staged file ends now: what a durable flush or a close waits to see uploaded."""
+        return (run.run_dir, run.file.name, run.file.size) if run.file is not None else None
+
+    async def _uploaded(self, end: tuple[str, str, int] | None) -> None:
+        """A bucket logdir: wait until the staged bytes up to `end` are uploaded (sealed now). Not carried out
+        to its end when the call is cancelled: the bytes are staged and journaled already, and a bucket that
+        fails would hold the call (and shutdown) forever; the client's deadline ends the wait."""
+        sink = self.registry.sink
+        if end is not None and isinstance(sink, SegmentShipper):
+            try:
+                await sink.upload_through(*end)
+            except OSError as exc:  # the run's lease was lost: the new owner takes the resend
+                raise self._storage_error(exc, end[0], "the events were not uploaded") from exc
+
+    async def _flush(self, session: Session, durable: bool) -> int:
+        async with session.lock:
+            # Writes go straight to the OS, so acknowledged events are visible already; durable adds fsync.
+            if durable:
+                await self._sync(session.run, "fsync failed")
+            return session.acked
+
+    async def put_file(self, session: Session, file_parts: list[str], path: str, content: bytes) -> None:
+        """Write the file `path` (checked, split into `file_parts`) beside the session's event files.
+
+        Raises:
+            RunPathError: a directory on the way is a symlink or a file, or the path names a directory.
+            StorageError: the file was not written.
+        """
+        session.touch()
+        run_dir, logdir_fd = session.run.run_dir, self.registry.logdir_fd
+
+        def put() -> None:
+            run_files.put_file(logdir_fd, run_dir.split("/"), file_parts, content)
+
+        try:
+            await self._complete(run_to_completion(self.registry.executor, put))
+            if self.registry.sink is not None:  # a bucket logdir: the file goes up whole before the answer
+                await self._complete(self.registry.sink.file_written(run_dir, path, content))
+        except IsADirectoryError:
+            raise RunPathError(f"file path {path!r} names a directory of the run") from None
+        except OSError as exc:
+            raise self._storage_error(exc, run_dir, f"the file {path!r} was not written") from exc
+        session.file_written()
+
+    # ---- leaving ---------------------------------------------------------------------------------------
+
+    async def expire_idle(self) -> None:
+        """Release every session not heard from (no batch, no heartbeat) within its lease.
+
+        Its file is synced and closed once no other session holds it; the session itself stays resumable.
+        """
+        now = time.monotonic()
+        for session in self.sessions:
+            if session.expired(now):
+                await self._complete(self._release(session, now))
+
+    async def release_run(self, run_dir: str) -> None:
+        """Release every live session of the run `run_dir` (another daemon took the run over: every worker); they
+        stay resumable, and their clients, opening them again, are sent to the new owner."""
+        for session in self.sessions:
+            if leased_run(session.run.run_dir, session.worker) == run_dir:
+                await self._complete(self._release(session, None))
+
+    async def close_all(self) -> None:
+        """Release every session and close every file (shutdown); clients resume their sessions later."""
+        self._stopping = True
+        for session in self.sessions:
+            await self._complete(self._release(session, None))
+        await self._record_closed(await self.aggregation.close_all())
+        closed = await self.registry.close_all()
+        if closed:
+            await self._record([], closed, sync=True)
+
+    async def close(self, session_id: str) -> tuple[int, int]:
+        """Close a session for good: its events are on disk; return its last sequence number and the events
+        it wrote while live (0 for a session that was not live).
+
+        Raises:
+            SessionUnknownError: the daemon does not know the session.
+            StorageError: fsync failed; the session stays open.
+        """
+        session = self.sessions.get(session_id)
+        if session is None:
+            return await self._complete(self._close_record(session_id)), 0
+        uploaded = self._staged_end(session.run)
+        if await self._complete(self._leave(session, "closed")):
+            await self._uploaded(uploaded)
+            if self.bucket_sessions is not None:  # everything uploaded: the bucket's state says closed
+                self.marks.start(session.session_id, session.run.run_dir, session.acked)
+                await self._publish(session.session_id, session.run.run_dir, closed=True)
+                self.marks.forget(session.session_id)
+            log.info(
+                "session %s closed: run %s, %d events written, %d duplicates dropped",
+                session.session_id,
+                session.run.run_dir,
+                session.events_written,
+                session.duplicates_dropped,
+            )
+        elif session.ending == "released":  # released while the close waited: close what the store holds
+            await self._complete(self._close_record(session_id))
+        return session.acked, session.events_written
+
+    async def _release(self, session: Session, expired_at: float | None) -> None:
+        if not await self._leave(session, "released", expired_at):
+            return
+        for task in list(session.streams):
+            task.cancel()
+        if expired_at is not None:
+            log.info(
+                "session %s released after %.0fs without a batch or heartbeat: run %s, client pid %d, "
+                "%d events written",
+                session.session_id,
+                session.allowed_idle,
+                session.run.run_dir,
+                session.client.pid,
+                session.events_written,
+            )
+
+    async def _leave(self, session: Session, ending: Ending, expired_at: float | None = None) -> bool:
+        """End a live session (`closed`: after its file is synced); False when it had ended already, or (a
+        release at `expired_at`) was heard from meanwhile.
+
+        The session leaves the table last, once the store holds where it stood, so that a resume always finds
+        it. The last session to let go of its run closes the run's file: the file's sequence numbers go into
+        the same store append, and the store is synced once for both.
+
+        Raises:
+            StorageError: (a close) fsync failed; the session stays open.
+        """
+        async with session.lock:
+            if session.ending is not None:
+                return False
+            if expired_at is not None and not session.expired(expired_at):
+                return False  # a batch or heartbeat arrived meanwhile
+            closing = ending == "closed"
+            if closing:
+                await self._sync(session.run, "fsync failed; the session stays open")
+            end = self._staged_end(session.run)
+            closed = await self.registry.release(session.run)
+            # A closed flag is synced with the run's last close; until then the file's journal, just synced,
+            # holds the session's sequence numbers.
+            last = session.run.sessions == 0
+            # Released having written nothing, it is not remembered: a resume starts where its client says.
+            record = None
+            if closing or session.wrote or self.store.get(session.session_id) is not None:
+                record = SessionRecord(session.session_id, session.run.run_dir, session.acked, closed=closing)
+            await self._record(
+                [record] if record is not None else [], [closed] if closed else [], sync=closing and last
+            )
+            self.sessions.remove(session, ending)
+            await self._disown(leased_run(session.run.run_dir, session.worker), end)
+            await self._record_closed(await self.aggregation.left(session, list(self.sessions), self._stopping))
+        return True
+
+    async def _close_record(self, session_id: str) -> int:
+        """Close a session that is not live (released, or closed already); return its last sequence number.
+
+        Raises:
+            SessionUnknownError: the store never saw it.
+            StorageError: fsync failed; the session stays open.
+        """
+        record = self.store.get(session_id)
+        if record is None:
+            raise SessionUnknownError(session_id)
+        if not record.closed:
+            held = [run for run in self.registry.runs if run.run_dir == record.run_dir]
+            for run in held:
+                await self._sync(run, "fsync failed; the session stays open")  # other sessions keep it open
+            closed = SessionRecord(session_id, record.run_dir, record.last, closed=True)
+            try:
+                # While the run is held, its last close syncs the store (the journal has the numbers).
+                await run_to_completion(self.registry.executor, lambda: self._record_blocking([closed], [], not held))
+            except OSError as exc:
+                raise self._storage_error(exc, record.run_dir, "fsync failed; the session stays open") from exc
+        return record.last
+
+    # ---- the session store -----------------------------------------------------------------------------
+
+    async def _record_closed(self, closed: list[ClosedFile]) -> None:
+        """The records of files closed outside a session's end (the aggregate runs'), synced."""
+        if closed:
+            await self._record([], closed, sync=True)
+
+    async def _record(self, records: list[SessionRecord], closed: list[ClosedFile], *, sync: bool) -> None:
+        """Write `records` and the marks of `closed` files; a failure is logged (the journals stay)."""
+        if not (records or closed):
+            return
+        try:
+            await run_to_completion(self.registry.executor, lambda: self._record_blocking(records, closed, sync))
+        except OSError:
+            log.exception(
+                "the session store could not be written (sessions %s)",
+                ", ".join(r.session_id for r in records) or "of closed files",
+            )
+
+    def _record_blocking(self, records: list[SessionRecord], closed: Sequence[ClosedFile], sync: bool) -> None:
+        """The one writer of the session store while the daemon serves: `records`, then the marks of the files
+        just `closed`, in one append; synced when asked and whenever files closed, whose journals are deleted
+        once it is. A mark repeats what its session's record says, unless writing that record failed; the
+        repeated line also outlives damage to the earlier one.
+
+        Blocking: runs on the executor. Raises the store's OSError; the closed files' journals then stay.
+        """
+        marks = [mark for file in closed for mark in file.records()]
+        try:
+            self.store.record([*records, *marks], sync=sync or bool(closed))
+        except OSError:
+            for file in closed:
+                _finish(file, recorded=False)
+            raise
+        for file in closed:
+            _finish(file, recorded=True)
+
+    # ---- file errors -----------------------------------------------------------------------------------
+
+    async def _sync(self, run: RunWriter, what: str) -> None:
+        try:
+            await run.sync()
+        except OSError as exc:
+            raise self._storage_error(exc, run.run_dir, what) from exc
+
+    @staticmethod
+    def _storage_error(exc: OSError, run_dir: str, what: str) -> StorageError:
+        error = StorageError.of(exc, run_dir, what)
+        if not isinstance(error, DiskFullError):  # a full disk is logged with every RESOURCE_EXHAUSTED (`refusals`)
+            _write_failures.warning(f"errno {exc.errno}", "run %s: %s: %s", run_dir, what, exc)
+        return error
+
+
+def _finish(file: ClosedFile, *, recorded: bool) -> None:
+    try:
+        file.finish(recorded)
+    except OSError:
+        log.exception(
+            "run %s: the journal of %s could not be deleted; the next start-up recovers it", file.run_dir, file.name
+        )
+
+
+class SessionCollector:
+    """Figures read from the sessions at scrape time: live sessions, open files and dropped duplicates."""
+
+    def __init__(self, lifecycle: SessionLifecycle) -> None:
+        self._lifecycle = lifecycle
+
+    def collect(self) -> Iterator[Metric]:
+        sessions = self._lifecycle.sessions
+        live = list(sessions)
+        yield GaugeMetricFamily("summaryd_sessions", "Live sessions.", value=len(live))
+        open_files = sum(1 for run in self._lifecycle.registry.runs if run.file is not None)
+        yield GaugeMetricFamily("summaryd_open_files", "Event files open for writing.", value=open_files)
+        duplicates = sessions.ended_duplicates + sum(s.duplicates_dropped for s in live)
+        yield CounterMetricFamily(
+            "summaryd_duplicates_dropped", "Events dropped because the daemon already held them.", value=duplicates
+        )

@@ -1,0 +1,1 @@
+"""Where the bytes go on local disk: run paths, event files, journals, the session store, the state directory."""
