@@ -19,7 +19,7 @@ import pytest
 from _support import start_daemon, steps_in
 from summaryd.client._options import ClientOptions
 from summaryd.client._sender._pacing import Pacing
-from summaryd.server.sessions.pacing import PACED_IN_FLIGHT, Pacer
+from summaryd.server.sessions.pacing import MANY_STREAMS, PACED_IN_FLIGHT, Pacer
 
 CLIENT = textwrap.dedent(
     """
@@ -65,16 +65,20 @@ def test_clients_follow_the_pacing_and_flush_and_close_never_wait_it_out(tmp_pat
 def test_a_daemon_paces_only_past_half_its_rate_and_lifts_it_below_a_quarter() -> None:
     now = [0.0]
     pacer = Pacer(1000.0, clock=lambda: now[0])
-    for _ in range(256):
+    for _ in range(MANY_STREAMS - 1):
         pacer.opened()
+    assert (pacer.pacing.linger_seconds, pacer.pacing.max_in_flight) == (0.0, 0)
+    for _ in range(256 - MANY_STREAMS + 1):  # many streams: fewer batches in flight at once, no linger yet
+        pacer.opened()
+    assert (pacer.pacing.linger_seconds, pacer.pacing.max_in_flight) == (0.0, PACED_IN_FLIGHT)
 
     def feed(messages: int) -> None:  # one second of `messages`
         for _ in range(messages):
             now[0] += 1.0 / messages
             pacer.took()
 
-    feed(400)  # under half the rate: the clients' own settings
-    assert (pacer.pacing.linger_seconds, pacer.pacing.max_in_flight) == (0.0, 0)
+    feed(400)  # under half the rate: the clients' own linger
+    assert (pacer.pacing.linger_seconds, pacer.pacing.max_in_flight) == (0.0, PACED_IN_FLIGHT)
     feed(1280)  # 256 ranks at 5 steps/s: about 256 / 1000 s each, rounded up
     assert (pacer.pacing.linger_seconds, pacer.pacing.max_in_flight) == (0.3, PACED_IN_FLIGHT)
     told = pacer.version

@@ -6,7 +6,8 @@ daemon counts the messages it takes and, once their rate passes half of `--pace-
 client to let a partial batch linger about `streams / pace` seconds (so that the open streams together send
 about `--pace-messages` a second) and to keep at most `PACED_IN_FLIGHT` batches in flight. It says so in each
 `OpenSessionResponse` and, when it changes, in the next ack of every stream (`summaryd.v1.Pacing`). Below a
-quarter of the rate it lifts the pacing (0: the clients' own settings), so that at low load nothing changes.
+quarter of the rate it lifts the pacing (0: the clients' own settings), so that at low load nothing changes
+but, from `MANY_STREAMS` streams on, the window of batches in flight.
 The linger is rounded up to one of `LINGER_STEPS` (whole seconds beyond them), so that it changes seldom, and
 is at most `--pace-max-linger` (2 s): the clients' visibility stays within it.
 """
@@ -26,6 +27,10 @@ log = logging.getLogger(__name__)
 LINGER_STEPS = (0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1.0, 1.5, 2.0)
 MAX_LINGER = 2.0
 PACED_IN_FLIGHT = 2
+# From this many write streams on, clients keep `PACED_IN_FLIGHT` batches in flight even before the daemon is
+# busy: a thousand ranks' first steps, before their acks bring the pacing, are otherwise eight batches each
+# queued in the daemon (seconds of backlog); at low load an ack comes back long before a third batch is due.
+MANY_STREAMS = 64
 WINDOW_SECS = 0.5
 DEFAULT_PACE = 1000.0
 
@@ -51,6 +56,8 @@ class Pacer:
 
     def opened(self) -> None:
         self.streams += 1
+        if self.streams == MANY_STREAMS:  # the window for many streams applies at once, not a window later
+            self._reconsider()
 
     def closed(self) -> None:
         self.streams -= 1
@@ -66,7 +73,7 @@ class Pacer:
 
     def _reconsider(self) -> None:
         pace, paced = self.pace, self.pacing.linger_seconds > 0
-        if pace <= 0:
+        if pace <= 0:  # never paces
             return
         busy = self.rate > pace / (4 if paced else 2)
         linger = 0.0
@@ -74,7 +81,7 @@ class Pacer:
             wanted = self.streams / pace
             at = bisect.bisect_left(LINGER_STEPS, wanted)
             linger = min(LINGER_STEPS[at] if at < len(LINGER_STEPS) else float(math.ceil(wanted)), self.max_linger)
-        in_flight = PACED_IN_FLIGHT if busy else 0
+        in_flight = PACED_IN_FLIGHT if busy or self.streams >= MANY_STREAMS else 0
         if linger != self.pacing.linger_seconds or in_flight != self.pacing.max_in_flight:
             self.pacing = pb.Pacing(linger_seconds=linger, max_in_flight=in_flight)
             self.version += 1
