@@ -74,10 +74,24 @@ class Row:
     generator_cores: float
     linger_s: float
     in_flight: int
+    cpu_wait: float
+    """Seconds a second the target's threads waited, runnable, for a CPU (others on the machine took it)."""
 
     @property
     def acknowledged(self) -> float:
         return self.acked / self.offered if self.offered else 0.0
+
+
+def run_queue_wait(pid: int) -> float:
+    """Seconds the threads of process `pid` have spent runnable but waiting for a CPU (`/proc/.../schedstat`):
+    on a shared machine, what the others took from it."""
+    total = 0
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            total += int((task / "schedstat").read_text().split()[1])
+        except (FileNotFoundError, IndexError, ValueError):  # a thread that ended meanwhile
+            continue
+    return total / 1e9
 
 
 def rss_mib(pid: int) -> float:
@@ -150,9 +164,9 @@ def measure(kind: str, shape: Shape, workdir: Path, profile: Path | None = None)
                 proc.stdin.flush()
             time.sleep(max(0.0, start + shape.warmup - time.time()))
             spy = _profiler(pid, shape, profile / f"{kind}-{shape.workers}.txt") if profile else None
-            cpu_before = daemon_cpu(pid)
+            cpu_before, wait_before = daemon_cpu(pid), run_queue_wait(pid)
             time.sleep(max(0.0, start + shape.warmup + shape.seconds - time.time()))
-            cpu = daemon_cpu(pid) - cpu_before
+            cpu, waited = daemon_cpu(pid) - cpu_before, run_queue_wait(pid) - wait_before
             rss = rss_mib(pid)
             if spy is not None:
                 spy.wait(60)
@@ -163,7 +177,7 @@ def measure(kind: str, shape: Shape, workdir: Path, profile: Path | None = None)
         finally:
             for proc in procs:
                 stop_process(proc)  # type: ignore[arg-type]
-    return _row(kind, shape, results, cpu, rss)
+    return _row(kind, shape, results, cpu, rss, waited)
 
 
 def _profiler(pid: int, shape: Shape, out: Path) -> subprocess.Popen[bytes]:
@@ -173,7 +187,7 @@ def _profiler(pid: int, shape: Shape, out: Path) -> subprocess.Popen[bytes]:
     return subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 
-def _row(kind: str, shape: Shape, results: Sequence[dict[str, Any]], cpu: float, rss: float) -> Row:
+def _row(kind: str, shape: Shape, results: Sequence[dict[str, Any]], cpu: float, rss: float, waited: float) -> Row:
     offered = sum(r["offered"] for r in results)
     acked = sum(r["acked"] for r in results)
     messages = sum(r["messages"] for r in results)
@@ -199,6 +213,7 @@ def _row(kind: str, shape: Shape, results: Sequence[dict[str, Any]], cpu: float,
         sum(r["generator_cpu_s"] for r in results) / shape.seconds,
         max(r["linger_s"] for r in results),
         min(r["in_flight"] for r in results),
+        waited / shape.seconds,
     )
 
 
@@ -211,6 +226,7 @@ def report(rows: Sequence[Row]) -> str:
         "acknowledged",
         "backlog growth",
         "cores",
+        "waited for a CPU",
         "CPU/message",
         "CPU/scalar",
         "visibility p50 / p99",
@@ -227,6 +243,7 @@ def report(rows: Sequence[Row]) -> str:
             f"{r.acknowledged:.3f}x",
             f"{r.backlog_growth_s:+.1f} s in {r.shape.seconds:g} s",
             f"{r.cores:.2f}",
+            f"{r.cpu_wait:.2f} s/s",
             f"{r.cpu_per_message_us:,.0f} µs",
             f"{r.cpu_per_scalar_us:.1f} µs",
             f"{r.visibility_p50_s * 1e3:,.0f} / {r.visibility_p99_s * 1e3:,.0f} ms",
