@@ -107,15 +107,7 @@ class RunWriter:
         """Blocking, on an I/O thread, holding `lock`: check and frame each batch of `entries` (in order; one
         refused gets its error, the others go on), append them in one write and journal them in one append.
         A failed write or journal append fails every batch of the group (nothing of them stays in the file)."""
-        for entry in entries:
-            events = entry.events
-            try:
-                if isinstance(events, ScalarRecords):
-                    entry.blob = events.framed(self.limits)
-                else:
-                    entry.blob = check_and_frame(events, self.limits)
-            except EventError as exc:
-                entry.error = exc
+        self._frame(entries)
         good = [entry for entry in entries if entry.error is None]
         if not good:
             return
@@ -148,16 +140,34 @@ class RunWriter:
         except OSError:
             log.exception("run %s: compacting the journal failed; it keeps growing", self.run_dir)
 
-    async def open_file(self) -> None:
-        """Open the run's next event file and its journal before a commit writes to it (never raises)."""
+    async def open_file(self, first: _Pending) -> None:
+        """Check and frame `first`, the batch that finds no file open, and, unless it is refused (a refused batch
+        leaves no file behind), open the run's next event file and its journal before a commit writes to it
+        (never raises: what fails is the batch's error, or the commit's own attempt to open)."""
         async with self.lock:
-            if self.file is not None:
+            await run_to_completion(self.executor, lambda: self._frame([first]))
+            if self.file is not None or first.error is not None:
                 return
             try:
                 await run_to_completion(self.executor, self._open_file)
                 self.open_failed = False
             except OSError:  # the commit's own attempt raises it to the batches
                 self.open_failed = True
+
+    def _frame(self, entries: Sequence[_Pending]) -> None:
+        """Check and frame each batch of `entries` not framed yet; a refused one gets its error."""
+        for entry in entries:
+            if entry.framed:
+                continue
+            entry.framed = True
+            events = entry.events
+            try:
+                if isinstance(events, ScalarRecords):
+                    entry.blob = events.framed(self.limits)
+                else:
+                    entry.blob = check_and_frame(events, self.limits)
+            except EventError as exc:
+                entry.error = exc
 
     def _open_file(self) -> None:
         if self.dir_fd < 0:
@@ -241,6 +251,7 @@ class _Pending:
     end: int = 0
     """The file's size after the batch."""
     error: BaseException | None = None
+    framed: bool = False
 
 
 class GroupCommit:
@@ -282,12 +293,12 @@ class GroupCommit:
                 elif writer in waiting or writer.lock.locked():
                     waiting.add(writer)  # its fsync, its close or its file's opening is under way: a later commit
                     later.append(entry)
-                elif writer.file is None and not writer.open_failed:
+                elif writer.file is None and not writer.open_failed and not entry.framed:
                     # A new file and journal are made and synced apart, on a thread of their own, in parallel
                     # with other runs': inside the commit, a job's thousand first writes would queue one by one.
                     waiting.add(writer)
                     later.append(entry)
-                    writer.opening = asyncio.ensure_future(writer.open_file())
+                    writer.opening = asyncio.ensure_future(writer.open_file(entry))
                 else:
                     await writer.lock.acquire()  # free: no wait
                     groups[writer] = [entry]
