@@ -2,16 +2,18 @@
 
 from __future__ import annotations
 
+import contextlib
 import shutil
+import socket
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from _daemon import Daemon, start_daemon, tail
 from benchmarks._contenders import SUMMARYD, SUMMARYD_HOOK, WriterSpec
-from benchmarks._daemon import Daemon
 from benchmarks._report import Spread
 
 Results = dict[str, list[dict[str, Any]]]
@@ -199,3 +201,24 @@ def remove_output(spec: WriterSpec, daemon: Daemon) -> None:
 
 def median(results: list[dict[str, Any]], key: str) -> float:
     return Spread.of([r[key] for r in results]).median
+
+
+@contextlib.contextmanager
+def running_daemon(workdir: Path, *flags: str) -> Iterator[Daemon]:
+    """A daemon for one benchmark section (logging warnings only; more `serve` flags in `flags`), stopped at the
+    end; an exit other than 0 is reported on stderr with the end of its log."""
+    daemon = start_daemon(workdir, "--log-level", "warning", *flags, logdir=workdir / "daemon-logdir")
+    try:
+        yield daemon
+    finally:
+        code = daemon.stop()
+        if code != 0:
+            print(f"warning: the daemon exited with {code}:\n{tail(daemon.log_path)}", file=sys.stderr)
+
+
+@contextlib.contextmanager
+def refused_address() -> Iterator[str]:
+    """A loopback address that refuses connections: its port stays bound (nobody else gets it) but never listens."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        yield f"127.0.0.1:{sock.getsockname()[1]}"

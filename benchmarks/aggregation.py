@@ -1,10 +1,12 @@
-"""Benchmark 10, what cross-worker aggregation costs the daemon: its CPU per event with aggregation on and off.
+"""Benchmarks 10 and 12, what cross-worker aggregation and the watch cost the daemon: its CPU per event with each
+on and off.
 
 The feeder plays `workers` workers of one job (sessions `rank-0` .. `rank-N-1` of one run, `world_size` N) over
 the raw gRPC stream: round after round, each worker sends its next `batch_steps` steps of one scalar tag as
 scalar columns, as the client does; every session is closed at the end (with aggregation on, the last close
 writes the last aggregates). The daemon's CPU (user + system, all its threads, from `/proc/<pid>/stat`) over the
-feed, divided by the events fed, is the figure; the daemon runs with `--aggregate` or `--no-aggregate`.
+feed, divided by the events fed, is the figure; the daemon runs with `--aggregate` or `--no-aggregate` (and, for
+the watch, `--no-aggregate` with `--watch` or `--no-watch`).
 """
 
 from __future__ import annotations
@@ -19,9 +21,8 @@ from typing import Any
 
 import grpc
 
-from benchmarks._daemon import running_daemon
 from benchmarks._report import Spread, table
-from benchmarks._run import Run, alternate, median
+from benchmarks._run import Run, alternate, median, running_daemon
 from benchmarks._trials import run_trial
 from summaryd.v1 import summaryd_pb2 as pb
 from summaryd.v1 import summaryd_pb2_grpc as pb_grpc
@@ -29,7 +30,7 @@ from summaryd.v1 import summaryd_pb2_grpc as pb_grpc
 _TICK = os.sysconf("SC_CLK_TCK")
 _TIMEOUT = 600.0
 WORKER_COUNTS = (8, 64)
-ON, OFF = "aggregation on", "aggregation off"
+ON, OFF = "on", "off"
 
 
 @dataclass(frozen=True)
@@ -96,29 +97,43 @@ def prepare(raw: Mapping[str, Any]) -> Callable[[], dict[str, Any]]:
 
 def aggregation(run: Run) -> str:
     """Section 10: the daemon's CPU per event fed by 8 and 64 workers, aggregation on and off."""
+    return _on_and_off(run, "aggregation", WORKER_COUNTS, ["--aggregate"], ["--no-aggregate"])
+
+
+def watch(run: Run) -> str:
+    """Section 12: the daemon's CPU per event fed by 8 and 256 workers, the watch on and off (aggregation off)."""
+    return _on_and_off(run, "watch", (8, 256), ["--no-aggregate", "--watch"], ["--no-aggregate", "--no-watch"])
+
+
+_TITLES = {"aggregation": "10. Daemon CPU of cross-worker aggregation", "watch": "12. Daemon CPU of the watch"}
+
+
+def _on_and_off(run: Run, section: str, worker_counts: tuple[int, ...], on: list[str], off: list[str]) -> str:
+    """The daemon's CPU per scalar fed by each of `worker_counts` workers with the flags `on` and `off`."""
     plan = run.plan
     rows = []
     results: dict[str, dict[str, list[dict[str, Any]]]] = {}
-    for workers in WORKER_COUNTS:
+    labels = {ON: f"{section} on", OFF: f"{section} off"}
+    for workers in worker_counts:
 
         def one(label: str, round_: int, workers: int = workers) -> dict[str, Any]:
-            flag = "--aggregate" if label == ON else "--no-aggregate"
-            with running_daemon(run.workdir, flag) as daemon:
+            with running_daemon(run.workdir, *(on if label == labels[ON] else off)) as daemon:
                 params = AggregationParams(daemon.address, daemon.pid, workers, plan.cpu_events)
                 result = run_trial("aggregation_feed", asdict(params), run.workdir, _TIMEOUT)
             return {**result, "cpu_us_per_event": result["daemon_cpu_s"] * 1e6 / result["events"]}
 
-        results[str(workers)] = found = alternate(f"aggregation: {workers} workers", [ON, OFF], plan.cpu_repeats, one)
-        on, off = median(found[ON], "cpu_us_per_event"), median(found[OFF], "cpu_us_per_event")
+        found = alternate(f"{section}: {workers} workers", list(labels.values()), plan.cpu_repeats, one)
+        results[str(workers)] = found
+        yes, no = found[labels[ON]], found[labels[OFF]]
         rows.append(
             [
                 str(workers),
-                Spread.of([r["cpu_us_per_event"] for r in found[ON]]).cell(lambda v: f"{v:.2f}"),
-                Spread.of([r["cpu_us_per_event"] for r in found[OFF]]).cell(lambda v: f"{v:.2f}"),
-                f"{on - off:+.2f}",
+                Spread.of([r["cpu_us_per_event"] for r in yes]).cell(lambda v: f"{v:.2f}"),
+                Spread.of([r["cpu_us_per_event"] for r in no]).cell(lambda v: f"{v:.2f}"),
+                f"{median(yes, 'cpu_us_per_event') - median(no, 'cpu_us_per_event'):+.2f}",
             ]
         )
-    run.results["aggregation"] = results
+    run.results[section] = results
     about = (
         f"{plan.cpu_events:,} scalars per trial split over the workers of one run, sent as scalar columns of "
         f"{AggregationParams.__dataclass_fields__['batch_steps'].default} steps per batch, each worker in turn; "
@@ -126,4 +141,4 @@ def aggregation(run: Run) -> str:
         "daemon's CPU (all threads) from the first batch until every session was closed, per scalar fed."
     )
     headers = ["workers", "daemon CPU µs/event, on", "off", "on - off µs"]
-    return "\n".join(["### 10. Daemon CPU of cross-worker aggregation", "", about, "", table(headers, rows)])
+    return "\n".join([f"### {_TITLES[section]}", "", about, "", table(headers, rows)])

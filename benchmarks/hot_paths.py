@@ -16,7 +16,7 @@ import time
 from dataclasses import asdict
 from pathlib import Path
 
-from benchmarks._daemon import running_daemon
+from benchmarks._run import running_daemon
 from benchmarks._trials import run_trial
 from benchmarks.ceiling import CeilingParams
 from benchmarks.cpu_cost import process_cpu, threads_cpu

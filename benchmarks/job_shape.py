@@ -27,10 +27,11 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from benchmarks._daemon import START_TIMEOUT, running_daemon, stop_process
+from _daemon import START_TIMEOUT, stop_process
 from benchmarks._job_load import LoadParams
 from benchmarks._machine import load_average
 from benchmarks._report import table
+from benchmarks._run import running_daemon
 from benchmarks.aggregation import daemon_cpu
 
 FLOOR, ON, OFF, UNPACED = "floor", "on", "off", "unpaced"
@@ -176,7 +177,7 @@ def measure(kind: str, shape: Shape, workdir: Path, profile: Path | None = None)
                 results.append(json.loads(out.strip().splitlines()[-1]))
         finally:
             for proc in procs:
-                stop_process(proc)  # type: ignore[arg-type]
+                stop_process(proc)  # type: ignore[arg-type]  # a text-mode pipe; only its pid is used
     return _row(kind, shape, results, cpu, rss, waited)
 
 

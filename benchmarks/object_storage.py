@@ -17,11 +17,11 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
+from _daemon import Daemon
+from _seaweed import create_bucket, start_seaweed, twin_free_ports
 from benchmarks._contenders import SUMMARYD, WriterSpec
-from benchmarks._daemon import Daemon, running_daemon
 from benchmarks._report import Spread, rate, ratio, seconds, table
-from benchmarks._run import Run, alternate, median, progress, slug
-from benchmarks._seaweed import create_bucket, start_seaweed, twin_free_ports
+from benchmarks._run import Run, alternate, median, progress, running_daemon, slug
 from benchmarks._trials import run_trial
 from benchmarks.throughput import ThroughputParams
 

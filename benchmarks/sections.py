@@ -11,9 +11,19 @@ from dataclasses import asdict
 from typing import Any
 
 from benchmarks._contenders import FLOOR, LIVE, NO_WRITER, PEERS, SUMMARYD, TORCH, WriterSpec
-from benchmarks._daemon import refused_address, running_daemon
 from benchmarks._report import Spread, micros, rate, ratio, table
-from benchmarks._run import Results, Run, Target, alternate, median, progress, remove_output, slug
+from benchmarks._run import (
+    Results,
+    Run,
+    Target,
+    alternate,
+    median,
+    progress,
+    refused_address,
+    remove_output,
+    running_daemon,
+    slug,
+)
 from benchmarks._trials import run_trial
 from benchmarks.close_latency import CloseParams
 from benchmarks.cpu_cost import CALLS, SUMMARY, CpuParams

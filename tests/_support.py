@@ -1,8 +1,9 @@
-"""What the tests share besides fixtures: a daemon started for a test (the launcher of `benchmarks._daemon`
-plus a health check), readers built on TensorBoard's own, and polling helpers. `conftest.py` keeps the fixtures.
+"""What the tests share besides fixtures: a daemon started for a test (the launcher `_daemon`, which the
+benchmarks use too, plus a health check), readers built on TensorBoard's own, and polling helpers. `conftest.py`
+keeps the fixtures.
 
 `pyproject.toml` puts the repository root and `tests/` on `sys.path` (pytest's `pythonpath`), so test modules
-import this as `_support` and it imports the launcher as `benchmarks._daemon`.
+import this as `_support`, and the launchers of the daemon and of SeaweedFS as `_daemon` and `_seaweed`.
 """
 
 from __future__ import annotations
@@ -11,38 +12,54 @@ import glob
 import json
 import os
 import re
+import shutil
 import socket
 import subprocess
 import sys
+import textwrap
+import threading
 import time
-import urllib.parse
 import urllib.request
 from collections.abc import Callable
+from concurrent import futures
 from pathlib import Path
 from typing import Any
 
 import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
+from prometheus_client.parser import text_string_to_metric_families
 from tensorboard.backend.event_processing.event_file_loader import RawEventFileLoader
 from tensorboard.compat.proto.event_pb2 import Event
+from tensorboard.compat.proto.summary_pb2 import Summary
 
-from benchmarks._daemon import Daemon, stop_process
-from benchmarks._daemon import start_daemon as launch_daemon
-from summaryd.client import SummaryWriter
-from summaryd.server.cli import main
+from _daemon import Daemon, stop_process
+from _daemon import start_daemon as launch_daemon
+from _tensorboard import TensorBoard
+from summaryd.cli import main
+from summaryd.client import Sender, SummaryWriter
+from summaryd.v1 import summaryd_pb2_grpc as pb_grpc
 
 __all__ = [
+    "FORKING_WRITER",
     "Daemon",
+    "Loopback",
     "TensorBoard",
     "assert_whole_records",
+    "cli",
     "event_files",
+    "leave_a_spool",
     "log_losses",
+    "metrics_port",
+    "one_line",
     "read_events",
     "replay",
+    "run_script",
+    "scrape",
     "start_daemon",
     "steps_in",
     "stop_process",
+    "summaryd_run",
     "unused_port",
     "wait_for",
     "wait_healthy",
@@ -153,35 +170,161 @@ def steps_in(run_dir: Path) -> list[int]:
     return steps
 
 
-TENSORBOARD_SERVING = re.compile(r"TensorBoard \S+ at http://127\.0\.0\.1:(\d+)/")
+ARTIFACTS = Path(os.environ.get("SUMMARYD_ARTIFACTS_DIR", Path(__file__).resolve().parent.parent / "artifacts"))
+"""Where slow-tier tests keep what a person looks at (screenshots): `$SUMMARYD_ARTIFACTS_DIR`, or `artifacts/`."""
 
 
-class TensorBoard:
-    """`tensorboard` with `flags` (its data: `--logdir` or `--grpc_data_provider`) on a loopback port the OS
-    picks (read from its own "TensorBoard ... at" line, so no port is chosen in a race); stop it by its pid."""
+class _Recorder(grpc.ServerInterceptor):  # type: ignore[misc]
+    """Records the method and metadata of every call before it is handled (whatever the method)."""
 
-    def __init__(self, flags: list[str], workdir: Path) -> None:
-        self.log_path = workdir / "tensorboard.log"
-        env = {**os.environ, "TMPDIR": str(workdir)}
-        args = [sys.executable, "-m", "tensorboard.main", *flags, "--host", "127.0.0.1", "--port", "0"]
-        with open(self.log_path, "wb") as log:
-            self.proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env)
-        wait_for(
-            lambda: self.proc.poll() is not None or TENSORBOARD_SERVING.search(self.log()), 120, "TensorBoard to serve"
-        )
-        match = TENSORBOARD_SERVING.search(self.log())
-        assert match is not None, self.log()
-        self.url = f"http://127.0.0.1:{match.group(1)}"
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, dict[str, str]]] = []
+        self._lock = threading.Lock()
 
-    def log(self) -> str:
-        return self.log_path.read_text(errors="replace")
+    def intercept_service(self, continuation: Any, details: Any) -> Any:
+        with self._lock:
+            self.calls.append((details.method, {k: str(v) for k, v in details.invocation_metadata}))
+        return continuation(details)
 
-    def raw(self, path: str, **query: str) -> bytes:
-        """The body of GET `path` (which may carry a query already) with `query` added."""
-        url = self.url + path + (("&" if "?" in path else "?") + urllib.parse.urlencode(query) if query else "")
-        with urllib.request.urlopen(url, timeout=30) as answer:
-            data: bytes = answer.read()
-            return data
+    def tokens(self) -> list[str]:
+        with self._lock:
+            return [m["authorization"] for _, m in self.calls if "authorization" in m]
 
-    def get(self, path: str, **query: str) -> Any:
-        return json.loads(self.raw(path, **query))
+
+class Loopback:
+    """A real gRPC server on a free loopback port, recording every call's metadata."""
+
+    def __init__(self, servicer: pb_grpc.SummariesServicer) -> None:
+        self.recorder = _Recorder()
+        self.server = grpc.server(futures.ThreadPoolExecutor(4), interceptors=[self.recorder])
+        pb_grpc.add_SummariesServicer_to_server(servicer, self.server)
+        self.address = f"127.0.0.1:{self.server.add_insecure_port('127.0.0.1:0')}"
+        self.server.start()
+
+    def stop(self) -> None:
+        self.server.stop(0).wait()
+
+
+def cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    """`python -m summaryd.server ARGS` as a user runs it, without SUMMARYD_* variables of the test's own."""
+    base = {k: v for k, v in os.environ.items() if not k.startswith("SUMMARYD_")}
+    return subprocess.run(
+        [sys.executable, "-m", "summaryd.server", *args],
+        env={**base, **(env or {})},
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+
+
+def one_line(result: subprocess.CompletedProcess[str], code: int) -> str:
+    """The one non-empty line of stderr, after checking the exit code and that nothing else was said."""
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert "Traceback" not in result.stderr, result.stderr
+    assert len(lines) == 1, result.stderr
+    assert result.returncode == code, result.stderr
+    return lines[0]
+
+
+def summaryd_run(cwd: Path, *args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    """`summaryd run ARGS` as a user runs it, in `cwd`."""
+    return subprocess.run(
+        [sys.executable, "-m", "summaryd.server", "run", *args],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+
+
+# A writer made with the arguments given as JSON (its token, say: no SUMMARYD_TOKEN) forks a child that logs
+# through it: the parent's courier delivers the child's outbox with the writer's settings, as the writer itself does.
+FORKING_WRITER = textwrap.dedent(
+    """
+    import json, os, sys
+    from summaryd.client import Sender, SummaryWriter
+
+    writer = SummaryWriter(sys.argv[1], worker="", close_timeout=30, **json.loads(sys.argv[2]))
+    writer.add_scalar("parent", 1.0, 0)
+    assert writer.flush(timeout=10).delivered == 1  # the parent used gRPC: its children must not
+    child = os.fork()
+    if child == 0:
+        writer.add_scalar("child", 2.0, 1)
+        writer.close()
+        os._exit(0)
+    os.waitpid(child, 0)
+    report = writer.close()
+    print(json.dumps({"ok": report.ok, "delivered": report.delivered}))
+    """
+)
+
+
+def run_script(script: str, args: list[str], environ: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    """`python -c script args`, bounded by a timeout."""
+    return subprocess.run(
+        [sys.executable, "-c", script, *args], env=environ, check=False, capture_output=True, text=True, timeout=120
+    )
+
+
+def leave_a_spool(spool_root: Path, port: int) -> Path:
+    """A process that logged 3 events to a daemon that never answered and ended: its spool stays behind."""
+    sender = Sender("left", address=f"127.0.0.1:{port}", spool_dir=spool_root, spool_after=0.1)
+    for step in range(3):
+        event = Event(step=step, summary=Summary(value=[Summary.Value(tag="x", simple_value=float(step))]))
+        sender.submit(event.SerializeToString(), 40)
+    wait_for(lambda: sender.report().spooled == 3, 30, "the events to be spooled")
+    report = sender.close(timeout=0.5)
+    assert report.spooled == 3 and report.spool_path is not None
+    return Path(report.spool_path)
+
+
+def metrics_port(daemon: Daemon) -> int:
+    """The port of a daemon's metrics endpoint, as its log says once it serves them."""
+    deadline = time.monotonic() + 10
+    while not (match := re.search(r"metrics on http://[^:]+:(\d+)/metrics", daemon.log())):
+        assert time.monotonic() < deadline, daemon.log()
+        time.sleep(0.05)
+    return int(match.group(1))
+
+
+def scrape(port: int) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    """Every sample of a metrics endpoint, by name and labels."""
+    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
+    return {
+        (sample.name, tuple(sorted(sample.labels.items()))): sample.value
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+    }
+
+
+def screenshot(url: str, shot: Path, profile: Path) -> None:
+    """A PNG of the page at `url` by headless Chromium (Debian's `chromium`), its profile in `profile`, once
+    the page had 20 s of virtual time to draw."""
+    chromium = shutil.which("chromium") or shutil.which("chromium-browser")
+    assert chromium, "the slow tier needs Debian's chromium (apt-get install -y chromium)"
+    shot.parent.mkdir(parents=True, exist_ok=True)
+    shot.unlink(missing_ok=True)
+    command = [
+        chromium,
+        "--headless",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-quic",
+        "--no-first-run",
+        "--disable-background-networking",
+        "--disable-component-update",
+        "--disable-sync",
+        f"--user-data-dir={profile}",
+        f"--screenshot={shot}",
+        "--window-size=1400,1000",
+        "--virtual-time-budget=20000",
+        url,
+    ]
+    done = subprocess.run(command, capture_output=True, timeout=180, check=False)
+    assert done.returncode == 0, done.stderr.decode(errors="replace")[-2000:]
+    assert shot.stat().st_size > 10_000, "the screenshot is (nearly) empty"
+    with open(shot, "rb") as f:
+        assert f.read(8) == b"\x89PNG\r\n\x1a\n"

@@ -1,16 +1,28 @@
-"""Fixtures: a real daemon process on a free loopback port (`_support.start_daemon`), and a clean client state
-for every test. What tests share besides fixtures lives in `_support`."""
+"""Every fixture more than one test module uses: a real daemon process on a free loopback port
+(`_support.start_daemon`), a clean client state for every test, a throw-away PKI, SeaweedFS and a fresh bucket
+prefix, a recording gRPC server, gRPC channels closed at the end. What tests share besides fixtures lives in
+`_support` and beside it (`_aggregation`, `_bucket`, `_credentials`, `_parity`, `_shipping`, the launchers
+`_daemon` and `_seaweed`); test modules import nothing from each other."""
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
+import grpc
 import pytest
 
-from _support import Daemon, start_daemon
+# The shared checks' assertions say what differs, as a test's own do (imported below, after this).
+pytest.register_assert_rewrite("_bucket", "_parity", "_support")
+
+from _bucket import BUCKET
+from _credentials import Pki, make_pki
+from _seaweed import SeaweedServer, create_bucket, start_seaweed
+from _support import Daemon, Loopback, start_daemon
 from summaryd.client import reset_global_step
 from summaryd.client.hooks import SummaryWriterCache
+from summaryd.v1 import summaryd_pb2_grpc as pb_grpc
 
 
 @pytest.fixture
@@ -51,3 +63,46 @@ def _fresh_client_state() -> Iterator[None]:
     yield
     SummaryWriterCache.clear()
     reset_global_step()
+
+
+@pytest.fixture(scope="module")
+def pki(tmp_path_factory: pytest.TempPathFactory) -> Pki:
+    """A throw-away CA with a server certificate for 127.0.0.1 and a client certificate."""
+    return make_pki(tmp_path_factory.mktemp("pki"))
+
+
+@pytest.fixture(scope="session")
+def seaweed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SeaweedServer]:
+    """One SeaweedFS for the session, with the tests' bucket; stopped by its pid."""
+    server = start_seaweed(tmp_path_factory.mktemp("seaweed"))
+    try:
+        create_bucket(server, BUCKET)
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+def logdir_url(seaweed: SeaweedServer, monkeypatch: pytest.MonkeyPatch) -> str:
+    """`s3://BUCKET/PREFIX` of a fresh prefix; the standard AWS variables point this process and the daemons
+    it starts at SeaweedFS."""
+    for name, value in seaweed.environment().items():
+        monkeypatch.setenv(name, value)
+    return f"s3://{BUCKET}/t-{uuid.uuid4().hex[:12]}"
+
+
+@pytest.fixture
+def capture() -> Iterator[Loopback]:
+    """Where a forged lease points: a gRPC server that only records what reaches it (every call UNIMPLEMENTED)."""
+    server = Loopback(pb_grpc.SummariesServicer())
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def channels() -> Iterator[list[grpc.Channel]]:
+    """Channels a test opens and appends here; each is closed at the end."""
+    opened: list[grpc.Channel] = []
+    yield opened
+    for channel in opened:
+        channel.close()

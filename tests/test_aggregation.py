@@ -17,57 +17,14 @@ import grpc
 import numpy as np
 import pytest
 from _aggregate_worker import value
-from tensorboard.backend.event_processing import event_accumulator
 
+from _aggregation import REDUCTIONS, WORKER, WORKERS_TIMEOUT, finish, scalars, start_workers, wait_aggregates_closed
 from _support import Daemon, event_files, read_events, start_daemon, wait_for
+from summaryd.cli import build_parser, config_from, main
 from summaryd.client import SummaryWriter
 from summaryd.server.aggregation.aggregator import AggregationSettings
-from summaryd.server.cli import _build_parser, config_from, main
 from summaryd.v1 import summaryd_pb2 as pb
 from summaryd.v1 import summaryd_pb2_grpc as pb_grpc
-
-WORKER = Path(__file__).with_name("_aggregate_worker.py")
-REDUCTIONS = ("mean", "min", "max", "std")
-WORKERS_TIMEOUT = 90.0
-
-
-def start_workers(
-    daemon: Daemon, tmp_path: Path, world: int, **spec: object
-) -> tuple[list[subprocess.Popen[bytes]], Path]:
-    """`world` worker processes of the run `job` logging `spec["steps"]`; `spec` per rank as `{rank: {...}}`
-    under "ranks". Returns them and their barrier directory."""
-    barrier = tmp_path / f"barrier-{uuid.uuid4().hex[:8]}"
-    barrier.mkdir()
-    per_rank: dict[int, dict[str, object]] = spec.pop("ranks", {})  # type: ignore[assignment]
-    procs = []
-    for rank in range(world):
-        worker = {
-            "address": daemon.address,
-            "run": "job",
-            "rank": rank,
-            "world": world,
-            "barrier": str(barrier),
-            **spec,
-            **per_rank.get(rank, {}),
-        }
-        procs.append(subprocess.Popen([sys.executable, str(WORKER), json.dumps(worker)]))
-    return procs, barrier
-
-
-def finish(procs: list[subprocess.Popen[bytes]]) -> None:
-    for proc in procs:
-        assert proc.wait(WORKERS_TIMEOUT) == 0
-
-
-def scalars(run_dir: Path, tag: str) -> list[tuple[int, float]]:
-    """A run's points of `tag`, as TensorBoard's loader reads them (every file of the run, in name order)."""
-    if not event_files(run_dir):  # not written yet
-        return []
-    accumulator = event_accumulator.EventAccumulator(str(run_dir), size_guidance={event_accumulator.SCALARS: 0})
-    accumulator.Reload()
-    if tag not in accumulator.Tags()["scalars"]:
-        return []
-    return [(e.step, e.value) for e in accumulator.Scalars(tag)]
 
 
 def stored(x: float) -> float:
@@ -84,18 +41,6 @@ def expected(step: int, ranks: range | list[int]) -> dict[str, float]:
         "max": stored(values.max()),
         "std": stored(math.sqrt(math.fsum((values - math.fsum(values) / len(values)) ** 2) / len(values))),
     }
-
-
-def wait_aggregates_closed(daemon: Daemon) -> None:
-    """Until the aggregator of the run `job` stopped: its aggregate runs are no longer open."""
-    with grpc.insecure_channel(daemon.address) as channel:
-        stub = pb_grpc.SummariesStub(channel)
-
-        def closed() -> bool:
-            runs = stub.GetStatus(pb.GetStatusRequest(), timeout=10).runs
-            return not any(run.run_dir.startswith("job/") for run in runs)
-
-        wait_for(closed, 60, "the aggregate runs to be closed")
 
 
 def assert_steps_never_go_back(run_dir: Path) -> dict[str, list[int]]:
@@ -370,11 +315,11 @@ def test_a_world_that_never_fills_is_written_after_the_straggler_timeout(tmp_pat
 
 
 def test_the_flags_and_their_variables() -> None:
-    parser, _ = _build_parser()
+    parser, _ = build_parser()
     default = parser.parse_args(["serve"])
     assert config_from(default, {}).aggregation == AggregationSettings(enabled=True, straggler_secs=30.0)
-    assert config_from(default, {"SUMMARYD_AGGREGATE": "0"}).aggregate is False
-    assert config_from(default, {"SUMMARYD_STRAGGLER_SECS": "2.5"}).straggler_secs == 2.5
+    assert config_from(default, {"SUMMARYD_AGGREGATE": "0"}).aggregation.enabled is False
+    assert config_from(default, {"SUMMARYD_STRAGGLER_SECS": "2.5"}).aggregation.straggler_secs == 2.5
     off = parser.parse_args(["serve", "--no-aggregate", "--straggler-secs", "5"])
     assert config_from(off, {"SUMMARYD_AGGREGATE": "1"}).aggregation == AggregationSettings(False, 5.0)
     with pytest.raises(ValueError, match="--straggler-secs must be positive"):

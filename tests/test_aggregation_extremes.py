@@ -11,12 +11,11 @@ import pytest
 from tensorboard.compat.proto.summary_pb2 import Summary
 from tensorboard.compat.proto.tensor_pb2 import TensorProto
 from tensorboard.compat.proto.tensor_shape_pb2 import TensorShapeProto
-from test_aggregation import scalars, wait_aggregates_closed
-from test_observability import _metrics_port, _scrape
 
-from _support import Daemon, start_daemon, wait_for
+from _aggregation import scalars, wait_aggregates_closed
+from _support import Daemon, metrics_port, scrape, start_daemon, wait_for
+from summaryd.cli import build_parser, config_from
 from summaryd.client import SummaryWriter
-from summaryd.server.cli import _build_parser, config_from
 
 INF = math.inf
 
@@ -119,7 +118,7 @@ def test_a_run_aggregates_at_most_its_tag_limit_and_frees_it(tmp_path: Path) -> 
     once it ended (the daemon's metrics say so)."""
     daemon = start_daemon(tmp_path, "--aggregate-max-tags", "100", "--metrics-listen", "127.0.0.1:0")
     try:
-        port = _metrics_port(daemon)
+        port = metrics_port(daemon)
         ranks = writers(daemon, 2)
         tags = [f"tag-{i:03d}" for i in range(300)]
         for step in range(2):
@@ -129,7 +128,7 @@ def test_a_run_aggregates_at_most_its_tag_limit_and_frees_it(tmp_path: Path) -> 
                 writer.flush(timeout=30)
         job = daemon.logdir / "job"
         wait_for(lambda: scalars(job / "mean", "tag-099") == [(0, 1.0), (1, 1.0)], 60, "the aggregates")
-        metrics = _scrape(port)
+        metrics = scrape(port)
         assert metrics[("summaryd_aggregation_tags", ())] == 100
         assert metrics[("summaryd_aggregation_points_refused_total", ())] == 2 * 2 * 200
         assert "--aggregate-max-tags" in daemon.log()
@@ -137,7 +136,7 @@ def test_a_run_aggregates_at_most_its_tag_limit_and_frees_it(tmp_path: Path) -> 
         for writer in ranks:
             assert writer.close().ok
         wait_aggregates_closed(daemon)
-        metrics = _scrape(port)
+        metrics = scrape(port)
         assert metrics[("summaryd_aggregation_tags", ())] == 0  # freed with the run
         assert metrics[("summaryd_aggregation_remembered_tags", ())] == 100
         assert scalars(job / "mean", "tag-100") == []
@@ -148,7 +147,7 @@ def test_a_run_aggregates_at_most_its_tag_limit_and_frees_it(tmp_path: Path) -> 
 
 
 def test_the_tag_limit_flag_and_its_variable() -> None:
-    parser, _ = _build_parser()
+    parser, _ = build_parser()
     default = parser.parse_args(["serve"])
     assert config_from(default, {}).aggregation.max_tags == 10_000
     assert config_from(default, {"SUMMARYD_AGGREGATE_MAX_TAGS": "50"}).aggregation.max_tags == 50

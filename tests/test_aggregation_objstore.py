@@ -8,15 +8,13 @@ import collections
 from pathlib import Path
 
 import pytest
-from test_aggregation import REDUCTIONS, WORKERS_TIMEOUT, finish, start_workers
-from test_objstore import logdir_url, seaweed, start_bucket_daemon, steps_from_bucket
 
+from _aggregation import REDUCTIONS, WORKERS_TIMEOUT, finish, start_workers
+from _bucket import start_bucket_daemon, steps_from_bucket
+from _seaweed import SeaweedServer
 from _support import Daemon, wait_for
-from benchmarks._seaweed import SeaweedServer
 
 pytestmark = pytest.mark.objstore
-
-__all__ = ["logdir_url", "seaweed"]  # the fixtures, from the object-storage tests
 
 
 def test_a_restarted_bucket_daemon_writes_no_aggregate_step_twice(

@@ -178,7 +178,7 @@ def test_a_raise_in_finalisation_never_stops_the_runs_timer() -> None:
     still tells that the run went idle."""
 
     async def tick() -> tuple[RunAggregator, int]:
-        aggregator = RunAggregator(AggregateRuns("job", None, DEFAULT, None), AggregationSettings(True, 0.01))  # type: ignore[arg-type]
+        aggregator = RunAggregator(AggregateRuns("job", None, DEFAULT), AggregationSettings(True, 0.01))  # type: ignore[arg-type]
         aggregator.table = _RaisingOnce(2, max_pending=100)
         for worker in ("a", "b"):
             aggregator.table.add(worker, "loss", 0, 1.0, 1.0, now=0.0)

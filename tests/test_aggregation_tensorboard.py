@@ -7,22 +7,18 @@ Slow tier: it starts TensorBoard and Chromium (Debian's `chromium` package). The
 
 from __future__ import annotations
 
-import os
-import shutil
-import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from _support import Daemon, TensorBoard, stop_process, wait_for
+from _support import ARTIFACTS, Daemon, TensorBoard, screenshot, stop_process, wait_for
 from summaryd.client import SummaryWriter
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
 WORLD, STEPS = 4, 200
-ARTIFACTS = Path(os.environ.get("SUMMARYD_ARTIFACTS_DIR", Path(__file__).resolve().parent.parent / "artifacts"))
 
 
 def loss(rank: int, step: int) -> float:
@@ -68,31 +64,7 @@ def test_tensorboard_draws_the_aggregates_beside_the_workers(daemon: Daemon, ten
     assert [step for step, _ in served("job/std")] == list(range(STEPS))
 
     # The dashboard, filtered to the `loss` chart: every run's line in one chart.
-    chromium = shutil.which("chromium") or shutil.which("chromium-browser")
-    assert chromium, "the slow tier needs Debian's chromium (apt-get install -y chromium)"
-    ARTIFACTS.mkdir(parents=True, exist_ok=True)
     shot = ARTIFACTS / "aggregates-scalars.png"
-    shot.unlink(missing_ok=True)
     profile = Path(tensorboard.log_path.parent) / "chromium-profile"
-    command = [
-        chromium,
-        "--headless",
-        "--no-sandbox",
-        "--disable-gpu",
-        "--disable-quic",
-        "--no-first-run",
-        "--disable-background-networking",
-        "--disable-component-update",
-        "--disable-sync",
-        f"--user-data-dir={profile}",
-        f"--screenshot={shot}",
-        "--window-size=1400,1000",
-        "--virtual-time-budget=20000",
-        f"{tensorboard.url}/#scalars&tagFilter=%5Eloss%24",
-    ]
-    done = subprocess.run(command, capture_output=True, timeout=180, check=False)
-    assert done.returncode == 0, done.stderr.decode(errors="replace")[-2000:]
-    assert shot.stat().st_size > 10_000, "the screenshot is (nearly) empty"
-    with open(shot, "rb") as f:
-        assert f.read(8) == b"\x89PNG\r\n\x1a\n"
+    screenshot(f"{tensorboard.url}/#scalars&tagFilter=%5Eloss%24", shot, profile)
     print(f"screenshot of the scalars dashboard: {shot}")

@@ -37,6 +37,7 @@ def test_benchmarks_run_at_smoke_size(tmp_path: Path) -> None:
         "add_summary (serialized, the hooks) (",
         "### 9. Many sessions",
         "### 10. Daemon CPU of cross-worker aggregation",
+        "### 12. Daemon CPU of the watch",
     ):
         assert row in result.stdout, row
 
@@ -75,3 +76,21 @@ def test_the_job_shape_benchmark_runs_short() -> None:
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     for target in ("bare servicer (floor)", "daemon, aggregation on", "daemon, aggregation off", "no pacing"):
         assert target in result.stdout
+
+
+@pytest.mark.slow  # three TensorBoards started twice
+@pytest.mark.timeout(600)
+def test_the_board_benchmark_runs_at_a_tiny_size() -> None:
+    for options in (["--points", "5", "--wait-s", "12"], ["--startup", "--runs", "2", "--tags", "2", "--steps", "20"]):
+        result = subprocess.run(
+            [sys.executable, "-m", "benchmarks.board", *options],
+            capture_output=True,
+            text=True,
+            timeout=540,
+            check=False,
+            cwd=ROOT,
+        )
+        assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+        assert "TensorBoard on the board (--grpc_data_provider)" in result.stdout
+        assert "RustBoard (--logdir, --load_fast=true)" in result.stdout
+        assert "not within" not in result.stdout, result.stdout

@@ -7,25 +7,31 @@ TensorFlow is what runs here, and is all the provider needs.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import socket
+import urllib.error
 import urllib.parse
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import grpc
 import numpy as np
 import pytest
 import torch
+from tensorboard.backend.event_processing import data_provider as tb_data_provider
+from tensorboard.backend.event_processing import reservoir as tb_reservoir
 from tensorboard.data.proto import data_provider_pb2 as dp
 from tensorboard.data.proto import data_provider_pb2_grpc as dp_grpc
 
+from _credentials import Pki, tls_credentials
 from _support import Daemon, TensorBoard, event_files, read_events, start_daemon, stop_process, unused_port, wait_for
+from summaryd.cli import main
 from summaryd.client import SummaryWriter
 from summaryd.server.board.index import BoardIndex, Datum, Reservoir, SamplesPerPlugin, ScalarPoints
-from summaryd.server.board.provider import Backfill, downsample, sample_indices
-from summaryd.server.cli import main
+from summaryd.server.board.provider import Backfill, BoardService, downsample, sample_indices
 from summaryd.server.config import Config
 from summaryd.server.server import ListenError, Server
 
@@ -217,17 +223,33 @@ def test_a_restart_at_a_lower_step_purges_that_series_from_that_step(board: Boar
 
 
 def test_a_session_log_start_purges_every_series_of_its_run_from_its_step(board: Board) -> None:
-    writer = SummaryWriter("exp", address=board.daemon.address)
+    # torch's `purge_step` writes SessionLog.START at that step. The run's first START is its start: a worker
+    # that joins with purge_step=0 takes nothing from the points already there.
+    first = SummaryWriter("exp", address=board.daemon.address)
+    first.add_scalar("lr", 1.0, 0)
+    assert first.close().ok
+    writer = SummaryWriter("exp", address=board.daemon.address, purge_step=0)
     for step in range(50):
         writer.add_scalar("loss", value(step), step)
     assert writer.close().ok
-    # torch's `purge_step` writes SessionLog.START at that step: TensorBoard drops every later point of the run.
+    assert board.scalars("exp", "lr") == [(0, 1.0)]
+    # A later START is a restart: TensorBoard drops every point of the run from its step on.
     purged = SummaryWriter("exp", address=board.daemon.address, purge_step=30)
     assert purged.close().ok
     assert board.scalars("exp", "loss") == [(s, value(s)) for s in range(30)]
+    assert board.scalars("exp", "lr") == [(0, 1.0)]
 
 
-def test_runs_already_on_disk_are_served_after_a_restart_and_live_points_follow_them(tmp_path: Path) -> None:
+def board_status(board: Board, capsys: pytest.CaptureFixture[str]) -> dict[str, Any]:
+    """The `board` of `summaryd status --json`."""
+    assert main(["status", "--json", "--address", board.daemon.address]) == 0
+    found: dict[str, Any] = json.loads(capsys.readouterr().out)["board"]
+    return found
+
+
+def test_runs_already_on_disk_are_served_after_a_restart_and_live_points_follow_them(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     logdir = tmp_path / "runs"
     first = start_daemon(tmp_path, logdir=logdir)
     try:
@@ -242,6 +264,16 @@ def test_runs_already_on_disk_are_served_after_a_restart_and_live_points_follow_
     board = Board(tmp_path, logdir=logdir)
     try:
         wait_for(lambda: len(board.scalars("b/c", "loss")) == 40, 60, "the runs on disk to be read")
+        # `summaryd status` shows the board and how far the reading of the runs already there is.
+        wait_for(lambda: board_status(board, capsys)["runs_pending"] == 0, 30, "status to count every run read")
+        assert board_status(board, capsys) == {
+            "address": board.address,
+            "runs": 2,
+            "runs_pending": 0,
+            "segments_pending": 0,
+        }
+        assert main(["status", "--address", board.daemon.address]) == 0
+        assert f"board {board.address} (tensorboard --grpc_data_provider): 2 runs\n" in capsys.readouterr().out
         assert board.scalars("a", "loss") == [(s, value(s)) for s in range(40)]
         writer = SummaryWriter("a", address=board.daemon.address)
         writer.add_scalar("loss", 99.0, 40)
@@ -382,13 +414,98 @@ async def test_a_board_port_in_use_stops_start_up_before_anything_is_made(tmp_pa
         probe.bind(("127.0.0.1", server.port))
 
 
-def test_a_run_on_disk_being_written_to_is_read_before_the_others() -> None:
+def test_a_run_on_disk_being_written_to_or_asked_for_is_read_before_the_others() -> None:
     index = BoardIndex()
-    backfill = Backfill(index, {"a": [], "b": [], "c": []})  # not started: only its choice is asked here
-    assert backfill.next_run({"a": [], "b": [], "c": []}) == "a"
-    index.written("c", "", [])  # a live batch of run c waits until c's older files are read
+    backfill = Backfill(index, {"a": [], "b": [], "c": [], "d": []})  # not started: only its choice is asked here
+    assert backfill.next_run({"a": [], "b": [], "c": [], "d": []}) == "a"
+    # TensorBoard asks for run d by name (a dashboard open on it): d is read next.
+    request = dp.ListScalarsRequest(run_tag_filter=dp.RunTagFilter(runs=dp.RunFilter(names=["d"])))
+    asyncio.run(BoardService(index, "").ListScalars(request, None))
+    assert backfill.next_run({"a": [], "b": [], "c": [], "d": []}) == "d"
+    index.written("c", "", [])  # a live batch of run c waits until c's older files are read: before all
     assert index.awaited() == ["c"]
-    assert backfill.next_run({"a": [], "b": [], "c": []}) == "c"
+    assert backfill.next_run({"a": [], "b": [], "c": [], "d": []}) == "c"
     index.backfilled("c", iter(()))
-    assert index.awaited() == []
+    index.backfilled("d", iter(()))
+    assert index.awaited() == [] and index.wanted() == []
     assert backfill.next_run({"a": [], "b": []}) == "a"
+
+
+def test_a_run_starts_at_its_first_files_first_record_as_tensorboard_dates_it(board: Board) -> None:
+    writer = SummaryWriter("exp", address=board.daemon.address)
+    writer.add_scalar("loss", 1.0, 1, walltime=1_000_000.0)  # a point's own time is not the run's start
+    assert writer.close().ok
+    (path,) = event_files(board.daemon.logdir / "exp")
+    header = read_events(path)[0]
+    assert header.HasField("file_version")
+    (run,) = board.stub.ListRuns(dp.ListRunsRequest()).runs
+    assert run.start_time == header.wall_time
+
+
+@pytest.mark.parametrize("capacity", [1, 10, 1000])
+def test_a_series_keeps_the_very_sample_tensorboards_reservoir_keeps_through_restarts(capacity: int) -> None:
+    # TensorBoard's own reservoir (the Python loader's) over the same stream, its restart purge as the loader
+    # makes it: `FilterItems` keeping the steps below the restart's.
+    theirs = tb_reservoir.Reservoir(capacity, seed=0, always_keep_last=True)
+    ours = Reservoir(capacity, ScalarPoints())
+    stream = [*range(0, 3000), *range(1800, 2500), *range(40, 5000, 3)]  # restarts at steps 1800 and 40
+    last = -1
+    for step in stream:
+        if step <= last:
+            theirs.FilterItems(lambda item, below=step: item < below)
+            ours.purge(step)
+        theirs.AddItem("loss", step)
+        ours.offer(Datum(step, 0.0, float(step)))
+        last = step
+    assert [d.step for d in ours.items] == theirs.Items("loss")
+    assert ours.items[-1].step == stream[-1]
+
+
+def test_num_points_picks_the_points_tensorboards_own_provider_picks() -> None:
+    for n in (0, 1, 2, 10, 999, 1000, 1001, 5000):
+        points = list(range(n))
+        for k in (0, 1, 2, 10, 1000, 6000):
+            assert [points[i] for i in sample_indices(n, k)] == tb_data_provider._downsample(points, k), (n, k)
+
+
+def test_the_board_serves_tls_with_the_daemons_certificate_as_tensorboards_ssl_credentials_read_it(
+    tmp_path: Path, pki: Pki, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    board_address = f"127.0.0.1:{unused_port()}"
+    # Clients of --listen must present a certificate; TensorBoard presents none, and the board asks for none.
+    daemon = start_daemon(
+        tmp_path,
+        *("--tls-cert", str(pki.server_cert), "--tls-key", str(pki.server_key), "--tls-client-ca", str(pki.ca)),
+        *("--board-listen", board_address),
+        credentials=tls_credentials(pki, client_cert=True),
+    )
+    try:
+        monkeypatch.setenv("SUMMARYD_TLS_CA", str(pki.ca))
+        monkeypatch.setenv("SUMMARYD_TLS_CERT", str(pki.client_cert))
+        monkeypatch.setenv("SUMMARYD_TLS_KEY", str(pki.client_key))
+        with SummaryWriter("exp", address=daemon.address) as writer:
+            writer.add_scalar("loss", 1.5, 3)
+        assert writer.close().ok
+        # TensorBoard's `--grpc_creds_type ssl_dev`: TLS, the roots from GRPC_DEFAULT_SSL_ROOTS_FILE_PATH, the
+        # certificate checked for the name localhost. `ssl` (the system's roots) is the same for a public CA's.
+        monkeypatch.setenv("GRPC_DEFAULT_SSL_ROOTS_FILE_PATH", str(pki.ca))
+        (tmp_path / "tls").mkdir()
+        tb = TensorBoard(["--grpc_data_provider", board_address, "--grpc_creds_type", "ssl_dev"], tmp_path / "tls")
+        try:
+            assert [p[1:] for p in tb.get("/data/plugin/scalars/scalars", run="exp", tag="loss")] == [[3, 1.5]]
+        finally:
+            stop_process(tb.proc, 10)
+        # Not in plain text: TensorBoard's default credentials (`local`) get no answer.
+        (tmp_path / "plain").mkdir()
+        plain = TensorBoard(["--grpc_data_provider", board_address], tmp_path / "plain")
+        try:
+            with pytest.raises(urllib.error.HTTPError):
+                plain.get("/data/runs")
+        finally:
+            stop_process(plain.proc, 10)
+    finally:
+        daemon.stop()
+    # Beyond loopback the board needs TLS (or --insecure), as --listen does.
+    Config(logdir=str(tmp_path / "runs"), board_listen="0.0.0.0:6106", tls_cert="c.pem", tls_key="k.pem")
+    with pytest.raises(ValueError, match="over TLS"):
+        Config(logdir=str(tmp_path / "runs"), listen="127.0.0.1:0", board_listen="0.0.0.0:6106")

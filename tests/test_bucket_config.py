@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from summaryd.server.cli import _build_parser, config_from, main
+from summaryd.cli import build_parser, config_from, main
 from summaryd.server.config import Config
 from summaryd.server.storage.bucket.segments import SealPolicy
 from summaryd.server.storage.bucket.store import is_bucket_url, split_url
@@ -25,12 +25,14 @@ def test_a_local_logdir_keeps_its_state_beside_it(tmp_path: Path) -> None:
 
 def test_a_bucket_logdir_stages_under_a_local_state_directory(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "xdg"))
-    config = Config(logdir="s3://bucket/team/exp", seal_secs=2, seal_bytes=1000, seal_max_secs=60)
+    config = Config.from_options(logdir="s3://bucket/team/exp", seal_secs=2, seal_bytes=1000, seal_max_secs=60)
     assert config.is_bucket
     assert config.state_path == str(tmp_path / "xdg" / "summaryd" / "s3" / "bucket" / "team" / "exp")
     assert config.local_logdir == str(tmp_path / "xdg" / "summaryd" / "s3" / "bucket" / "team" / "exp" / "staging")
-    assert config.seal_policy == SealPolicy(seal_secs=2, seal_bytes=1000, seal_max_secs=60)
-    explicit = Config(logdir="gs://bucket", state_dir=str(tmp_path / "s"), staging_dir=str(tmp_path / "st"))
+    assert config.bucket.seal == SealPolicy(seal_secs=2, seal_bytes=1000, seal_max_secs=60)
+    explicit = Config.from_options(
+        logdir="gs://bucket", state_dir=str(tmp_path / "s"), staging_dir=str(tmp_path / "st")
+    )
     assert (explicit.state_path, explicit.local_logdir) == (str(tmp_path / "s"), str(tmp_path / "st"))
 
 
@@ -84,10 +86,10 @@ def test_bad_run_ownership_settings_are_one_usage_line(
 
 
 def test_the_advertised_address_comes_from_the_environment_too() -> None:
-    parser, _ = _build_parser()
+    parser, _ = build_parser()
     args = parser.parse_args(["serve", "--logdir", "s3://bucket/p"])
-    assert config_from(args, {"SUMMARYD_ADVERTISE": "node-3.example:6065"}).advertise == "node-3.example:6065"
-    assert config_from(args, {}).advertise == ""  # the daemon advertises its --listen address
+    assert config_from(args, {"SUMMARYD_ADVERTISE": "node-3.example:6065"}).bucket.advertise == "node-3.example:6065"
+    assert config_from(args, {}).bucket.advertise == ""  # the daemon advertises its --listen address
 
 
 @pytest.mark.parametrize("listen", ["0.0.0.0:6065", "[::]:6065"])
@@ -102,7 +104,9 @@ def test_a_daemon_listening_everywhere_advertises_its_host_name_not_the_wildcard
 def test_the_advertised_address_is_the_listen_host_or_the_flag() -> None:
     assert Config(logdir="s3://bucket/p", insecure=True, listen="10.0.0.7:0").advertised(6066) == "10.0.0.7:6066"
     assert Config(logdir="s3://bucket/p", insecure=True, listen="[::1]:0").advertised(6066) == "[::1]:6066"
-    given = Config(logdir="s3://bucket/p", insecure=True, listen="0.0.0.0:6065", advertise="node-3.example:6065")
+    given = Config.from_options(
+        logdir="s3://bucket/p", insecure=True, listen="0.0.0.0:6065", advertise="node-3.example:6065"
+    )
     assert given.advertised(6065) == "node-3.example:6065"
 
 

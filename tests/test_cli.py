@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from _support import Daemon, wait_healthy
-from summaryd.server.cli import config_from, main
+from summaryd.cli import config_from, main
 from summaryd.server.config import Config
 
 

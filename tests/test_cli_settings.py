@@ -6,14 +6,12 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from test_security import ALICE, Pki, _credentials, _token_file, pki  # noqa: F401  (pki is a fixture)
-from test_user_errors import cli, one_line
-
-from _support import start_daemon
+from _credentials import ALICE, Pki, tls_credentials, token_file
+from _support import cli, one_line, start_daemon
 
 
 def test_status_with_a_token(tmp_path: Path) -> None:
-    daemon = start_daemon(tmp_path, "--token-file", str(_token_file(tmp_path / "tokens", f"{ALICE} team-a/")))
+    daemon = start_daemon(tmp_path, "--token-file", str(token_file(tmp_path / "tokens", f"{ALICE} team-a/")))
     try:
         refused = one_line(cli("status", "--address", daemon.address), 1)
         assert refused.startswith(f"summaryd at {daemon.address}: UNAUTHENTICATED")
@@ -26,7 +24,7 @@ def test_status_with_a_token(tmp_path: Path) -> None:
         daemon.terminate()
 
 
-def test_status_and_health_over_mutual_tls(tmp_path: Path, pki: Pki) -> None:  # noqa: F811
+def test_status_and_health_over_mutual_tls(tmp_path: Path, pki: Pki) -> None:
     daemon = start_daemon(
         tmp_path,
         "--tls-cert",
@@ -35,7 +33,7 @@ def test_status_and_health_over_mutual_tls(tmp_path: Path, pki: Pki) -> None:  #
         str(pki.server_key),
         "--tls-client-ca",
         str(pki.ca),
-        credentials=_credentials(pki, client_cert=True),
+        credentials=tls_credentials(pki, client_cert=True),
     )
     try:
         flags = ["--tls-ca", str(pki.ca), "--tls-cert", str(pki.client_cert), "--tls-key", str(pki.client_key)]

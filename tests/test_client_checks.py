@@ -14,7 +14,7 @@ import pytest
 from tensorboard.compat.proto.event_pb2 import Event
 from tensorboard.compat.proto.summary_pb2 import Summary
 
-from _support import event_files, read_events, start_daemon, unused_port, wait_for
+from _support import event_files, leave_a_spool, read_events, start_daemon, unused_port, wait_for
 from summaryd.client import Sender, SummaryWriter
 from summaryd.client._environment import parse_address
 from summaryd.client.hooks import PlainStepCounterHook, PlainSummarySaverHook
@@ -162,17 +162,6 @@ def test_spooled_events_delivered_later_are_said_to_be(tmp_path: Path, caplog: p
     assert list(spool_root.iterdir()) == []
 
 
-def _leave_a_spool(spool_root: Path, port: int) -> Path:
-    """A process that logged 3 events to a daemon that never answered and ended: its spool stays behind."""
-    sender = Sender("left", address=f"127.0.0.1:{port}", spool_dir=spool_root, spool_after=0.1)
-    for step in range(3):
-        sender.submit(scalar(step), 40)
-    wait_for(lambda: sender.report().spooled == 3, 30, "the events to be spooled")
-    report = sender.close(timeout=0.5)
-    assert report.spooled == 3 and report.spool_path is not None
-    return Path(report.spool_path)
-
-
 def _replay_cli(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
     base = {k: v for k, v in os.environ.items() if k != "SUMMARYD_ADDRESS"}
     return subprocess.run(
@@ -188,7 +177,7 @@ def _replay_cli(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[
 def test_replay_takes_summaryd_address_and_removes_what_it_delivered(tmp_path: Path) -> None:
     """The spool records a daemon that is gone; SUMMARYD_ADDRESS names the one to use, and replay says so."""
     spool_root = tmp_path / "spool"
-    spool = _leave_a_spool(spool_root, unused_port())
+    spool = leave_a_spool(spool_root, unused_port())
     daemon = start_daemon(tmp_path)
     try:
         result = _replay_cli(str(spool_root), env={"SUMMARYD_ADDRESS": daemon.address})
@@ -203,7 +192,7 @@ def test_replay_takes_summaryd_address_and_removes_what_it_delivered(tmp_path: P
 
 def test_replay_moves_on_from_a_daemon_that_is_away_to_the_next_of_summaryd_address(tmp_path: Path) -> None:
     spool_root = tmp_path / "spool"
-    spool = _leave_a_spool(spool_root, unused_port())
+    spool = leave_a_spool(spool_root, unused_port())
     daemon = start_daemon(tmp_path)
     try:
         away = f"127.0.0.1:{unused_port()}"
@@ -218,7 +207,7 @@ def test_replay_moves_on_from_a_daemon_that_is_away_to_the_next_of_summaryd_addr
 
 def test_replay_says_it_used_the_recorded_address_and_keep_keeps(tmp_path: Path) -> None:
     spool_root, port = tmp_path / "spool", unused_port()
-    spool = _leave_a_spool(spool_root, port)
+    spool = leave_a_spool(spool_root, port)
     daemon = start_daemon(tmp_path, "--listen", f"127.0.0.1:{port}")
     try:
         result = _replay_cli(str(spool), "--keep", env={})
@@ -241,7 +230,7 @@ def test_replay_refuses_a_bad_address_in_one_line(tmp_path: Path) -> None:
 def test_replay_refuses_tls_settings_that_do_not_go_together(tmp_path: Path) -> None:
     """A certificate without its key is the settings' fault, not the spool's: one usage line, nothing replayed."""
     spool_root = tmp_path / "spool"
-    spool = _leave_a_spool(spool_root, unused_port())
+    spool = leave_a_spool(spool_root, unused_port())
     result = _replay_cli(str(spool_root), env={"SUMMARYD_TLS_CERT": str(tmp_path / "client.pem")})
     assert result.returncode == 2 and "Traceback" not in result.stderr
     [line] = [line for line in result.stderr.splitlines() if line]

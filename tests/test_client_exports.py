@@ -51,3 +51,25 @@ def test_the_sender_package_exports_what_the_rest_of_the_client_uses() -> None:
     from summaryd.server.errors import REFUSED_SEQUENCE_KEY
 
     assert _sender.REFUSED_SEQUENCE_KEY == REFUSED_SEQUENCE_KEY
+
+
+def test_the_commands_module_exports_what_the_command_line_uses() -> None:
+    """`summaryd.cli` reaches the client through `summaryd.client.commands` alone (`test_layers`)."""
+    from summaryd.client import commands
+
+    assert set(commands.__all__) == {
+        "ChannelSettings",
+        "RedirectRefusedError",
+        "ReplayResult",
+        "ShipError",
+        "ShipTotals",
+        "Shipper",
+        "open_channel",
+        "replay",
+        "resolve_address",
+        "resolve_addresses",
+        "resolve_redirect_allow",
+        "run_command",
+    }
+    for name in commands.__all__:
+        assert getattr(commands, name) is not None, name

@@ -327,7 +327,7 @@ def test_compose_bucket_profile_serves_two_daemons_on_one_bucket_through_its_ten
         def served() -> dict[tuple[str, str], list[tuple[int, float]]]:
             return {key: _scalars(tensorboard, *key) for key in expected}
 
-        # Live, writers open: sealed by age (--seal-secs 5), read at TensorBoard's next reload (5 s); the bound
+        # Live, writers open: sealed by age (--seal-secs 5), listed by summaryd-a's board (every 2 s); the bound
         # only ends a failing run.
         wait_for(lambda: served() == expected, 120, "the bucket's TensorBoard to serve every scalar")
     finally:

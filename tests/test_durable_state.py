@@ -6,65 +6,23 @@ from the bucket as the daemons wrote it, the run's segments with TensorBoard's l
 
 from __future__ import annotations
 
-import asyncio
 import collections
 import shutil
-import time
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 
 import grpc
 import pytest
-from tensorboard.compat.proto.event_pb2 import Event
-from tensorboard.compat.proto.summary_pb2 import Summary
-from test_failover import daemon_in
-from test_objstore import logdir_url, seaweed, steps_from_bucket
 
+from _bucket import batch, daemon_in, state_of, steps_from_bucket, stub_of, write
+from _seaweed import SeaweedServer
 from _support import Daemon, log_losses, wait_for
-from benchmarks._seaweed import SeaweedServer
 from summaryd.client import SummaryWriter
 from summaryd.server.storage.bucket.sessions import BucketSessions, DurableSession
 from summaryd.server.storage.bucket.store import Bucket
 from summaryd.v1 import summaryd_pb2 as pb
-from summaryd.v1 import summaryd_pb2_grpc as pb_grpc
 
 pytestmark = pytest.mark.objstore
-
-__all__ = ["logdir_url", "seaweed"]  # fixtures shared with the object-storage tests
-
-
-def batch(session_id: str, first: int, last: int) -> pb.WriteRequest:
-    """Events `first`..`last`, each a scalar at step = its sequence number - 1."""
-    events = [
-        Event(wall_time=time.time(), step=seq - 1, summary=Summary(value=[Summary.Value(tag="loss", simple_value=seq)]))
-        for seq in range(first, last + 1)
-    ]
-    return pb.WriteRequest(session_id=session_id, first_sequence=first, events=[e.SerializeToString() for e in events])
-
-
-def write(stub: pb_grpc.SummariesStub, *requests: pb.WriteRequest) -> pb.WriteAck:
-    """Send `requests` on one stream; the last ack."""
-    acks = list(stub.Write(iter(requests), timeout=30))
-    assert len(acks) == len(requests)
-    return acks[-1]
-
-
-def state_of(url: str, session_id: str) -> DurableSession | None:
-    return asyncio.run(BucketSessions(Bucket(url)).get(session_id))
-
-
-@pytest.fixture
-def channels() -> Iterator[list[grpc.Channel]]:
-    opened: list[grpc.Channel] = []
-    yield opened
-    for channel in opened:
-        channel.close()
-
-
-def stub_of(address: str, channels: list[grpc.Channel]) -> pb_grpc.SummariesStub:
-    channels.append(grpc.insecure_channel(address))
-    return pb_grpc.SummariesStub(channels[-1])
 
 
 async def test_session_state_never_moves_back_and_merges_closed(logdir_url: str) -> None:

@@ -17,31 +17,19 @@ from typing import Any
 
 import grpc
 import pytest
-from test_objstore import logdir_url, seaweed, segments, start_bucket_daemon, steps_from_bucket
 
+from _bucket import daemon_in, lease_of, segments, start_bucket_daemon, steps_from_bucket
+from _seaweed import SeaweedServer
 from _support import Daemon, log_losses, unused_port, wait_for
-from benchmarks._seaweed import SeaweedServer
+from summaryd.cli import main
 from summaryd.client import SummaryWriter
-from summaryd.server.cli import main
-from summaryd.server.storage.bucket.leases import Lease, RunLeases
+from summaryd.server.storage.bucket.leases import RunLeases
 from summaryd.server.storage.bucket.store import Bucket
 from summaryd.v1 import summaryd_pb2 as pb
 from summaryd.v1 import summaryd_pb2_grpc as pb_grpc
 from summaryd.v1.wire import OWNER_ADDRESS_KEY
 
 pytestmark = pytest.mark.objstore
-
-__all__ = ["logdir_url", "seaweed"]  # fixtures shared with the object-storage tests
-
-
-def daemon_in(workdir: Path, url: str, *flags: str) -> Daemon:
-    """A daemon on the bucket logdir `url` with a state directory of its own, under `workdir`."""
-    workdir.mkdir(parents=True, exist_ok=True)
-    return start_bucket_daemon(workdir, url, *flags)
-
-
-def lease_of(url: str, run: str) -> Lease | None:
-    return asyncio.run(RunLeases(Bucket(url), "reader", "", 30.0).read(run))
 
 
 def open_session(address: str, run: str) -> pb.OpenSessionResponse:

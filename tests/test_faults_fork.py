@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from _support import Daemon, assert_whole_records, event_files, read_events, start_daemon
+from _support import FORKING_WRITER, Daemon, assert_whole_records, event_files, read_events, run_script, start_daemon
 from summaryd.client import Sender
 from summaryd.client._process import _fork
 
@@ -62,7 +62,7 @@ TRAINING = textwrap.dedent(
         trainer.join()
     report = writer.close()
     print(json.dumps({"pid": os.getpid(), "logged": logged[0], "ok": report.ok, "synced": report.synced,
-                      "delivered": report.delivered}))
+                      "delivered": report.delivered, "tensorflow": "tensorflow" in sys.modules}))
     """
 )
 
@@ -81,6 +81,8 @@ def run_training(daemon: Daemon, tmp_path: Path, epochs: int, **env: str) -> dic
     assert done.returncode == 0, "\n".join(line for line in done.stderr.splitlines() if "fork_posix" not in line)
     report: dict[str, int] = json.loads(done.stdout.strip().splitlines()[-1])
     assert report["ok"] and report["synced"], report
+    # Installed (the slow tier), TensorFlow's threads would be forked into every worker: summaryd imports none.
+    assert not report.pop("tensorflow"), "summaryd imported TensorFlow into a torch training process"
     return report
 
 
@@ -139,35 +141,6 @@ def test_grpc_fork_support_draws_a_warning(monkeypatch: pytest.MonkeyPatch, capl
             _fork._after_fork_in_parent()
     assert sum("unset GRPC_ENABLE_FORK_SUPPORT" in r.getMessage() for r in caplog.records) == 1
     sender.close(timeout=0)
-
-
-# A writer made with the arguments given as JSON (its token, say: no SUMMARYD_TOKEN) forks a child that logs
-# through it: the parent's courier delivers the child's outbox with the writer's settings, as the writer itself does.
-FORKING_WRITER = textwrap.dedent(
-    """
-    import json, os, sys
-    from summaryd.client import SummaryWriter
-
-    writer = SummaryWriter(sys.argv[1], worker="", close_timeout=30, **json.loads(sys.argv[2]))
-    writer.add_scalar("parent", 1.0, 0)
-    assert writer.flush(timeout=10).delivered == 1  # the parent used gRPC: its children must not
-    child = os.fork()
-    if child == 0:
-        writer.add_scalar("child", 2.0, 1)
-        writer.close()
-        os._exit(0)
-    os.waitpid(child, 0)
-    report = writer.close()
-    print(json.dumps({"ok": report.ok, "delivered": report.delivered}))
-    """
-)
-
-
-def run_script(script: str, args: list[str], environ: dict[str, str]) -> subprocess.CompletedProcess[str]:
-    """`python -c script args`, bounded by a timeout."""
-    return subprocess.run(
-        [sys.executable, "-c", script, *args], env=environ, check=False, capture_output=True, text=True, timeout=120
-    )
 
 
 def test_courier_delivers_a_childs_outbox_with_the_writers_own_token(tmp_path: Path) -> None:

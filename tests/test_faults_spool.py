@@ -23,8 +23,8 @@ from tensorboard.compat.proto.summary_pb2 import Summary
 
 from _support import Daemon, replay, start_daemon, unused_port, wait_for
 from _support import steps_in as logged_steps  # every scalar step, each file read whole
+from summaryd.cli import main
 from summaryd.client import Sender, SummaryWriter
-from summaryd.server.cli import main
 
 
 def scalar(step: int) -> bytes:

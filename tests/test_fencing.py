@@ -20,12 +20,10 @@ from pathlib import Path
 
 import grpc
 import pytest
-from test_durable_state import batch, channels, state_of, stub_of, write
-from test_failover import daemon_in, lease_of
-from test_objstore import logdir_url, seaweed, segments, steps_from_bucket
 
+from _bucket import batch, daemon_in, lease_of, segments, state_of, steps_from_bucket, stub_of, write
+from _seaweed import SeaweedServer
 from _support import Daemon, log_losses, wait_for
-from benchmarks._seaweed import SeaweedServer
 from summaryd.client import SummaryWriter
 from summaryd.server.storage.bucket import segments as shipping
 from summaryd.server.storage.bucket.segments import SealPolicy, SegmentShipper
@@ -34,8 +32,6 @@ from summaryd.v1 import summaryd_pb2 as pb
 from summaryd.v1 import summaryd_pb2_grpc as pb_grpc
 
 pytestmark = pytest.mark.objstore
-
-__all__ = ["channels", "logdir_url", "seaweed"]  # fixtures shared with the object-storage tests
 
 
 def pair(tmp_path: Path, url: str, lease: str, seal_a: str, daemons: list[Daemon]) -> tuple[Daemon, Daemon]:
@@ -121,8 +117,8 @@ async def test_a_segment_put_after_a_takeover_fenced_the_file_does_not_land(
     (tmp_path / "run").mkdir()
     (tmp_path / "run" / name).write_bytes(b"x" * 300)
     with ThreadPoolExecutor(1) as executor:
-        shipper = SegmentShipper(bucket, str(tmp_path), SealPolicy(), executor)
-        fence = shipper.fence = _AlwaysAdmits()
+        fence = _AlwaysAdmits()
+        shipper = SegmentShipper(bucket, str(tmp_path), SealPolicy(), executor, fence=fence)
         shipper.appended("run", name, 100)
         await shipper.ship(force=True)  # one segment of the old holder, 0..100
         # The next holder takes the lease over and closes the file to it; then the paused PUT goes out.

@@ -86,3 +86,23 @@ def test_an_upload_cancelled_while_its_lease_names_the_file_leaves_the_next_one_
         assert ownership.holds("run") and ownership.valid("run")
 
     asyncio.run(check())
+
+
+def test_leftovers_of_a_run_whose_lease_is_gone_are_not_reclaimed() -> None:
+    """A daemon stages a run only under its lease; a lease that is gone was removed past the retention, and
+    with it the record of who held the run since: recovery does not upload the run's leftovers blind.
+    obstore's in-memory store stands in for the bucket."""
+    import asyncio
+
+    from obstore.store import MemoryStore
+
+    from summaryd.server.storage.bucket.leases import RunLeases
+    from summaryd.server.storage.bucket.run_ownership import RunOwnership
+    from summaryd.server.storage.bucket.store import Bucket
+
+    async def check() -> None:
+        ownership = RunOwnership(RunLeases(Bucket("s3://b/p", MemoryStore()), "a", "127.0.0.1:1", 30.0))
+        assert await ownership.reclaim("job/w0") is None
+        assert not ownership.held()
+
+    asyncio.run(check())

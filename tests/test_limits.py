@@ -132,7 +132,7 @@ def test_batches_are_cut_to_the_limits_the_daemon_states(spawn: Spawn) -> None:
     daemon, stub = spawn("--max-message-bytes", "65536", "--max-batch-events", "300")
     answer = stub.OpenSession(pb.OpenSessionRequest(session_id=str(uuid.uuid4()), run="probe"), timeout=10)
     assert (answer.max_message_bytes, answer.max_batch_events) == (65536, 300)
-    assert answer.max_event_bytes == Config().max_event_bytes
+    assert answer.max_event_bytes == Config().limits.max_event_bytes
     writer = SummaryWriter("cut", address=daemon.address, worker="", linger_secs=1.0)
     tag = "t" * 200  # events of about 230 bytes: 1,024 of them are 3.5 times the message limit
     for step in range(3000):
@@ -318,9 +318,9 @@ def test_stream_idle_time(spawn: Spawn) -> None:
 
 def test_idle_time_must_outlast_heartbeats() -> None:
     with pytest.raises(ValueError, match="--stream-idle-timeout"):
-        Config(session_lease=60, stream_idle_timeout=15)
+        Config.from_options(session_lease=60, stream_idle_timeout=15)
     with pytest.raises(ValueError, match="--max-open-runs must be positive"):
-        Config(max_open_runs=0)
+        Config.from_options(max_open_runs=0)
     with pytest.raises(ValueError, match="--stream-window-bytes must be at least 65535"):
         Config(stream_window_bytes=1024)
-    assert Config().stream_idle_timeout > Config().session_lease / 3
+    assert Config().limits.stream_idle_timeout > Config().session_lease / 3

@@ -24,7 +24,7 @@ def test_ruff_format() -> None:
         "ruff",
         "format",
         "--check",
-        *(d for d in ("client", "server", "scripts", "tests", "benchmarks") if (ROOT / d).is_dir()),
+        *(d for d in ("cli", "client", "server", "scripts", "tests", "benchmarks") if (ROOT / d).is_dir()),
     )
 
 

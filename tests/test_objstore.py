@@ -20,7 +20,6 @@ import urllib.error
 import urllib.parse
 import urllib.request
 import uuid
-from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -29,8 +28,9 @@ import grpc
 import pytest
 from tensorboard.compat.proto.event_pb2 import Event
 
-from _support import Daemon, read_events, start_daemon, unused_port, wait_for
-from benchmarks._seaweed import SeaweedServer, create_bucket, start_seaweed
+from _bucket import BUCKET, prefix_of, segments, start_bucket_daemon, steps_from_bucket
+from _seaweed import SeaweedServer, create_bucket, start_seaweed
+from _support import Daemon, unused_port, wait_for
 from summaryd.client import SummaryWriter
 from summaryd.server.storage.bucket.leases import LeaseHeldError, LeaseLostError, RunLeases
 from summaryd.server.storage.bucket.segment_sessions import ATTRIBUTE, MAX_SESSIONS, decode, session_tag
@@ -49,30 +49,9 @@ from summaryd.v1 import wire
 
 pytestmark = pytest.mark.objstore
 
-BUCKET = "summaryd-tests"
 SEAL_BYTES = 16384
 TB_VENV = Path("/tmp/summaryd-tensorboard-s3")
 TB_SERVING = re.compile(r"TensorBoard \S+ at http://127\.0\.0\.1:(\d+)/")
-
-
-@pytest.fixture(scope="session")
-def seaweed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SeaweedServer]:
-    """One SeaweedFS for the session, with the tests' bucket; stopped by its pid."""
-    server = start_seaweed(tmp_path_factory.mktemp("seaweed"))
-    try:
-        create_bucket(server, BUCKET)
-        yield server
-    finally:
-        server.stop()
-
-
-@pytest.fixture
-def logdir_url(seaweed: SeaweedServer, monkeypatch: pytest.MonkeyPatch) -> str:
-    """`s3://BUCKET/PREFIX` of a fresh prefix; the standard AWS variables point this process and the daemons
-    it starts at SeaweedFS."""
-    for name, value in seaweed.environment().items():
-        monkeypatch.setenv(name, value)
-    return f"s3://{BUCKET}/t-{uuid.uuid4().hex[:12]}"
 
 
 @pytest.fixture(scope="session")
@@ -86,39 +65,6 @@ def tensorboard_venv() -> Path:
         subprocess.run(pip, check=True, timeout=600)
         ready.touch()
     return TB_VENV
-
-
-def start_bucket_daemon(tmp_path: Path, url: str, *flags: str) -> Daemon:
-    return start_daemon(tmp_path, "--logdir", url, "--state-dir", str(tmp_path / "state"), *flags)
-
-
-def prefix_of(url: str) -> str:
-    return url.split("/", 3)[3]
-
-
-def segments(seaweed: SeaweedServer, url: str, run: str) -> list[tuple[str, int]]:
-    """`(key, size)` of every segment of `run`, in key order."""
-    import obstore  # the s3 extra: imported when run, so that the default tier collects this module without it
-
-    store = seaweed.store(BUCKET, prefix_of(url))
-    found = [(meta["path"], meta["size"]) for meta in obstore.list(store, run + "/").collect()]
-    return sorted((key, size) for key, size in found if parse_segment(key) is not None)
-
-
-def steps_from_bucket(seaweed: SeaweedServer, url: str, run: str, into: Path) -> collections.Counter[int]:
-    """How often each step occurs in `run`'s segments, each read whole with TensorBoard's loader."""
-    import obstore
-
-    store = seaweed.store(BUCKET, prefix_of(url))
-    into.mkdir(parents=True, exist_ok=True)
-    steps: collections.Counter[int] = collections.Counter()
-    for key, size in segments(seaweed, url, run):
-        local = into / key.rsplit("/", 1)[1]
-        local.write_bytes(bytes(obstore.get(store, key).bytes()))
-        events = read_events(local)
-        assert sum(8 + 4 + len(e.SerializeToString()) + 4 for e in events) == size, f"{key}: not whole records"
-        steps.update(e.step for e in events if e.HasField("summary"))
-    return steps
 
 
 def staging_settled(tmp_path: Path, run: str) -> bool:

@@ -3,38 +3,16 @@
 from __future__ import annotations
 
 import json
-import re
-import time
-import urllib.request
 from pathlib import Path
 
-from prometheus_client.parser import text_string_to_metric_families
-
-from _support import Daemon, start_daemon, wait_for
+from _support import metrics_port, scrape, start_daemon, wait_for
 from summaryd.client import SummaryWriter
-
-
-def _metrics_port(daemon: Daemon) -> int:
-    deadline = time.monotonic() + 10
-    while not (match := re.search(r"metrics on http://[^:]+:(\d+)/metrics", daemon.log())):
-        assert time.monotonic() < deadline, daemon.log()
-        time.sleep(0.05)
-    return int(match.group(1))
-
-
-def _scrape(port: int) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
-    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
-    return {
-        (sample.name, tuple(sorted(sample.labels.items()))): sample.value
-        for family in text_string_to_metric_families(text)
-        for sample in family.samples
-    }
 
 
 def test_metrics_count_what_clients_sent(tmp_path: Path) -> None:
     daemon = start_daemon(tmp_path, "--metrics-listen", "127.0.0.1:0", "--log-format", "json")
     try:
-        port = _metrics_port(daemon)
+        port = metrics_port(daemon)
         writers = {run: SummaryWriter(run, address=daemon.address, worker="") for run in ("a", "b")}
         for step in range(700):
             writers["a"].add_scalar("x", step, step)
@@ -42,7 +20,7 @@ def test_metrics_count_what_clients_sent(tmp_path: Path) -> None:
             writers["b"].add_scalar("x", step, step)
         for writer in writers.values():
             assert writer.flush(timeout=30).delivered in (700, 300)
-        during = _scrape(port)  # both sessions still open
+        during = scrape(port)  # both sessions still open
         assert during[("summaryd_events_written_total", (("run", "a"),))] == 700
         assert during[("summaryd_events_written_total", (("run", "b"),))] == 300
         assert during[("summaryd_events_received_total", (("run", "a"),))] == 700
@@ -53,7 +31,7 @@ def test_metrics_count_what_clients_sent(tmp_path: Path) -> None:
         assert during[("summaryd_write_seconds_count", ())] >= 2
         for writer in writers.values():
             assert writer.close().synced
-        after = _scrape(port)
+        after = scrape(port)
         assert after[("summaryd_sessions", ())] == 0
         assert after[("summaryd_open_files", ())] == 0
         assert after[("summaryd_fsync_seconds_count", ())] >= 2
@@ -71,12 +49,12 @@ def test_metrics_count_what_clients_sent(tmp_path: Path) -> None:
 def test_errors_are_counted_by_status(tmp_path: Path) -> None:
     daemon = start_daemon(tmp_path, "--metrics-listen", "127.0.0.1:0")
     try:
-        port = _metrics_port(daemon)
+        port = metrics_port(daemon)
         writer = SummaryWriter("d/" * 20 + "bad", address=daemon.address, worker="")
         writer.add_scalar("x", 1.0)
         assert writer.close(timeout=10).delivered == 0
         # The client may hear the refusal a moment before the daemon's interceptor has counted it.
         key = ("summaryd_errors_total", (("code", "INVALID_ARGUMENT"),))
-        wait_for(lambda: _scrape(port).get(key, 0) >= 1, 10, "the refusal to be counted")
+        wait_for(lambda: scrape(port).get(key, 0) >= 1, 10, "the refusal to be counted")
     finally:
         daemon.terminate()

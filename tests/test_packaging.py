@@ -10,7 +10,7 @@ import tomllib
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-SOURCE_ROOTS = ("client", "server", "proto")
+SOURCE_ROOTS = ("cli", "client", "server", "proto")
 
 
 def test_every_package_of_the_source_roots_is_installed() -> None:

@@ -18,47 +18,37 @@ import sys
 import threading
 import time
 from collections.abc import Iterator
-from concurrent import futures
 from pathlib import Path
-from typing import Any
 
 import grpc
 import numpy as np
 import pytest
-from test_client_checks import _leave_a_spool
-from test_faults_fork import FORKING_WRITER, run_script
-from test_ship import VERSION_RECORD, append, scalar
-from test_zero_code import summaryd_run
 
-from _support import Daemon, event_files, log_losses, read_events, steps_in, unused_port, wait_for
+from _credentials import TOKEN
+from _shipping import VERSION_RECORD, append, scalar
+from _support import (
+    FORKING_WRITER,
+    Daemon,
+    Loopback,
+    event_files,
+    leave_a_spool,
+    log_losses,
+    read_events,
+    run_script,
+    steps_in,
+    summaryd_run,
+    unused_port,
+    wait_for,
+)
+from summaryd.cli import main
 from summaryd.client import Sender, SummaryWriter
 from summaryd.client._environment import address_key, parse_address
 from summaryd.client._options import ClientOptions
 from summaryd.client._patch._shipper import Shipper
 from summaryd.client._sender._targets import DaemonTargets, RedirectRefusedError
-from summaryd.server.cli import main
 from summaryd.v1 import summaryd_pb2 as pb
 from summaryd.v1 import summaryd_pb2_grpc as pb_grpc
 from summaryd.v1.wire import OWNER_ADDRESS_KEY
-
-TOKEN = "redirect-test-token-0123456789"
-
-
-class _Recorder(grpc.ServerInterceptor):  # type: ignore[misc]
-    """Records the method and metadata of every call before it is handled (whatever the method)."""
-
-    def __init__(self) -> None:
-        self.calls: list[tuple[str, dict[str, str]]] = []
-        self._lock = threading.Lock()
-
-    def intercept_service(self, continuation: Any, details: Any) -> Any:
-        with self._lock:
-            self.calls.append((details.method, {k: str(v) for k, v in details.invocation_metadata}))
-        return continuation(details)
-
-    def tokens(self) -> list[str]:
-        with self._lock:
-            return [m["authorization"] for _, m in self.calls if "authorization" in m]
 
 
 class _Redirecting(pb_grpc.SummariesServicer):
@@ -75,28 +65,6 @@ class _Redirecting(pb_grpc.SummariesServicer):
             f"run {request.run!r} is written by the daemon at {self.owner}; open the session there",
         )
         raise AssertionError("abort raises")
-
-
-class Loopback:
-    """A real gRPC server on a free loopback port, recording every call's metadata."""
-
-    def __init__(self, servicer: pb_grpc.SummariesServicer) -> None:
-        self.recorder = _Recorder()
-        self.server = grpc.server(futures.ThreadPoolExecutor(4), interceptors=[self.recorder])
-        pb_grpc.add_SummariesServicer_to_server(servicer, self.server)
-        self.address = f"127.0.0.1:{self.server.add_insecure_port('127.0.0.1:0')}"
-        self.server.start()
-
-    def stop(self) -> None:
-        self.server.stop(0).wait()
-
-
-@pytest.fixture
-def capture() -> Iterator[Loopback]:
-    """Where a forged lease points: a gRPC server that only records what reaches it (every call UNIMPLEMENTED)."""
-    server = Loopback(pb_grpc.SummariesServicer())
-    yield server
-    server.stop()
 
 
 def fooled_daemon(owner: str) -> Loopback:
@@ -217,7 +185,7 @@ def test_summaryd_replay_does_not_follow_a_redirect_to_an_address_it_was_not_giv
     monkeypatch: pytest.MonkeyPatch,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    spool = _leave_a_spool(tmp_path / "spool", unused_port())
+    spool = leave_a_spool(tmp_path / "spool", unused_port())
     monkeypatch.setenv("SUMMARYD_TOKEN", TOKEN)
     capsys.readouterr()
     assert main(["replay", str(spool), "--address", fooled.address]) == 1
@@ -231,7 +199,7 @@ def test_summaryd_replay_does_not_follow_a_redirect_to_an_address_it_was_not_giv
 def test_summaryd_replay_follows_a_redirect_to_redirect_allow(
     tmp_path: Path, daemon: Daemon, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    spool = _leave_a_spool(tmp_path / "spool", unused_port())
+    spool = leave_a_spool(tmp_path / "spool", unused_port())
     owner = fooled_daemon(daemon.address)
     try:
         assert main(["replay", str(spool), "--address", owner.address, "--redirect-allow", daemon.address]) == 0
@@ -355,7 +323,7 @@ def test_summaryd_replay_tries_every_address_and_the_allow_list_its_spool_record
     owner = fooled_daemon(daemon.address)
     manifest["addresses"][1] = owner.address  # the owner's stand-in is back, on a port of its own
     (spool / "manifest.json").write_text(json.dumps(manifest))
-    old = _leave_a_spool(tmp_path / "old", unused_port())
+    old = leave_a_spool(tmp_path / "old", unused_port())
     written = json.loads((old / "manifest.json").read_text())
     del written["addresses"], written["redirect_allow"]
     written["address"] = daemon.address

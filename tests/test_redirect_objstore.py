@@ -15,14 +15,13 @@ from pathlib import Path
 
 import grpc
 import pytest
-from test_client_checks import _leave_a_spool
-from test_objstore import logdir_url, seaweed, start_bucket_daemon
-from test_redirect import TOKEN, Loopback, capture
-from test_ship import VERSION_RECORD, append, scalar
 
-from _support import Daemon, log_losses, unused_port
+from _bucket import start_bucket_daemon
+from _credentials import TOKEN
+from _shipping import VERSION_RECORD, append, scalar
+from _support import Daemon, Loopback, leave_a_spool, log_losses, unused_port
+from summaryd.cli import main
 from summaryd.client import SummaryWriter
-from summaryd.server.cli import main
 from summaryd.server.storage.bucket.leases import RunLeases
 from summaryd.server.storage.bucket.store import Bucket
 from summaryd.v1 import summaryd_pb2 as pb
@@ -30,8 +29,6 @@ from summaryd.v1 import summaryd_pb2_grpc as pb_grpc
 from summaryd.v1.wire import OWNER_ADDRESS_KEY
 
 pytestmark = pytest.mark.objstore
-
-__all__ = ["capture", "logdir_url", "seaweed"]  # fixtures shared with other modules
 
 
 def forge_lease(url: str, run: str, address: str) -> None:
@@ -78,7 +75,7 @@ def test_summaryd_ship_and_replay_send_nothing_to_the_address_of_a_forged_lease(
     daemon = daemon_on(tmp_path, logdir_url, daemons)
     for run in ("shipped", "left"):  # `left`: the run of the spool
         forge_lease(logdir_url, run, capture.address)
-    spool = _leave_a_spool(tmp_path / "spool", unused_port())
+    spool = leave_a_spool(tmp_path / "spool", unused_port())
     append(tmp_path / "logs" / "events.out.tfevents.1.host", VERSION_RECORD, *(scalar(s) for s in range(5)))
     monkeypatch.setenv("SUMMARYD_TOKEN", TOKEN)
     capsys.readouterr()

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import datetime
-import ipaddress
 import os
 import signal
 import subprocess
@@ -11,38 +9,25 @@ import sys
 import time
 import uuid
 from collections.abc import AsyncIterator, Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import grpc
 import pytest
-from cryptography import x509
-from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import ec
-from cryptography.x509.oid import NameOID
 from tensorboard.compat.proto.event_pb2 import Event
 from tensorboard.compat.proto.summary_pb2 import Summary
 
+from _credentials import ALICE, BOB, ROOT_TOKEN, Pki, tls_credentials, token_file
 from _support import Daemon, event_files, read_events, start_daemon, wait_healthy
 from summaryd.client import SummaryWriter
 from summaryd.server.security.refusals import RefusalInterceptor
 from summaryd.v1 import summaryd_pb2 as pb
 from summaryd.v1 import summaryd_pb2_grpc as pb_grpc
 
-ALICE = "alice-token-0123456789abcdef"  # may write team-a/ and shared/eval
-ROOT_TOKEN = "root-token-0123456789abcdef"  # may write everything
-BOB = "bob-token-0123456789abcdefgh"  # may write team-ab/ (a prefix of team-a's name, not of its runs)
-
-
-def _token_file(path: Path, *lines: str) -> Path:
-    path.write_text("# token prefixes\n" + "\n".join(lines) + "\n")
-    return path
-
 
 @pytest.fixture
 def guarded(tmp_path: Path) -> Iterator[Daemon]:
-    tokens = _token_file(tmp_path / "tokens", f"{ALICE} team-a/ shared/eval", f"{ROOT_TOKEN} *", f"{BOB} team-ab/")
+    tokens = token_file(tmp_path / "tokens", f"{ALICE} team-a/ shared/eval", f"{ROOT_TOKEN} *", f"{BOB} team-ab/")
     daemon = start_daemon(tmp_path, "--token-file", str(tokens))
     try:
         yield daemon
@@ -120,7 +105,7 @@ def test_health_needs_no_token(guarded: Daemon) -> None:
 
 def test_token_file_is_reread_on_sighup(guarded: Daemon, tmp_path: Path) -> None:
     _open(guarded.address, "team-a/before", ALICE)
-    _token_file(tmp_path / "tokens", f"{ROOT_TOKEN} *")
+    token_file(tmp_path / "tokens", f"{ROOT_TOKEN} *")
     os.kill(guarded.proc.pid, signal.SIGHUP)
     deadline = time.monotonic() + 10
     while True:
@@ -134,81 +119,8 @@ def test_token_file_is_reread_on_sighup(guarded: Daemon, tmp_path: Path) -> None
     _open(guarded.address, "anything", ROOT_TOKEN)
 
 
-@dataclass
-class Pki:
-    ca: Path
-    server_cert: Path
-    server_key: Path
-    client_cert: Path
-    client_key: Path
-
-
-def _write_key(path: Path, key: ec.EllipticCurvePrivateKey) -> Path:
-    path.write_bytes(
-        key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
-    )
-    return path
-
-
-def _issue(
-    name: str,
-    issuer_key: ec.EllipticCurvePrivateKey,
-    issuer: x509.Name,
-    key: ec.EllipticCurvePrivateKey,
-    *,
-    ca: bool = False,
-    server: bool = False,
-) -> x509.Certificate:
-    now = datetime.datetime.now(datetime.UTC)
-    builder = (
-        x509.CertificateBuilder()
-        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, name)]))
-        .issuer_name(issuer)
-        .public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - datetime.timedelta(minutes=5))
-        .not_valid_after(now + datetime.timedelta(days=1))
-        .add_extension(x509.BasicConstraints(ca=ca, path_length=None), critical=True)
-    )
-    if server:
-        builder = builder.add_extension(
-            x509.SubjectAlternativeName([x509.DNSName("localhost"), x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]),
-            critical=False,
-        )
-    return builder.sign(issuer_key, hashes.SHA256())
-
-
-@pytest.fixture(scope="module")
-def pki(tmp_path_factory: pytest.TempPathFactory) -> Pki:
-    """A throw-away CA with a server certificate for 127.0.0.1 and a client certificate."""
-    root = tmp_path_factory.mktemp("pki")
-    ca_key = ec.generate_private_key(ec.SECP256R1())
-    ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "summaryd test CA")])
-    ca_cert = _issue("summaryd test CA", ca_key, ca_name, ca_key, ca=True)
-    server_key, client_key = ec.generate_private_key(ec.SECP256R1()), ec.generate_private_key(ec.SECP256R1())
-    pem = serialization.Encoding.PEM
-    (root / "ca.pem").write_bytes(ca_cert.public_bytes(pem))
-    (root / "server.pem").write_bytes(_issue("127.0.0.1", ca_key, ca_name, server_key, server=True).public_bytes(pem))
-    (root / "client.pem").write_bytes(_issue("trainer", ca_key, ca_name, client_key).public_bytes(pem))
-    return Pki(
-        root / "ca.pem",
-        root / "server.pem",
-        _write_key(root / "server.key", server_key),
-        root / "client.pem",
-        _write_key(root / "client.key", client_key),
-    )
-
-
-def _credentials(pki: Pki, *, client_cert: bool) -> grpc.ChannelCredentials:
-    return grpc.ssl_channel_credentials(
-        root_certificates=pki.ca.read_bytes(),
-        private_key=pki.client_key.read_bytes() if client_cert else None,
-        certificate_chain=pki.client_cert.read_bytes() if client_cert else None,
-    )
-
-
 def _tls_open(address: str, pki: Pki, *, client_cert: bool) -> None:
-    with grpc.secure_channel(address, _credentials(pki, client_cert=client_cert)) as channel:
+    with grpc.secure_channel(address, tls_credentials(pki, client_cert=client_cert)) as channel:
         pb_grpc.SummariesStub(channel).OpenSession(
             pb.OpenSessionRequest(session_id=str(uuid.uuid4()), run="tls"), timeout=10
         )
@@ -221,7 +133,7 @@ def test_tls(tmp_path: Path, pki: Pki, monkeypatch: pytest.MonkeyPatch) -> None:
         str(pki.server_cert),
         "--tls-key",
         str(pki.server_key),
-        credentials=_credentials(pki, client_cert=False),
+        credentials=tls_credentials(pki, client_cert=False),
     )
     try:
         _tls_open(daemon.address, pki, client_cert=False)
@@ -243,7 +155,7 @@ def test_mutual_tls_refuses_a_client_without_certificate(tmp_path: Path, pki: Pk
         str(pki.server_key),
         "--tls-client-ca",
         str(pki.ca),
-        credentials=_credentials(pki, client_cert=True),
+        credentials=tls_credentials(pki, client_cert=True),
     )
     try:
         assert _code(lambda: _tls_open(daemon.address, pki, client_cert=False)) == grpc.StatusCode.UNAVAILABLE

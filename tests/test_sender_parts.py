@@ -15,7 +15,7 @@ import pytest
 from tensorboard.compat.proto.event_pb2 import Event
 
 from summaryd.client._options import ClientOptions
-from summaryd.client._sender import Sender
+from summaryd.client._sender import Sender, _loop
 from summaryd.client._sender._batch_fit import DaemonLimits
 from summaryd.client._sender._batch_log import BatchLog
 from summaryd.client._sender._columns import ScalarRun
@@ -765,3 +765,51 @@ def test_scalars_numbered_while_the_daemon_is_away_wait_packed_and_arrive_unchan
     packed = run.packed()
     assert not isinstance(packed.values, list), "packed into arrays"
     assert packed.fill(pb.ScalarColumns()) == run.fill(pb.ScalarColumns()) and packed.encoded() == run.encoded()
+
+
+# ---- what a framework's flush() after every step costs the sender thread ----------------------------------------
+
+
+def test_flushes_in_a_fast_loop_share_one_message_per_flush_gap(
+    make_sender: Callable[..., Sender], fake: FakeDaemon, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The first flush's events leave at once; those of the flushes within the gap after it go together in one
+    message (a framework flushing after each step of a fast loop), and close() sends them without waiting for
+    the gap to end."""
+    monkeypatch.setattr(_loop, "FLUSH_GAP_SECS", 30.0)  # a gap no run of this test outlasts
+    sender = make_sender(linger_secs=60.0)
+    sender.submit(event(0), 12)
+    assert sender.flush(timeout=30).delivered == 1
+    for i in range(1, 51):
+        sender.submit(event(i), 12)
+        assert sender.send_now().undelivered == i, "send_now() never waits"
+        threading.Event().wait(0.002)  # a training step: the sender thread gets the GIL meanwhile
+    assert len(fake.streams[-1].writes) == 1, "nothing more left within the gap"
+    report = sender.close(timeout=30)
+    assert report.delivered == 51 and fake.events() == [event(i) for i in range(51)]
+    assert fake.streams[-1].writes == [(1, 1), (2, 50)], "the 50 flushes' events in one message"
+
+
+def test_a_sender_waiting_for_the_daemon_wakes_on_its_reconnect_schedule(
+    make_sender: Callable[..., Sender], fake: FakeDaemon, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Daemon away, events queued, flushed and spooled: their linger and the spool's due time long past, the
+    sender thread wakes for its attempts to reconnect (`backoff_secs`), not every millisecond."""
+    wakeups = [0]
+    next_wakeup = _loop.SenderLoop._next_wakeup
+
+    def counted(self: _loop.SenderLoop) -> float:
+        wakeups[0] += 1
+        return next_wakeup(self)
+
+    monkeypatch.setattr(_loop.SenderLoop, "_next_wakeup", counted)
+    fake.away = True
+    sender = make_sender(backoff_secs=(0.05, 0.1), spool_after=0.1, linger_secs=0.01)
+    for i in range(10):
+        sender.submit(event(i), 12)
+    sender.send_now()
+    threading.Event().wait(1.0)
+    # About 10 attempts in the second, and the wake-ups of the flush and the spill; polling would be ~1,000.
+    assert wakeups[0] < 100, wakeups[0]
+    fake.away = False
+    assert sender.close(timeout=30).delivered == 10

@@ -33,6 +33,7 @@ from summaryd.server.io_threads import io_executor
 from summaryd.server.security.limits import Limits
 from summaryd.server.service import STATUS, status_of
 from summaryd.server.sessions.lifecycle import SessionLifecycle
+from summaryd.server.storage.local import LocalStorage
 from summaryd.server.storage.runs import RunRegistry
 from summaryd.server.storage.state import StateDir
 from summaryd.v1 import summaryd_pb2 as pb
@@ -98,7 +99,7 @@ class Daemons:
         state = StateDir(str(self.logdir / ".summaryd"), retention_secs=86400)
         registry = RunRegistry(str(self.logdir), self.executor, state.journal_dir_fd)
         state.recover(registry.logdir_fd)
-        lifecycle = SessionLifecycle(registry, state.store, lease, limits or Limits())
+        lifecycle = SessionLifecycle(LocalStorage(registry), state.store, lease, limits or Limits())
         daemon = Daemon(self.logdir, state, registry, lifecycle)
         self._running.append(daemon)
         return daemon

@@ -19,25 +19,11 @@ import pytest
 from tensorboard.backend.event_processing.event_file_loader import RawEventFileLoader
 from tensorboard.compat.proto.event_pb2 import Event
 
+from _shipping import VERSION_RECORD, append, scalar, ship_argv
 from _support import Daemon, assert_whole_records, event_files, start_daemon, unused_port, wait_for
+from summaryd.cli import main
 from summaryd.client._patch._shipper import STATE_NAME
-from summaryd.server.cli import main
 from summaryd.v1.wire import frame, masked_crc32c
-
-VERSION_RECORD = Event(wall_time=1.0, file_version="brain.Event:2").SerializeToString()
-
-
-def scalar(step: int, tag: str = "loss") -> bytes:
-    # A wall time with many digits: re-encoding it anywhere on the way would show in the bytes.
-    event = Event(wall_time=1_700_000_000.123456789 + step, step=step)
-    event.summary.value.add(tag=tag, simple_value=step * 0.5)
-    return event.SerializeToString()
-
-
-def append(path: Path, *records: bytes) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "ab") as f:
-        f.write(b"".join(frame(r) for r in records))
 
 
 def daemon_records(run_dir: Path) -> list[bytes]:
@@ -49,11 +35,6 @@ def daemon_records(run_dir: Path) -> list[bytes]:
             if Event.FromString(raw).WhichOneof("what") != "file_version":
                 records.append(raw)
     return records
-
-
-def ship_argv(directory: Path, run: str, address: str, *flags: str) -> list[str]:
-    """`summaryd ship DIR --run RUN --address A [flags]` as a user runs it."""
-    return [sys.executable, "-m", "summaryd.server", "ship", str(directory), "--run", run, "--address", address, *flags]
 
 
 def ship(directory: Path, run: str, daemon: Daemon, capsys: pytest.CaptureFixture[str], *flags: str) -> str:
@@ -472,12 +453,12 @@ def test_a_corrupt_record_is_reported_and_stops_its_file_where_tensorboard_stops
 
 
 def test_ship_and_run_from_the_parent_of_a_clone(daemon: Daemon, tmp_path: Path) -> None:
-    """A folder named `summaryd` in the working directory (the parent of a clone: its `client/` and `server/`
-    folders hold no `__init__.py`) would be a portion of the namespace package `summaryd` wherever the
+    """A folder named `summaryd` in the working directory (the parent of a clone: its `cli/`, `client/` and
+    `server/` folders hold no `__init__.py`) would be a portion of the namespace package `summaryd` wherever the
     working directory is on `sys.path`: `python -m`, and `''` or `.` on PYTHONPATH, for the console script and
     the children of `summaryd run` alike. Every entry point imports the installed package all the same."""
     parent = tmp_path / "parent"
-    for part in ("client", "server", "proto"):
+    for part in ("cli", "client", "server", "proto"):
         (parent / "summaryd" / part / "summaryd").mkdir(parents=True)
     append(parent / "logs" / "events.out.tfevents.1.host", VERSION_RECORD, *(scalar(s) for s in range(5)))
     console = str(Path(sys.executable).parent / "summaryd")

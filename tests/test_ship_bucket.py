@@ -13,16 +13,14 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from test_objstore import logdir_url, seaweed, start_bucket_daemon, steps_from_bucket
-from test_ship import VERSION_RECORD, append, scalar, ship_argv
 
+from _bucket import start_bucket_daemon, steps_from_bucket
+from _seaweed import SeaweedServer
+from _shipping import VERSION_RECORD, append, scalar, ship_argv
 from _support import Daemon, wait_for
-from benchmarks._seaweed import SeaweedServer
 from summaryd.client._patch._shipper import STATE_NAME, Shipper
 
 pytestmark = pytest.mark.objstore
-
-__all__ = ["logdir_url", "seaweed"]  # fixtures shared with the object-storage tests
 
 # Sealing by age is off in effect: what a daemon acknowledged stays staged on it until a session closes.
 FLAGS = ("--run-lease", "2", "--seal-secs", "3600")

@@ -25,10 +25,10 @@ import grpc
 import pytest
 
 from _support import Daemon, event_files, read_events, replay, start_daemon, unused_port
+from summaryd.cli import main
 from summaryd.client import SummaryWriter
 from summaryd.client._sender._replay import open_request
 from summaryd.client._spool import MANIFEST
-from summaryd.server.cli import main
 from summaryd.v1 import summaryd_pb2 as pb
 from summaryd.v1 import summaryd_pb2_grpc as pb_grpc
 from summaryd.v1.wire import whole_records

@@ -24,9 +24,8 @@ import tensorboardX.proto.event_pb2
 import tensorboardX.summary
 import tensorboardX.writer
 import torch
-from matplotlib.figure import Figure
-from test_torch_parity import Inputs, describe, runs
 
+from _parity import Inputs, assert_same_events, describe, figure, runs
 from _support import Daemon
 from summaryd.client import patch
 
@@ -66,12 +65,6 @@ def patching(monkeypatch: pytest.MonkeyPatch, daemon: Daemon, tmp_path: Path) ->
     return patch_now
 
 
-def _figure(seed: int) -> Figure:
-    figure = Figure(figsize=(2, 1.5), dpi=40)
-    figure.add_subplot().plot(np.random.default_rng(seed).normal(size=20))
-    return figure
-
-
 def _openvino_model(path: Path) -> str:
     path.write_text(
         '<net name="tiny"><layers><layer id="0" name="x"/><layer id="1" name="matmul"/><layer id="2" name="relu"/>'
@@ -105,8 +98,8 @@ def exercise(w: Any, x: Inputs, openvino: str, json_path: Path) -> None:
     w.add_images("images/list", [x.images[i].numpy() for i in range(3)], 3, dataformats="CHW")
     w.add_image_with_boxes("boxes/labelled", x.image_chw, x.boxes, 1, labels=["cat", "dog"])
     w.add_image_with_boxes("boxes/rescaled", x.image_chw, x.boxes, 2, rescale=2, labels="ignored: one label")
-    w.add_figure("figure/one", _figure(1), 1)
-    w.add_figure("figure/list", [_figure(2), _figure(3)], 2)
+    w.add_figure("figure/one", figure(1), 1)
+    w.add_figure("figure/list", [figure(2), figure(3)], 2)
     w.add_video("video", x.video, 1, fps=5)
     w.add_video("video/nthwc", x.video.permute(0, 1, 3, 4, 2), 2, dataformats="NTHWC")
     if SOUNDFILE:  # tensorboardX's add_audio needs it (not installed here: see the test below)
@@ -171,10 +164,7 @@ def test_every_method_gives_the_same_tensorboard_data_as_tensorboardx(
     assert (
         sorted(actual) == sorted(expected) == ["exp", "exp/hp", "exp/hp-2", "exp/pair/loss/train", "exp/pair/loss/val"]
     )
-    for run, events in expected.items():
-        assert [describe(e) for e in actual[run]] == [describe(e) for e in events], run
-        for ours_event, their_event in zip(actual[run], events, strict=True):
-            assert ours_event == their_event, f"{run}: {describe(their_event)} differs"
+    assert_same_events(actual, expected)
 
     main = expected["exp"]
     kinds = {e.WhichOneof("what") for e in main}

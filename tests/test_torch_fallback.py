@@ -17,9 +17,9 @@ import pytest
 from tensorboard.backend.event_processing.plugin_event_multiplexer import EventMultiplexer
 from tensorboard.plugins.hparams import plugin_data_pb2
 from tensorboard.util.tensor_util import make_ndarray
-from test_torch_parity import Inputs, describe, exercise, runs
 from torch.utils.tensorboard import SummaryWriter as TorchSummaryWriter
 
+from _parity import Inputs, describe, exercise, runs
 from _support import Daemon
 from summaryd.client import SummaryWriter
 from summaryd.client._api import _torch

@@ -7,17 +7,15 @@ import importlib.metadata
 import json
 import os
 import socket
-import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from _support import Daemon
+from _support import Daemon, cli, one_line
 
 # Every key of `summaryd status --json`, always present (README: "summaryd status --json").
-STATUS_KEYS = {"address", "logdir", "version", "runs", "sessions"}
+STATUS_KEYS = {"address", "logdir", "version", "runs", "sessions", "watching", "findings", "changes", "changes_through"}
 RUN_KEYS = {
     "run_dir",
     "event_file",
@@ -45,28 +43,6 @@ SESSION_KEYS = {
     "lag_steps",
 }
 CLIENT_KEYS = {"host", "pid", "framework", "version"}
-
-
-def cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    """`python -m summaryd.server ARGS` as a user runs it, without SUMMARYD_* variables of the test's own."""
-    base = {k: v for k, v in os.environ.items() if not k.startswith("SUMMARYD_")}
-    return subprocess.run(
-        [sys.executable, "-m", "summaryd.server", *args],
-        env={**base, **(env or {})},
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
-
-
-def one_line(result: subprocess.CompletedProcess[str], code: int) -> str:
-    """The one non-empty line of stderr, after checking the exit code and that nothing else was said."""
-    lines = [line for line in result.stderr.splitlines() if line.strip()]
-    assert "Traceback" not in result.stderr, result.stderr
-    assert len(lines) == 1, result.stderr
-    assert result.returncode == code, result.stderr
-    return lines[0]
 
 
 @pytest.fixture

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from _support import Daemon, event_files, read_events, unused_port
+from _support import Daemon, event_files, read_events, summaryd_run, unused_port
 from summaryd.client._patch import run_path
 
 ATTRIBUTES = textwrap.dedent(
@@ -51,19 +51,6 @@ ATTRIBUTES = textwrap.dedent(
     print(json.dumps(seen))
     """
 )
-
-
-def summaryd_run(cwd: Path, *args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    """`summaryd run ARGS` as a user runs it, in `cwd`."""
-    return subprocess.run(
-        [sys.executable, "-m", "summaryd.server", "run", *args],
-        cwd=cwd,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
 
 
 def scalars(run_dir: Path) -> list[tuple[str, int, float]]:

@@ -15,7 +15,7 @@ import os
 import sys
 
 # What a directory named `summaryd` holds when it is a portion of this package.
-_PORTIONS = ("client", "server", "v1")
+_PORTIONS = ("cli", "client", "server", "v1")
 
 
 def _foreign(directory: str) -> bool:

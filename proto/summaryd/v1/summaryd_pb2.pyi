@@ -137,8 +137,36 @@ class CloseSessionResponse(_message.Message):
     def __init__(self, acked_sequence: _Optional[int] = ..., events_written: _Optional[int] = ...) -> None: ...
 
 class GetStatusRequest(_message.Message):
-    __slots__ = ()
-    def __init__(self) -> None: ...
+    __slots__ = ("changes_after",)
+    CHANGES_AFTER_FIELD_NUMBER: _ClassVar[int]
+    changes_after: int
+    def __init__(self, changes_after: _Optional[int] = ...) -> None: ...
+
+class WatchFinding(_message.Message):
+    __slots__ = ("rule", "run", "rank", "step", "value", "subject", "state", "summary", "fired_unix", "resolved_unix", "sequence")
+    RULE_FIELD_NUMBER: _ClassVar[int]
+    RUN_FIELD_NUMBER: _ClassVar[int]
+    RANK_FIELD_NUMBER: _ClassVar[int]
+    STEP_FIELD_NUMBER: _ClassVar[int]
+    VALUE_FIELD_NUMBER: _ClassVar[int]
+    SUBJECT_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    SUMMARY_FIELD_NUMBER: _ClassVar[int]
+    FIRED_UNIX_FIELD_NUMBER: _ClassVar[int]
+    RESOLVED_UNIX_FIELD_NUMBER: _ClassVar[int]
+    SEQUENCE_FIELD_NUMBER: _ClassVar[int]
+    rule: str
+    run: str
+    rank: str
+    step: int
+    value: float
+    subject: str
+    state: str
+    summary: str
+    fired_unix: float
+    resolved_unix: float
+    sequence: int
+    def __init__(self, rule: _Optional[str] = ..., run: _Optional[str] = ..., rank: _Optional[str] = ..., step: _Optional[int] = ..., value: _Optional[float] = ..., subject: _Optional[str] = ..., state: _Optional[str] = ..., summary: _Optional[str] = ..., fired_unix: _Optional[float] = ..., resolved_unix: _Optional[float] = ..., sequence: _Optional[int] = ...) -> None: ...
 
 class RunStatus(_message.Message):
     __slots__ = ("run_dir", "event_file", "events_written", "bytes_written", "sessions", "lease_holder", "staged_bytes", "last_upload_unix", "last_upload_age_seconds")
@@ -189,16 +217,38 @@ class SessionStatus(_message.Message):
     def __init__(self, session_id: _Optional[str] = ..., run_dir: _Optional[str] = ..., worker: _Optional[str] = ..., client: _Optional[_Union[ClientIdentity, _Mapping]] = ..., acked_sequence: _Optional[int] = ..., events_written: _Optional[int] = ..., duplicates_dropped: _Optional[int] = ..., idle_seconds: _Optional[float] = ..., streaming: _Optional[bool] = ..., aggregated: _Optional[bool] = ..., lag_steps: _Optional[int] = ...) -> None: ...
 
 class GetStatusResponse(_message.Message):
-    __slots__ = ("logdir", "runs", "sessions", "version")
+    __slots__ = ("logdir", "runs", "sessions", "version", "watching", "findings", "changes", "changes_through", "board")
     LOGDIR_FIELD_NUMBER: _ClassVar[int]
     RUNS_FIELD_NUMBER: _ClassVar[int]
     SESSIONS_FIELD_NUMBER: _ClassVar[int]
     VERSION_FIELD_NUMBER: _ClassVar[int]
+    WATCHING_FIELD_NUMBER: _ClassVar[int]
+    FINDINGS_FIELD_NUMBER: _ClassVar[int]
+    CHANGES_FIELD_NUMBER: _ClassVar[int]
+    CHANGES_THROUGH_FIELD_NUMBER: _ClassVar[int]
+    BOARD_FIELD_NUMBER: _ClassVar[int]
     logdir: str
     runs: _containers.RepeatedCompositeFieldContainer[RunStatus]
     sessions: _containers.RepeatedCompositeFieldContainer[SessionStatus]
     version: str
-    def __init__(self, logdir: _Optional[str] = ..., runs: _Optional[_Iterable[_Union[RunStatus, _Mapping]]] = ..., sessions: _Optional[_Iterable[_Union[SessionStatus, _Mapping]]] = ..., version: _Optional[str] = ...) -> None: ...
+    watching: bool
+    findings: _containers.RepeatedCompositeFieldContainer[WatchFinding]
+    changes: _containers.RepeatedCompositeFieldContainer[WatchFinding]
+    changes_through: int
+    board: BoardStatus
+    def __init__(self, logdir: _Optional[str] = ..., runs: _Optional[_Iterable[_Union[RunStatus, _Mapping]]] = ..., sessions: _Optional[_Iterable[_Union[SessionStatus, _Mapping]]] = ..., version: _Optional[str] = ..., watching: _Optional[bool] = ..., findings: _Optional[_Iterable[_Union[WatchFinding, _Mapping]]] = ..., changes: _Optional[_Iterable[_Union[WatchFinding, _Mapping]]] = ..., changes_through: _Optional[int] = ..., board: _Optional[_Union[BoardStatus, _Mapping]] = ...) -> None: ...
+
+class BoardStatus(_message.Message):
+    __slots__ = ("address", "runs", "runs_pending", "segments_pending")
+    ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    RUNS_FIELD_NUMBER: _ClassVar[int]
+    RUNS_PENDING_FIELD_NUMBER: _ClassVar[int]
+    SEGMENTS_PENDING_FIELD_NUMBER: _ClassVar[int]
+    address: str
+    runs: int
+    runs_pending: int
+    segments_pending: int
+    def __init__(self, address: _Optional[str] = ..., runs: _Optional[int] = ..., runs_pending: _Optional[int] = ..., segments_pending: _Optional[int] = ...) -> None: ...
 
 class PutFileRequest(_message.Message):
     __slots__ = ("session_id", "path", "content")

@@ -22,7 +22,7 @@ from grpc_health.v1.health import aio as health_aio  # type: ignore[attr-defined
 from grpc_reflection.v1alpha import reflection
 from tensorboard.data.proto import data_provider_pb2_grpc as dp_grpc
 
-from summaryd.server.aggregation.aggregator import Aggregation
+from summaryd.server.board.follower import BucketFollower
 from summaryd.server.board.index import BoardIndex
 from summaryd.server.board.provider import Backfill, BoardService, runs_on_disk
 from summaryd.server.config import Config
@@ -33,14 +33,18 @@ from summaryd.server.security.refusals import RefusalInterceptor
 from summaryd.server.service import SummariesService
 from summaryd.server.sessions.lifecycle import SessionCollector, SessionLifecycle
 from summaryd.server.sessions.pacing import Pacer
+from summaryd.server.storage.backend import Storage
+from summaryd.server.storage.bucket.backend import BucketStorage, DurableWatermarks
 from summaryd.server.storage.bucket.leases import RunLeases
 from summaryd.server.storage.bucket.run_ownership import LeaseCollector, RunOwnership, holder_id
 from summaryd.server.storage.bucket.segments import SegmentShipper
 from summaryd.server.storage.bucket.sessions import BucketSessions
 from summaryd.server.storage.bucket.store import Bucket, BucketError
+from summaryd.server.storage.local import LocalStorage
 from summaryd.server.storage.open_files import ensure_open_files
 from summaryd.server.storage.runs import RunRegistry
 from summaryd.server.storage.state import StateDir
+from summaryd.server.watch import STATE_NAME, BoardWriter, FindingBook, Watch, Webhook
 from summaryd.v1 import summaryd_pb2 as pb
 from summaryd.v1 import summaryd_pb2_grpc as pb_grpc
 
@@ -65,9 +69,19 @@ class _Serving:
     health: health_aio.HealthServicer
     service: SummariesService
     lifecycle: SessionLifecycle
+    watch: Watch | None
     # Releases, in reverse order, everything start-up took: the gRPC server, the metrics server, the I/O
     # threads, the state directory (its lock) and the logdir's descriptor.
     resources: contextlib.AsyncExitStack
+
+
+@dataclass(frozen=True)
+class _BucketParts:
+    """What a bucket logdir adds to the run writers, made before them (the shipper is their sink)."""
+
+    ownership: RunOwnership
+    watermarks: DurableWatermarks
+    shipper: SegmentShipper
 
 
 class Server:
@@ -155,7 +169,8 @@ class Server:
         # Before anything is served: take the state directory's lock and repair what a killed daemon left.
         state = await loop.run_in_executor(executor, _open_state, config)
         resources.callback(state.close)
-        shipper = _segment_shipper(config, executor, self.metrics) if config.is_bucket else None
+        bucket = await self._bucket_parts(executor) if config.is_bucket else None
+        shipper = bucket.shipper if bucket is not None else None
         try:
             registry = RunRegistry(config.local_logdir, executor, state.journal_dir_fd, self.metrics, shipper)
         except OSError as exc:
@@ -167,20 +182,18 @@ class Server:
             report = await loop.run_in_executor(executor, state.recover, registry.logdir_fd)
         except OSError as exc:
             raise StartupError(f"cannot start on --logdir {config.logdir}: {_reason(exc)}") from None
-        ownership = None
-        if shipper is not None:
-            ownership = await self._run_ownership(shipper.bucket, executor)
+        storage: Storage = LocalStorage(registry)
+        if bucket is not None:
+            bucket.ownership.start()
             # Released after the shipper's last upload (callbacks run in reverse): the next owner comes after it.
-            resources.push_async_callback(ownership.close)
-            # Every upload asks the run's lease first, recovery's too (leftovers of a run another daemon took
-            # over since are not uploaded).
-            shipper.fence = ownership
-            await _ship_leftovers(shipper, config, state.store.last_of_run)
-            resources.push_async_callback(shipper.stop)
+            resources.push_async_callback(bucket.ownership.close)
+            await _ship_leftovers(bucket.shipper, config, state.store.last_of_run)
+            resources.push_async_callback(bucket.shipper.stop)
             sweeper = asyncio.create_task(
-                BucketSessions(shipper.bucket).sweep_forever(config.session_retention_days * 86400)
+                bucket.watermarks.sessions.sweep_forever(config.session_retention_days * 86400, bucket.ownership.leases)
             )
             resources.push_async_callback(_cancelled, sweeper)
+            storage = BucketStorage(registry, bucket.shipper, bucket.ownership, bucket.watermarks)
         if report.files:
             log.warning(
                 "recovered %d event files left open by a stopped daemon: %d bytes cut, %d files deleted, "
@@ -197,17 +210,19 @@ class Server:
                 report.damaged,
                 state.path,
             )
-        aggregation = Aggregation(registry, config.aggregation, config.limits, ownership)
-        lifecycle = SessionLifecycle(
-            registry, state.store, config.session_lease, config.limits, ownership, aggregation=aggregation
-        )
-        service = SummariesService(lifecycle, Pacer(config.pace_messages, config.pace_max_linger))
+        lifecycle = SessionLifecycle(storage, state.store, config.session_lease, config.limits, config.aggregation)
+        # Runs another daemon took over: their sessions here are released as the storage finds them.
+        resources.push_async_callback(_cancelled, asyncio.create_task(lifecycle.release_lost()))
+        ownership = bucket.ownership if bucket is not None else None
+        watch = await self._start_watch(registry, lifecycle, ownership, resources) if config.watch.enabled else None
+        service = SummariesService(lifecycle, watch, Pacer(config.pace_messages, config.pace_max_linger))
         if board is not None:
-            await self._serve_board(board, registry, resources)
+            store = shipper.bucket if shipper is not None else None
+            service.board_status = await self._serve_board(board, registry, store, resources)
         self.metrics.registry.register(SessionCollector(lifecycle))
         if self.auth is not None:
             log.info("clients need a bearer token (%d in %s)", len(self.auth.tokens), config.token_file)
-        if not (config.is_loopback or config.token_file or config.tls_cert):
+        if not (config.is_loopback or config.token_file or config.tls.cert):
             log.warning(
                 "listening on %s without token or TLS (--insecure): anyone who reaches it can write", config.listen
             )
@@ -225,10 +240,64 @@ class Server:
         await listener.start()
         where = f"{config.logdir} (staged in {registry.logdir})" if config.is_bucket else registry.logdir
         log.info("summaryd serving %s on %s (port %d)", where, config.host, self.port)
-        return _Serving(server, health, service, lifecycle, resources)
+        return _Serving(server, health, service, lifecycle, watch, resources)
+
+    async def _start_watch(
+        self,
+        registry: RunRegistry,
+        lifecycle: SessionLifecycle,
+        ownership: RunOwnership | None,
+        resources: contextlib.AsyncExitStack,
+    ) -> Watch:
+        """The watch over every batch written, its findings' book (taken up from the state directory) and
+        outputs: metrics, TensorBoard (`<run>/summaryd`), and the webhook when given."""
+        config = self.config
+        book = await asyncio.to_thread(FindingBook, os.path.join(config.state_path, STATE_NAME))
+        board = BoardWriter(registry, ownership.holds if ownership is not None else lambda run: True)
+        resources.push_async_callback(board.stop)
+        outputs = [board.tell]
+        if config.watch.webhook:
+            webhook = Webhook(config.watch.webhook, self.metrics.registry)
+            resources.callback(webhook.stop)
+            outputs.append(webhook.tell)
+        watch = Watch(config.watch.rules, lifecycle.sessions.get, book, self.metrics.registry, outputs)
+        registry.observe(watch)
+        watch.start()
+        resources.push_async_callback(watch.stop)
+        return watch
+
+    async def _bucket_parts(self, executor: ThreadPoolExecutor) -> _BucketParts:
+        """A bucket logdir's run leases, the session state and watermarks in the bucket, and the shipper of the
+        staged files, which asks the leases before every upload (recovery's too: leftovers of a run another
+        daemon took over since are not uploaded) and tells the watermarks after each.
+
+        Raises:
+            StartupError: the bucket library is missing or the bucket's URL unusable.
+        """
+        config = self.config
+        try:
+            bucket = Bucket(config.logdir)
+        except ImportError:
+            raise StartupError(
+                f"--logdir {config.logdir} needs the bucket library: pip install 'summaryd[s3]'"
+            ) from None
+        except Exception as exc:  # obstore's configuration errors (a bad region, a malformed endpoint)
+            raise StartupError(f"cannot use --logdir {config.logdir}: {_reason(exc)}") from None
+        ownership = await self._run_ownership(bucket, executor)
+        watermarks = DurableWatermarks(BucketSessions(bucket), ownership)
+        shipper = SegmentShipper(
+            bucket,
+            config.local_logdir,
+            config.bucket.seal,
+            executor,
+            self.metrics.registry,
+            fence=ownership,
+            observer=watermarks,
+        )
+        return _BucketParts(ownership, watermarks, shipper)
 
     async def _run_ownership(self, bucket: Bucket, executor: ThreadPoolExecutor) -> RunOwnership:
-        """The run leases of a bucket logdir, held under this state directory's id, renewed from now on."""
+        """The run leases of a bucket logdir, held under this state directory's id (renewed once started)."""
         config = self.config
         try:
             holder = await asyncio.get_running_loop().run_in_executor(executor, holder_id, config.state_path)
@@ -236,7 +305,9 @@ class Server:
             raise StartupError(f"cannot write the daemon's id in {config.state_path}: {_reason(exc)}") from None
         assert self.port is not None, "the port is bound first"
         address = config.advertised(self.port)
-        ownership = RunOwnership(RunLeases(bucket, holder, address, config.run_lease), config.peer_addresses)
+        ownership = RunOwnership(
+            RunLeases(bucket, holder, address, config.bucket.run_lease), config.bucket.peer_addresses
+        )
         ownership.start()
         self.metrics.registry.register(LeaseCollector(ownership))
         log.info("run leases held as %s, clients of other daemons sent to %s", holder, address)
@@ -271,6 +342,8 @@ class Server:
             # Stop accepting: health says NOT_SERVING, new sessions are refused, idle streams end now.
             await serving.health.enter_graceful_shutdown()
             serving.service.start_draining()
+            if serving.watch is not None:  # sessions released from here on are the daemon's doing, not silence
+                await serving.watch.stop()
             # Drain: batches, flushes and closes under way finish and are answered (within half the deadline).
             # Then stop at once: waiting for the grace period would only hold up calls that clients keep
             # making to a server that no longer takes them.
@@ -319,7 +392,7 @@ class Server:
             server,
         )
         credentials = None
-        if config.tls_cert:
+        if config.tls.cert:
             try:
                 credentials = _server_credentials(config)
             except OSError as exc:
@@ -353,11 +426,17 @@ class Server:
 
     def _bind_board(self, resources: contextlib.AsyncExitStack) -> aio.Server:
         """Bind `--board-listen` (served once the index exists, `_serve_board`), beside the gRPC address: a port
-        in use stops start-up before anything is made on disk."""
+        in use stops start-up before anything is made on disk. With `--tls-cert` it serves TLS (no client
+        certificate: TensorBoard's `--grpc_creds_type ssl` presents none)."""
         config = self.config
         server = aio.server(options=[("grpc.so_reuseport", 0)])
         try:
-            port = server.add_insecure_port(config.board_listen)
+            if config.tls.cert:
+                port = server.add_secure_port(config.board_listen, _server_credentials(config, clients=False))
+            else:
+                port = server.add_insecure_port(config.board_listen)
+        except OSError as exc:
+            raise StartupError(f"cannot read the TLS files: {_reason(exc)}; check --tls-cert/--tls-key") from None
         except RuntimeError:
             port = 0
         if not port:
@@ -370,22 +449,44 @@ class Server:
         return server
 
     async def _serve_board(
-        self, server: aio.Server, registry: RunRegistry, resources: contextlib.AsyncExitStack
-    ) -> None:
+        self,
+        server: aio.Server,
+        registry: RunRegistry,
+        bucket: Bucket | None,
+        resources: contextlib.AsyncExitStack,
+    ) -> Callable[[], pb.BoardStatus]:
         """Serve TensorBoard's data provider on the bound board address, over an index fed by every batch written
-        and, on a local logdir, by the runs already there (read in the background)."""
+        and by what was there before: the runs already on a local logdir (read in the background), or on a
+        bucket logdir every segment under the prefix that this daemon does not write (followed). Returns what
+        `summaryd status` shows of it."""
         config = self.config
-        index = BoardIndex(config.samples)
-        registry.observers.append(index)
+        index = BoardIndex(config.samples, registry.open_file)
+        registry.observe(index)
         location = config.logdir if config.is_bucket else registry.logdir
-        dp_grpc.add_TensorBoardDataProviderServicer_to_server(BoardService(index, location, config.board_runs), server)
+        service = BoardService(index, location, config.board_runs)
+        dp_grpc.add_TensorBoardDataProviderServicer_to_server(service, server)
         await server.start()
-        if not config.is_bucket:
+        follower = None
+        if bucket is not None:
+            follower = BucketFollower(index, bucket, config.board_runs)
+            resources.push_async_callback(_cancelled, asyncio.create_task(follower.follow()))
+        else:
             backfill = Backfill(index, await asyncio.to_thread(runs_on_disk, registry.logdir))
             backfill.start()
             resources.callback(backfill.stop)
         host = config.board_listen.rsplit(":", 1)[0]
-        log.info("TensorBoard reads the daemon: tensorboard --grpc_data_provider %s:%d", host, self.board_port)
+        address = f"{host}:{self.board_port}"
+        log.info("TensorBoard reads the daemon: tensorboard --grpc_data_provider %s", address)
+
+        def status() -> pb.BoardStatus:
+            return pb.BoardStatus(
+                address=address,
+                runs=service.run_count(),
+                runs_pending=index.pending_runs,
+                segments_pending=follower.pending if follower is not None else 0,
+            )
+
+        return status
 
     def _serve_metrics(self) -> Callable[[], None]:
         """Serve `/metrics` on `--metrics-listen`; return what stops it."""
@@ -439,7 +540,7 @@ class _Listener:
 
 def run(config: Config) -> None:
     """Run the daemon in this process until SIGTERM/SIGINT; a second signal exits at once."""
-    ensure_open_files(config.max_open_runs)
+    ensure_open_files(config.limits.max_open_runs)
     server = Server(config)
     signals = 0
 
@@ -463,13 +564,14 @@ def run(config: Config) -> None:
         runner.run(main())
 
 
-def _server_credentials(config: Config) -> grpc.ServerCredentials:
-    """TLS with the configured certificate; with `--tls-client-ca`, clients must present a certificate too."""
-    with open(config.tls_key, "rb") as key, open(config.tls_cert, "rb") as cert:
+def _server_credentials(config: Config, clients: bool = True) -> grpc.ServerCredentials:
+    """TLS with the configured certificate; with `--tls-client-ca` (and `clients`), clients must present a
+    certificate too."""
+    with open(config.tls.key, "rb") as key, open(config.tls.cert, "rb") as cert:
         pair = (key.read(), cert.read())
     client_ca = None
-    if config.tls_client_ca:
-        with open(config.tls_client_ca, "rb") as ca:
+    if config.tls.client_ca and clients:
+        with open(config.tls.client_ca, "rb") as ca:
             client_ca = ca.read()
     return grpc.ssl_server_credentials([pair], root_certificates=client_ca, require_client_auth=client_ca is not None)
 
@@ -509,21 +611,6 @@ def _open_state(config: Config) -> StateDir:
             f"cannot open the state directory {config.state_path}: {_reason(exc)}; give a --state-dir "
             "(or --logdir) this user can write"
         ) from None
-
-
-def _segment_shipper(config: Config, executor: ThreadPoolExecutor, metrics: Metrics) -> SegmentShipper:
-    """The uploader of a bucket logdir's staged event files.
-
-    Raises:
-        StartupError: the bucket library is missing.
-    """
-    try:
-        bucket = Bucket(config.logdir)
-    except ImportError:
-        raise StartupError(f"--logdir {config.logdir} needs the bucket library: pip install 'summaryd[s3]'") from None
-    except Exception as exc:  # obstore's configuration errors (a bad region, a malformed endpoint)
-        raise StartupError(f"cannot use --logdir {config.logdir}: {_reason(exc)}") from None
-    return SegmentShipper(bucket, config.local_logdir, config.seal_policy, executor, metrics.registry)
 
 
 async def _ship_leftovers(

@@ -1,7 +1,7 @@
 """The `summaryd.v1.Summaries` servicer: validation and authorization at the edge, one status per failure.
 
 Each method checks what the request says (`request_checks`, run and file paths, a batch's size) and what the
-caller's token reaches, then hands the request to the session lifecycle (`session_lifecycle`). What the inner
+caller's token reaches, then hands the request to the session lifecycle (`sessions.lifecycle`). What the inner
 layers refuse they raise as the errors of `errors`; `STATUS` is the one table from those to gRPC statuses, and
 `_answered` the one place that applies it.
 """
@@ -13,7 +13,7 @@ import contextlib
 import logging
 import time
 import urllib.parse
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any
 
 import grpc
@@ -41,8 +41,8 @@ from summaryd.server.sessions.lifecycle import SessionLifecycle
 from summaryd.server.sessions.live import Session
 from summaryd.server.sessions.pacing import Pacer
 from summaryd.server.storage import run_files
-from summaryd.server.storage.bucket.segments import SegmentShipper
 from summaryd.server.storage.runpath import run_dir_parts
+from summaryd.server.watch import Watch
 from summaryd.v1 import summaryd_pb2 as pb
 from summaryd.v1 import summaryd_pb2_grpc as pb_grpc
 from summaryd.v1.wire import VERSION
@@ -119,11 +119,13 @@ def _peer_host(peer: str) -> str:
 class SummariesService(pb_grpc.SummariesServicer):
     """Sessions, the write stream, flush, close, files and status, over one session lifecycle."""
 
-    def __init__(self, lifecycle: SessionLifecycle, pacer: Pacer | None = None) -> None:
+    def __init__(self, lifecycle: SessionLifecycle, watch: Watch | None = None, pacer: Pacer | None = None) -> None:
         self.lifecycle = lifecycle
+        self.watch = watch
         self.limits = lifecycle.limits
         self.pacer = pacer or Pacer()
         self._draining = False
+        self.board_status: Callable[[], pb.BoardStatus] | None = None  # with --board-listen
         # Write handlers waiting for their client's next message: cancelled at once when draining.
         self._idle_streams: set[asyncio.Task[object]] = set()
 
@@ -291,10 +293,9 @@ class SummariesService(pb_grpc.SummariesServicer):
         """The open runs and live sessions the caller's token reaches (all of them without a token file)."""
         grant = await self._grant(context)
         now = time.monotonic()
-        registry = self.lifecycle.registry
-        ownership = self.lifecycle.ownership  # a bucket logdir: its URL, not the staging directory
-        logdir = ownership.leases.bucket.url if ownership is not None else registry.logdir
-        response = pb.GetStatusResponse(logdir=logdir, version=VERSION)
+        storage = self.lifecycle.storage
+        registry = storage.runs
+        response = pb.GetStatusResponse(logdir=storage.logdir, version=VERSION)
         for run in registry.runs:
             if grant is not None and not grant.allows(run.run_dir):
                 continue
@@ -305,7 +306,7 @@ class SummariesService(pb_grpc.SummariesServicer):
                 bytes_written=run.bytes_written,
                 sessions=run.sessions,
             )
-            self._bucket_columns(status)
+            storage.describe(status)  # a bucket logdir: its lease holder, staged bytes and last upload
         aggregation = self.lifecycle.aggregation
         for s in self.lifecycle.sessions:
             if grant is not None and not grant.allows(s.run.run_dir):
@@ -324,18 +325,38 @@ class SummariesService(pb_grpc.SummariesServicer):
                 aggregated=lag is not None,
                 lag_steps=lag or 0,
             )
+        if self.watch is not None:
+            after = request.changes_after if request.HasField("changes_after") else None
+            self._watch_status(response, after, grant)
+        if self.board_status is not None:
+            response.board.CopyFrom(self.board_status())
         return response
 
-    def _bucket_columns(self, status: pb.RunStatus) -> None:
-        """A bucket logdir's columns of a run: its lease holder, staged bytes and last upload."""
-        ownership, sink = self.lifecycle.ownership, self.lifecycle.registry.sink
-        if ownership is not None and ownership.holds(status.run_dir):
-            status.lease_holder = ownership.address
-        if isinstance(sink, SegmentShipper):
-            status.staged_bytes, last_upload = sink.backlog(status.run_dir)
-            if last_upload is not None:
-                status.last_upload_unix = last_upload
-                status.last_upload_age_seconds = max(0.0, time.time() - last_upload)
+    def _watch_status(self, response: pb.GetStatusResponse, after: int | None, grant: Grant | None) -> None:
+        """The findings firing and, from `after` on, the changes (of the runs the caller's token reaches)."""
+        assert self.watch is not None
+        response.watching = True
+        book = self.watch.book
+        response.changes_through = book.sequence
+        for findings, into in (
+            (self.watch.firing(), response.findings),
+            (book.since(after) if after is not None else [], response.changes),
+        ):
+            for f in findings:
+                if grant is None or grant.allows(f.run):
+                    into.add(
+                        rule=f.rule,
+                        run=f.run,
+                        rank=f.rank,
+                        step=f.step,
+                        value=f.value,
+                        subject=f.subject,
+                        state=f.state,
+                        summary=f.summary,
+                        fired_unix=f.fired_unix,
+                        resolved_unix=f.resolved_unix,
+                        sequence=f.sequence,
+                    )
 
     # ---- authorization ---------------------------------------------------------------------------------
 

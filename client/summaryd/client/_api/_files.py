@@ -11,7 +11,8 @@ which must be open first: the uploader starts that sender and waits for its sess
 and tries again when the daemon does not know the session (yet).
 
 `embedding_files` builds the projector's files exactly as torch's `add_embedding` writes them: with torch's
-own helpers (`torch.utils.tensorboard._embedding`) when torch is imported, else with numpy and Pillow.
+own helpers (`torch.utils.tensorboard._embedding`) when the process imported `torch.utils.tensorboard`, else
+with numpy and Pillow (torch's helpers import TensorFlow when it is installed).
 """
 
 from __future__ import annotations
@@ -308,8 +309,9 @@ def embedding_files(
     subdir: str, mat: np.ndarray[Any, Any], metadata: Sequence[Any] | None, label_img: Any, header: Sequence[str] | None
 ) -> Files:
     """The files of one `add_embedding` call, under `subdir`, byte for byte as torch writes them."""
-    builders = _torch.builders()
-    if builders is not None:
+    # torch's helpers write with TensorFlow's file API when it is installed: only when the process imported
+    # torch's tensorboard package, and TensorFlow with it, already (`_torch`); ours give the same bytes.
+    if _torch.builders() is not None and _torch.tensorboard_imported():
         files = _torch_embedding_files(mat, metadata, label_img, header)
     else:
         files = []

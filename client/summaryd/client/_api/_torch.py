@@ -4,10 +4,20 @@ torch is never imported here. When the process has imported it (a PyTorch traini
 writer builds every summary with torch's own `torch.utils.tensorboard.summary` functions, so the payloads are
 torch's byte for byte and only the transport is ours. A process that has not imported torch never pays for
 importing it (seconds and hundreds of megabytes) just because it is installed; it gets `_summaries`' builders.
+
+Nor does it pay for TensorFlow: importing any module of `torch.utils.tensorboard` runs the package's
+`__init__`, which imports torch's writer, whose `_embedding` imports TensorFlow when it is installed (seconds,
+gigabytes, and threads of its own that a forked DataLoader worker inherits in whatever state they were: such a
+worker was seen to crash). So unless the process imported `torch.utils.tensorboard` itself, the modules used
+here (the builders and the graph tracers, none of which needs TensorFlow) are loaded from torch's files into a
+package of summaryd's own (`_tensorboard_module`), which has no such `__init__`.
 """
 
 from __future__ import annotations
 
+import importlib
+import importlib.machinery
+import importlib.util
 import sys
 from types import ModuleType
 from typing import Any
@@ -24,10 +34,32 @@ def builders() -> ModuleType | None:
     """torch's summary builders (`torch.utils.tensorboard.summary`) when torch is imported, else None."""
     if "torch" not in sys.modules:
         return None
-    from torch.utils.tensorboard import summary
+    return _tensorboard_module("summary")
 
-    module: ModuleType = summary
-    return module
+
+def tensorboard_imported() -> bool:
+    """Whether the process imported `torch.utils.tensorboard` (and TensorFlow with it, when installed)."""
+    return _TENSORBOARD in sys.modules
+
+
+_TENSORBOARD = "torch.utils.tensorboard"
+_OWN_COPY = "summaryd.client._api._torch_tensorboard"
+"""The package torch's tensorboard modules are loaded into when the process has not imported torch's."""
+
+
+def _tensorboard_module(name: str) -> ModuleType:
+    """torch's `torch.utils.tensorboard.<name>`: the process's own when it imported the package, else the same
+    file loaded below `_OWN_COPY` (its relative imports, `._convert_np` and the like, land there too), without
+    the package's `__init__` and the TensorFlow it would import."""
+    if _TENSORBOARD in sys.modules:
+        return importlib.import_module(f"{_TENSORBOARD}.{name}")
+    if _OWN_COPY not in sys.modules:
+        found = importlib.util.find_spec(_TENSORBOARD)  # finds the package's directory, runs none of it
+        assert found is not None and found.submodule_search_locations is not None
+        spec = importlib.machinery.ModuleSpec(_OWN_COPY, None, is_package=True)
+        spec.submodule_search_locations = list(found.submodule_search_locations)
+        sys.modules[_OWN_COPY] = importlib.util.module_from_spec(spec)
+    return importlib.import_module(f"{_OWN_COPY}.{name}")
 
 
 def is_tensor(value: Any) -> bool:
@@ -94,14 +126,11 @@ def can_encode_video() -> bool:
 
 def graph(model: Any, input_to_model: Any, verbose: bool, use_strict_trace: bool) -> tuple[Any, Any]:
     """Trace a module with torch's own tracer: `(GraphDef, RunMetadata)`."""
-    from torch.utils.tensorboard._pytorch_graph import graph as trace
-
+    trace = _tensorboard_module("_pytorch_graph").graph
     traced: tuple[Any, Any] = trace(model, input_to_model, verbose, use_strict_trace)
     return traced
 
 
 def onnx_graph(path: str) -> Any:
     """Read an ONNX model file into a `GraphDef` with torch's own converter (needs torch and onnx)."""
-    from torch.utils.tensorboard._onnx_graph import load_onnx_graph
-
-    return load_onnx_graph(path)
+    return _tensorboard_module("_onnx_graph").load_onnx_graph(path)

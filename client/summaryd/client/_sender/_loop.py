@@ -17,6 +17,14 @@ from summaryd.client._sender._status import log
 BACKED_UP_BATCHES = 8
 """A backed-up queue's scalars go in batches of up to this many times `max_batch_events`."""
 
+FLUSH_GAP_SECS = 0.01
+"""Events a `flush()` asked to send leave at once, but at most one such batch per this many seconds (never more
+than `linger_secs`): a framework that flushes after every step of a fast loop costs one message per gap, not one
+per step (each message a wake-up of this thread, and the GIL taken from the loop)."""
+
+AFTER_POLL_SECS = 0.05
+"""How often a sender waiting for its predecessor's session to end looks again."""
+
 
 class SenderLoop(SenderPart):
     """One named daemon thread per sender, started on the first event; it does all the work but queueing:
@@ -29,6 +37,8 @@ class SenderLoop(SenderPart):
         self._spiller = spiller
         self._connection = connection
         self._encoder = EventEncoder()
+        self._flush_gap = min(FLUSH_GAP_SECS, core.options.linger_secs)
+        self._flushed_at = -float("inf")  # when the last batch a flush() asked for was numbered
         self._thread: threading.Thread | None = None
         self.after: SenderLoop | None = None  # a closing sender of the same run, to finish before this one opens
         self.started = False
@@ -127,12 +137,22 @@ class SenderLoop(SenderPart):
                         return
                 elif self._batches.in_flight >= pacing.max_in_flight:
                     return
-                lingering = self._queue.lingering and time.monotonic() - self._queue.queued_at < pacing.linger_secs
+                now = time.monotonic()
+                flushed = not self._queue.lingering
                 small = len(self._queue) < options.max_batch_events and self._queue.under(options.max_batch_bytes)
-                if lingering and small and not self._status.closing:
+                if now < self._due() and small and not self._status.closing:
                     return
             if self.number() is None:
                 return
+            if flushed:
+                self._flushed_at = now
+
+    def _due(self) -> float:
+        """Holding the lock, with events queued: when the next batch leaves though not full. A flush's events
+        leave at once, unless one flush's batch left less than the gap ago."""
+        if self._queue.lingering:
+            return self._queue.queued_at + self._connection.pacing.linger_secs
+        return self._flushed_at + self._flush_gap
 
     def number(self) -> Batch | None:
         """Number the next queued events as one batch (the send cuts it to the daemon's limits, `_batch_fit`);
@@ -264,12 +284,23 @@ class SenderLoop(SenderPart):
         self._spiller.discard()
 
     def _next_wakeup(self) -> float:
+        """Seconds to sleep unless woken. Only what this thread can do when the time comes counts: a batch's time
+        to leave while the stream can take it (not while the daemon is away: the reconnect schedule wakes it
+        then), the spool while it is not yet due; a moment passed that nothing acts on would have it wake
+        every millisecond. Each wake-up takes the GIL from the training loop, which on a loaded machine waits
+        for this thread to be scheduled first."""
         now = time.monotonic()
-        waits = [self._connection.wait_hint(now), 1.0, self._status.close_deadline - now]
+        waits = [1.0, self._status.close_deadline - now]
+        connection = self._connection
+        if self._outbox_pid is None:  # a forked child's outbox needs no daemon
+            waits.append(connection.wait_hint(now) if self.after is None else AFTER_POLL_SECS)
         with self._cond:
-            if self._queue:
-                waits.append(self._connection.pacing.linger_secs - (now - self._queue.queued_at))
+            if self._queue and connection.streaming and self._batches.in_flight < connection.pacing.max_in_flight:
+                waits.append(self._due() - now)
             if self._queue or self._batches:
-                waits.append(self._options.spool_after - (now - self._batches.progress_at))
-                waits.append(0.1)  # acks, overdue batches and the in-flight window
+                spill_in = self._options.spool_after - (now - self._batches.progress_at)
+                if spill_in > 0:
+                    waits.append(spill_in)
+                if connection.streaming:
+                    waits.append(0.1)  # acks, overdue batches and the in-flight window
         return max(0.001, min(waits))

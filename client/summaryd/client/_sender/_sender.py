@@ -311,11 +311,18 @@ class Sender:
 
     def send_now(self) -> DeliveryReport:
         """Have the sender thread send everything queued so far at once (no linger), without waiting for it; the
-        counts as of now. What a framework's `flush()` after every logged step costs: a lock and a wake-up."""
+        counts as of now. What a framework's `flush()` after every logged step costs: a lock, and a wake-up
+        unless an earlier flush's events are still queued (the sender thread is on its way for them then, and
+        takes these with them: one message per flush gap, `_loop.FLUSH_GAP_SECS`, however often the loop
+        flushes)."""
         with self._lock:
-            self._queue.send_now_until = self._queue.accepted
-        self._wake.set()
-        return self.report()
+            queue = self._queue
+            asked = queue.taken < queue.send_now_until
+            queue.send_now_until = queue.accepted
+            report = self.report()
+        if not asked:
+            self._wake.set()
+        return report
 
     def flush(self, timeout: float | None = None, *, durable: bool = False) -> DeliveryReport:
         """Wait until everything submitted so far is acknowledged (visible in the event file).

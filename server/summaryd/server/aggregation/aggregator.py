@@ -7,11 +7,12 @@ in the workers' chart), and `<run>/summaryd` holds `count/<tag>` (how many worke
 `lag_steps/<worker>` (how far each worker is behind the furthest one). Those worker labels are reserved.
 
 `Aggregation` is the daemon's part: which sessions are aggregated, one `RunAggregator` per run while any of
-them is live. A `RunAggregator` is fed by its sessions' taps right after a batch is written
-(`Session.tap`), keeps the pending steps (`step_table.StepTable`), finalises them as they complete or on a
-timer on the event loop (the straggler timeout), and writes the reductions through the daemon's own run
-writers, outside the batch's path. A tag's last finalised step is read back from the aggregate runs' event
-files when the aggregator starts, so a step is never written twice, also across a daemon restart.
+them is live. It observes every batch written (`runs.WriteObserver`) and hands the batches of an aggregated
+session to its run's `RunAggregator`, which keeps the pending steps (`step_table.StepTable`), finalises them as
+they complete or on a timer on the event loop (the straggler timeout), and writes the reductions through the
+daemon's own run writers, outside the batch's path. A tag's last finalised step is read back from the
+aggregate runs' event files when the aggregator starts, so a step is never written twice, also across a
+daemon restart.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from concurrent.futures import Executor
 from dataclasses import dataclass
+from typing import Protocol
 
 from google.protobuf.message import DecodeError
 from tensorboard.compat.proto.event_pb2 import Event
@@ -39,11 +41,9 @@ from summaryd.server.operations.metrics import Metrics
 from summaryd.server.records.scalar_points import points
 from summaryd.server.records.scalar_records import ScalarRecords
 from summaryd.server.security.limits import DEFAULT, Limits
-from summaryd.server.sessions.live import Session
-from summaryd.server.storage.bucket.run_ownership import RunOwnership
-from summaryd.server.storage.bucket.segments import SegmentShipper, parse_segment
-from summaryd.server.storage.bucket.store import Bucket
-from summaryd.server.storage.runs import ClosedFile, RunRegistry, RunWriter
+from summaryd.server.settings import option
+from summaryd.server.storage.backend import Storage
+from summaryd.server.storage.runs import ClosedFile, RunWriter
 from summaryd.v1 import summaryd_pb2 as pb
 from summaryd.v1.wire import whole_records
 
@@ -63,14 +63,51 @@ FILTER_CACHE = 4096  # tags a session's filter remembers the answer for (beyond,
 
 @dataclass(frozen=True)
 class AggregationSettings:
-    """The daemon's aggregation settings (`--aggregate/--no-aggregate`, `--straggler-secs`)."""
+    """The daemon's aggregation settings (`--aggregate/--no-aggregate`, `--straggler-secs`,
+    `--aggregate-max-tags`)."""
 
-    enabled: bool = False
-    straggler_secs: float = 30.0
+    enabled: bool = option(
+        True,
+        "reduce each scalar tag of a multi-worker run across its workers into the runs RUN/mean, RUN/min, "
+        "RUN/max, RUN/std and RUN/summaryd (counts and straggler lag); --no-aggregate turns it off",
+        name="aggregate",
+    )
+    straggler_secs: float = option(
+        30.0, "seconds a step's aggregate waits for workers that have not reported it before it is written", "SECS"
+    )
     # Pending steps one run may hold; beyond it the oldest are finalised with the workers that reported them.
     max_pending_steps: int = 20_000
-    # Tags one run's aggregation holds (`--aggregate-max-tags`); further tags are not aggregated.
-    max_tags: int = 10_000
+    # Tags one run's aggregation holds; further tags are not aggregated.
+    max_tags: int = option(
+        10_000,
+        "scalar tags one run's aggregation holds; the points of further tags are not aggregated (counted and "
+        "logged; they still reach their worker's run)",
+        "N",
+        name="aggregate_max_tags",
+    )
+
+    def __post_init__(self) -> None:
+        if self.straggler_secs <= 0:
+            raise ValueError("--straggler-secs must be positive")
+        if self.max_tags <= 0:
+            raise ValueError("--aggregate-max-tags must be positive")
+
+
+# A daemon part built without settings (the session lifecycle alone) aggregates nothing.
+AGGREGATION_OFF = AggregationSettings(enabled=False)
+
+
+class Member(Protocol):
+    """What aggregation reads of a live session (`sessions.live.Session`)."""
+
+    @property
+    def session_id(self) -> str: ...
+
+    @property
+    def worker(self) -> str: ...
+
+    @property
+    def ending(self) -> str | None: ...
 
 
 def _log_failure(task: asyncio.Future[None]) -> None:
@@ -100,13 +137,12 @@ class AggregateRuns:
     """The five aggregate runs of one run: their writers (and, on a bucket logdir, their leases) and their
     writing, as scalar columns through the daemon's run writers."""
 
-    def __init__(self, run: str, registry: RunRegistry, limits: Limits, ownership: RunOwnership | None) -> None:
+    def __init__(self, run: str, storage: Storage, limits: Limits) -> None:
         self.run = run
-        self._registry = registry
+        self._storage = storage
         self._limits = limits
-        self._ownership = ownership
         self._writers: dict[str, RunWriter] = {}
-        self._owned = False  # the run's lease, one count for the five runs (a bucket logdir)
+        self._owned = False  # the run (a bucket logdir: its lease), one count for the five runs
 
     @property
     def open(self) -> bool:
@@ -118,12 +154,12 @@ class AggregateRuns:
         Raises:
             RunOwnedElsewhereError, OSError, LimitError: the daemon cannot write them (what it took is let go).
         """
+        registry = self._storage.runs
         try:
-            if self._ownership is not None:
-                await self._ownership.take(self.run)  # the lease its workers hold: the run, all its directories
-                self._owned = True
+            await self._storage.own(self.run)  # what its workers hold: the run, all its directories
+            self._owned = True
             for name in (*REDUCTIONS, STATS_RUN):
-                self._writers[name] = await self._registry.acquire([*self.run.split("/"), name], self._limits)
+                self._writers[name] = await registry.acquire([*self.run.split("/"), name], self._limits)
         except BaseException:
             await self.let_go()
             raise
@@ -132,10 +168,10 @@ class AggregateRuns:
         """Each tag's last step in the runs' files (and segments, on a bucket logdir), or `remembered`, the later."""
         written = WrittenThrough()
         written.merge(remembered)
-        run_path = os.path.join(self._registry.logdir, self.run)
-        await run_to_completion(self._registry.executor, lambda: written.read_local(run_path))
-        if self._ownership is not None:
-            await written.read_bucket(self._ownership.leases.bucket, self.run, self._registry.executor)
+        registry = self._storage.runs
+        run_path = os.path.join(registry.logdir, self.run)
+        await run_to_completion(registry.executor, lambda: written.read_local(run_path))
+        await written.read_published(self._storage, self.run, registry.executor)
         return written
 
     async def write(self, done: list[Reduction], lag: Mapping[str, int] | None) -> None:
@@ -172,25 +208,19 @@ class AggregateRuns:
     async def let_go(self, shutdown: bool = False) -> list[ClosedFile]:
         """Let go of the writers (their closed files returned) and leases; at `shutdown` a bucket logdir's leases
         are kept: they are released after the last upload."""
-        sink = self._registry.sink
-        ends = {w.run_dir: (w.run_dir, w.file.name, w.file.size) for w in self._writers.values() if w.file}
-        closed = [await self._registry.release(writer) for writer in self._writers.values()]
+        registry = self._storage.runs
+        ends = [end for end in (w.end for w in self._writers.values()) if end is not None]
+        closed = [await registry.release(writer) for writer in self._writers.values()]
         self._writers = {}
-        if self._ownership is not None and self._owned and not shutdown:
+        if self._owned and not shutdown:
             # A bucket logdir: the lease goes once the runs' last staged bytes are uploaded (in the background).
-            shipper = sink if isinstance(sink, SegmentShipper) else None
-            uploads = [functools.partial(shipper.upload_through, *end) for end in ends.values()] if shipper else []
-
-            async def settled() -> None:
-                await asyncio.gather(*(upload() for upload in uploads))
-
-            await self._ownership.let_go(self.run, settled if uploads else None)
+            await self._storage.let_go(self.run, ends)
         self._owned = False
         return [file for file in closed if file is not None]
 
 
 class RunAggregator:
-    """The aggregation of one run: its pending steps, fed by its sessions' taps, finalised as they complete or
+    """The aggregation of one run: its pending steps, fed by its sessions' batches, finalised as they complete or
     on its timer, and written to its aggregate runs by a task of their own."""
 
     def __init__(self, runs: AggregateRuns, settings: AggregationSettings, metrics: Metrics | None = None) -> None:
@@ -245,7 +275,7 @@ class RunAggregator:
         return True
 
     def take(self, worker: str, wanted: Callable[[str], bool], events: Sequence[bytes]) -> None:
-        """Take the scalar points of a batch `worker` wrote (its session's tap, on the event loop)."""
+        """Take the scalar points of a batch `worker` wrote (on the event loop, right after it was written)."""
         if not self.live:
             return
         try:
@@ -415,43 +445,45 @@ class WrittenThrough:
                 with open(os.path.join(directory, file), "rb") as f:
                     self.read(name, f.read())
 
-    async def read_bucket(self, bucket: Bucket, run: str, executor: Executor) -> None:
-        """Read the segments of the aggregate runs of `run` in the bucket (a staged file is emptied once it is
-        uploaded, so the bucket holds what the staging directory no longer does)."""
+    async def read_published(self, storage: Storage, run: str, executor: Executor) -> None:
+        """Read what the storage holds of the aggregate runs of `run` beyond the disk (a bucket's segments: a
+        staged file is emptied once it is uploaded, so the bucket holds what the staging directory no longer
+        does)."""
         for name in (*REDUCTIONS, STATS_RUN):
-            run_dir = f"{run}/{name}"
-            for info in await bucket.list(run_dir + "/"):
-                found = parse_segment(info.key)
-                got = await bucket.get(info.key) if found is not None and found[0] == run_dir else None
-                if got is not None:
-                    await run_to_completion(executor, functools.partial(self.read, name, got[0]))
+            async for data in storage.published(f"{run}/{name}"):
+                await run_to_completion(executor, functools.partial(self.read, name, data))
 
 
 class Aggregation:
-    """The daemon's aggregation: which sessions are aggregated, and a `RunAggregator` per run while they live."""
+    """The daemon's aggregation: which sessions are aggregated, and a `RunAggregator` per run while they live.
+
+    A `runs.WriteObserver`: every batch written is handed to the aggregator of its session, if it has one.
+    """
 
     def __init__(
         self,
-        registry: RunRegistry,
+        storage: Storage,
         settings: AggregationSettings | None = None,
         limits: Limits = DEFAULT,
-        ownership: RunOwnership | None = None,
+        closed: Callable[[list[ClosedFile]], Awaitable[None]] | None = None,
     ) -> None:
-        self.settings = settings or AggregationSettings()
-        self._registry = registry
+        """`closed` is told of the closed files of an aggregator that stopped on its own (idle), for their
+        records (the session lifecycle's store)."""
+        self.settings = settings or AGGREGATION_OFF
+        self._storage = storage
         self._limits = limits
-        self._ownership = ownership
+        self._closed = closed
         self._runs: dict[str, RunAggregator] = {}
         self._members: dict[str, RunAggregator] = {}  # by session id
+        # By session id: where its batches go (its aggregator, with its worker and tag filter), once started.
+        self._feeds: dict[str, Callable[[Sequence[bytes]], None]] = {}
         self._stopping: dict[str, asyncio.Future[list[ClosedFile]]] = {}
         self._remembered: OrderedDict[str, WrittenThrough] = OrderedDict()
         self._remembered_tags = 0
-        self._metrics = registry.metrics
+        self._metrics = storage.runs.metrics
         if self._metrics is not None:
             self._metrics.aggregation_tags.set_function(self.held_tags)
             self._metrics.aggregation_remembered_tags.set_function(self.remembered_tags)
-        # Told of the closed files of an aggregator that stopped on its own (idle), for their records.
-        self.on_closed: Callable[[list[ClosedFile]], Awaitable[None]] | None = None
 
     def open_problem(self, request: pb.OpenSessionRequest) -> str | None:
         """Why an `OpenSession` is refused for aggregation's sake (a worker label that names an aggregate run,
@@ -472,17 +504,24 @@ class Aggregation:
             )
         return None
 
+    def written(self, run_dir: str, session_id: str, events: Sequence[bytes]) -> None:
+        """A batch of `session_id` was written: its aggregator takes its points (the daemon's own records,
+        and sessions not aggregated, have none)."""
+        feed = self._feeds.get(session_id)
+        if feed is not None:
+            feed(events)
+
     def _wanted(self, request: pb.OpenSessionRequest) -> bool:
         return self.settings.enabled and request.world_size > 1 and bool(request.worker) and not request.aggregate_off
 
-    async def joined(self, session: Session, request: pb.OpenSessionRequest, parts: list[str]) -> None:
+    async def joined(self, session: Member, request: pb.OpenSessionRequest, parts: list[str]) -> None:
         """Aggregate the new live `session` (run path `parts`, its worker last) when it asks for it."""
         if not self._wanted(request):
             return
         run = "/".join(parts[:-1])
         aggregator = self._runs.get(run)
         if aggregator is None:
-            runs = AggregateRuns(run, self._registry, self._limits, self._ownership)
+            runs = AggregateRuns(run, self._storage, self._limits)
             aggregator = self._runs[run] = RunAggregator(runs, self.settings, self._metrics)
             aggregator.starting = asyncio.ensure_future(
                 aggregator.start(self._stopping.get(run), functools.partial(self._remembered.get, run), self._idle)
@@ -493,9 +532,11 @@ class Aggregation:
         assert aggregator.starting is not None
         if await asyncio.shield(aggregator.starting) and session.ending is None:
             aggregator.table.joined(session.worker, request.world_size)
-            session.tap = functools.partial(aggregator.take, session.worker, TagFilter(request.aggregate_tags))
+            self._feeds[session.session_id] = functools.partial(
+                aggregator.take, session.worker, TagFilter(request.aggregate_tags)
+            )
 
-    async def left(self, session: Session, others: Sequence[Session], stopping: bool = False) -> list[ClosedFile]:
+    async def left(self, session: Member, others: Sequence[Member], stopping: bool = False) -> list[ClosedFile]:
         """`session` ended; `others` are the live sessions. When it was the run's last and the whole world has
         left (every worker's last session closed or released), or the daemon is `stopping`, the run's aggregator
         stops: its pending steps are finalised and written, and the closed files of its aggregate runs returned
@@ -504,7 +545,7 @@ class Aggregation:
         aggregator = self._members.pop(session.session_id, None)
         if aggregator is None:
             return []
-        session.tap = None
+        self._feeds.pop(session.session_id, None)
         if not any(self._members.get(s.session_id) is aggregator and s.worker == session.worker for s in others):
             aggregator.departed(session.worker)
         aggregator.sessions -= 1
@@ -530,8 +571,8 @@ class Aggregation:
 
     async def _stop_idle(self, aggregator: RunAggregator) -> None:
         closed = await self._stop(aggregator)
-        if closed and self.on_closed is not None:
-            await self.on_closed(closed)
+        if closed and self._closed is not None:
+            await self._closed(closed)
 
     async def _stop(self, aggregator: RunAggregator, shutdown: bool = False) -> list[ClosedFile]:
         run = aggregator.run
@@ -566,7 +607,7 @@ class Aggregation:
         """The tags of the runs whose last aggregated steps are remembered."""
         return self._remembered_tags
 
-    def lag(self, session: Session) -> int | None:
+    def lag(self, session: Member) -> int | None:
         """How many steps the session's worker is behind its run's furthest worker; None when not aggregated."""
         aggregator = self._members.get(session.session_id)
         if aggregator is None or not aggregator.live:

@@ -7,8 +7,9 @@ scalars keep a float, tensors their `TensorProto`, blob sequences their blobs.
 
 Each series is a reservoir as TensorBoard's (`Reservoir`): at most `capacity` points, chosen uniformly, the
 newest always kept; a point whose step is not above the newest kept one is a restart, and the points at its
-step and later give way (TensorBoard's purge of orphaned data; RustBoard's preemption). A `SessionLog.START`
-at step s purges every series of its run at steps >= s. Capacities are per plugin (`SamplesPerPlugin`).
+step and later give way (RustBoard's preemption). A `SessionLog.START` at step s, other than the run's first,
+purges every series of its run at steps >= s (TensorBoard's Python loader's restart purge). Capacities are
+per plugin (`SamplesPerPlugin`).
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import logging
 import random
 import threading
 from array import array
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol, TypeAlias
 
@@ -59,7 +60,8 @@ class SamplesPerPlugin:
 
     @classmethod
     def parse(cls, text: str) -> SamplesPerPlugin:
-        """`scalars=1000,images=all,...`: a number of points, or `all` for every point.
+        """`scalars=1000,images=all,...`: a number of points, or `all` (or 0, as TensorBoard's flag takes it) for
+        every point.
 
         Raises:
             ValueError: an entry is not PLUGIN=N or PLUGIN=all.
@@ -72,10 +74,10 @@ class SamplesPerPlugin:
                 raise ValueError(f"--samples-per-plugin entry {entry!r} needs PLUGIN=N or PLUGIN=all")
             if count == "all":
                 overrides[plugin] = ALL
-            elif count.isdigit() and int(count) > 0:
+            elif count.isdigit():
                 overrides[plugin] = int(count)
             else:
-                raise ValueError(f"--samples-per-plugin {plugin}={count!r}: give a positive number of points or all")
+                raise ValueError(f"--samples-per-plugin {plugin}={count!r}: give a number of points, or all (or 0)")
         return cls(overrides)
 
     def capacity(self, plugin: str) -> int:
@@ -244,13 +246,20 @@ class RunIndex:
     start_time: float | None = None
     series: dict[str, Series] = field(default_factory=dict)
     _initial: dict[str, SummaryMetadata] = field(default_factory=dict)
+    _session_started: bool = False
 
     def add_event(self, event: Event) -> None:
-        if self.start_time is None and event.wall_time:
-            self.start_time = event.wall_time
+        if event.wall_time and (
+            self.start_time is None or (event.HasField("file_version") and event.wall_time < self.start_time)
+        ):
+            self.start_time = event.wall_time  # the first record of the run's first file (read later, maybe)
         if event.HasField("session_log") and event.session_log.status == SessionLog.START:
-            for series in self.series.values():
-                series.reservoir.purge(event.step)
+            # The run's first START is its start, not a restart (TensorBoard's loader purges from the second on):
+            # a worker joining a run others log to with purge_step=0 takes nothing from them.
+            if self._session_started:
+                for series in self.series.values():
+                    series.reservoir.purge(event.step)
+            self._session_started = True
         if event.HasField("summary") and self._took_simple_values(event):
             return
         for migrated in data_compat_events(event, self._initial):
@@ -344,27 +353,60 @@ class BoardIndex:
     """Every run's `RunIndex`, fed live after each batch is written (`written`) and by the runs already on disk
     (`backfill`). Its methods may be called from any thread; each holds the index's lock briefly."""
 
-    def __init__(self, samples: SamplesPerPlugin | None = None) -> None:
+    def __init__(
+        self,
+        samples: SamplesPerPlugin | None = None,
+        open_file: Callable[[str], tuple[str, float] | None] | None = None,
+    ) -> None:
+        """`open_file` names a run's open event file and its `file_version` wall time: a run first seen live
+        starts then, as TensorBoard dates a run by the first record of its first file."""
         self.samples = samples or SamplesPerPlugin()
+        self._open_file = open_file
         self._runs: dict[str, RunIndex] = {}
         self._lock = threading.Lock()
-        # Runs whose files from before the start are still being read: their live batches wait here, in order.
+        # Runs whose older files (on disk, or in the bucket) are still being read: their live batches wait here.
         self._waiting: dict[str, list[Sequence[bytes]]] = {}
+        self._own: dict[str, set[str]] = {}  # by run, the event files this process writes (a bucket skips them)
+        self._asked: dict[str, None] = {}  # held runs TensorBoard asked for by name, in the order it asked
 
     def written(self, run_dir: str, session_id: str, events: Sequence[bytes]) -> None:
         """Take a batch right after it was written to `run_dir` (a `runs.WriteObserver`); never raises."""
+        opened = self._open_file(run_dir) if self._open_file is not None else None
         with self._lock:
+            if opened is not None:
+                self._own.setdefault(run_dir, set()).add(opened[0])
             waiting = self._waiting.get(run_dir)
             if waiting is not None:
                 waiting.append(events)
                 return
-            self._take(self._run(run_dir), events)
+            run = self._runs.get(run_dir)
+            if run is None:
+                run = self._runs[run_dir] = RunIndex(self.samples, start_time=opened[1] if opened else None)
+            self._take(run, events)
 
-    def _run(self, name: str) -> RunIndex:
-        run = self._runs.get(name)
-        if run is None:
-            run = self._runs[name] = RunIndex(self.samples)
-        return run
+    def owns(self, run_dir: str, file_name: str) -> bool:
+        """Whether this process writes `file_name` of `run_dir` (its records come to `written`)."""
+        with self._lock:
+            return file_name in self._own.get(run_dir, ())
+
+    def followed(self, run_dir: str, records: Sequence[bytes]) -> None:
+        """Take records of `run_dir` written elsewhere (another daemon's segments, or from before the start), in
+        their order, even while the run is held."""
+        with self._lock:
+            run = self._runs.get(run_dir)
+            if run is None:
+                run = self._runs[run_dir] = RunIndex(self.samples)
+            self._take(run, records)
+
+    def release(self, run_dir: str) -> None:
+        """End a hold: the live batches that waited go in, in order."""
+        with self._lock:
+            run = self._runs.get(run_dir)
+            if run is None:
+                run = self._runs[run_dir] = RunIndex(self.samples)
+            self._asked.pop(run_dir, None)
+            for batch in self._waiting.pop(run_dir, []):
+                self._take(run, batch)
 
     @staticmethod
     def _take(run: RunIndex, events: Sequence[bytes]) -> None:
@@ -395,6 +437,7 @@ class BoardIndex:
             run.add_event(event)
         with self._lock:
             self._runs[run_dir] = run
+            self._asked.pop(run_dir, None)
             for batch in self._waiting.pop(run_dir, []):
                 self._take(run, batch)
 
@@ -408,6 +451,19 @@ class BoardIndex:
         """The held runs that live batches wait for, those written to first first."""
         with self._lock:
             return [run for run, batches in self._waiting.items() if batches]
+
+    def asked(self, runs: Iterable[str]) -> None:
+        """TensorBoard asked for these runs by name: a held one among them is read before the others."""
+        with self._lock:
+            for run in runs:
+                if run in self._waiting:
+                    self._asked.pop(run, None)
+                    self._asked[run] = None  # the latest asked last
+
+    def wanted(self) -> list[str]:
+        """The held runs TensorBoard asked for, the latest asked first."""
+        with self._lock:
+            return [run for run in reversed(self._asked) if run in self._waiting]
 
     @property
     def pending_runs(self) -> int:

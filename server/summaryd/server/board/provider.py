@@ -67,6 +67,8 @@ class BoardService(dp_grpc.TensorBoardDataProviderServicer):  # type: ignore[mis
         self._prefix = runs_prefix.strip("/")
 
     def _runs(self, names: set[str] | None) -> Iterator[tuple[str, Any]]:
+        if names is not None:
+            self._index.asked(names)
         for name, run in self._index.snapshot():
             if self._prefix and not (name == self._prefix or name.startswith(self._prefix + "/")):
                 continue
@@ -93,6 +95,10 @@ class BoardService(dp_grpc.TensorBoardDataProviderServicer):  # type: ignore[mis
         if k < 0:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"downsample.num_points is {k}; give 0 or more")
         return k
+
+    def run_count(self) -> int:
+        """The runs served (under `--board-runs`)."""
+        return sum(1 for _ in self._runs(None))
 
     async def GetExperiment(self, request: dp.GetExperimentRequest, context: Context) -> dp.GetExperimentResponse:
         response = dp.GetExperimentResponse(data_location=self._location)
@@ -233,8 +239,9 @@ class Backfill:
             self._thread.join()
 
     def next_run(self, remaining: dict[str, list[str]]) -> str:
-        """The run to read next: one being written to now (its live batches wait for it), else the next in order."""
-        for run in self._index.awaited():
+        """The run to read next: one being written to now (its live batches wait for it), else one TensorBoard
+        asked for by name (the dashboard open on it waits), else the next in order."""
+        for run in (*self._index.awaited(), *self._index.wanted()):
             if run in remaining:
                 return run
         return next(iter(remaining))

@@ -74,6 +74,9 @@ class ScalarRecords(Sequence[bytes]):
     def __init__(self, columns: pb.ScalarColumns, start: int = 0) -> None:
         self._columns = columns
         self._start = start
+        # The columns' tag indices, steps and values as numpy arrays, once `framed` read them (a large batch): the
+        # write observers that want them need not read the columns again.
+        self.arrays: tuple[NDArray[np.int64], NDArray[np.int64], NDArray[np.float32]] | None = None
 
     def __len__(self) -> int:
         return len(self._columns.step) - self._start
@@ -139,6 +142,7 @@ class ScalarRecords(Sequence[bytes]):
             raise min(problems, key=lambda problem: problem.index)
         steps = np.asarray(columns.step, dtype=np.int64)[start:].view(np.uint64)
         values = np.asarray(columns.value, dtype=np.float32)[start:]
+        self.arrays = tag_index, steps.view(np.int64), values
         layout = _Layout(tags, tag_index, steps, wall, values)
         if layout.widest > limits.max_event_bytes:
             lengths = layout.lengths()

@@ -12,14 +12,14 @@ The session store is written here only, in one place (`_record_blocking`): a ses
 Everything that changes a session or a file (a batch, a flush, a close, a release) runs to its end even if
 the RPC that asked for it is cancelled (`_complete`): a client that hangs up half-way must not leave a batch
 written but not counted, which would write it twice when the client sends it again.
+
+Where the bytes go is the storage's (`storage.backend.Storage`: a local disk, or a bucket with its leases,
+uploads and session state); the rules here hold for both.
 """
 
 from __future__ import annotations
 
 import asyncio
-import dataclasses
-import errno
-import functools
 import logging
 import time
 from collections.abc import Coroutine, Iterator, Sequence
@@ -27,7 +27,7 @@ from typing import Any, TypeVar
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
-from summaryd.server.aggregation.aggregator import Aggregation
+from summaryd.server.aggregation.aggregator import Aggregation, AggregationSettings
 from summaryd.server.errors import (
     DiskFullError,
     ResumeRefusedError,
@@ -44,12 +44,8 @@ from summaryd.server.security.limits import DEFAULT, LimitError, Limits
 from summaryd.server.security.request_checks import MAX_SEQUENCE
 from summaryd.server.sessions.live import Ending, Session, SessionTable
 from summaryd.server.storage import run_files
-from summaryd.server.storage.bucket.durable_marks import DurableMarks
-from summaryd.server.storage.bucket.run_ownership import RunOwnership, leased_run
-from summaryd.server.storage.bucket.segments import SegmentIndex, SegmentShipper, segment_key
-from summaryd.server.storage.bucket.sessions import BucketSessions, DurableSession
-from summaryd.server.storage.bucket.store import BucketError
-from summaryd.server.storage.runs import ClosedFile, RunRegistry, RunWriter
+from summaryd.server.storage.backend import SharedRecord, Storage, owned_run
+from summaryd.server.storage.runs import ClosedFile, FileEnd, RunWriter
 from summaryd.server.storage.session_store import SessionRecord, SessionStore
 from summaryd.v1 import summaryd_pb2 as pb
 
@@ -68,37 +64,25 @@ def _retrieve(task: asyncio.Task[Any]) -> None:
 
 
 class SessionLifecycle:
-    """Opens, resumes, writes, flushes, releases and closes the sessions of one run registry and session store."""
+    """Opens, resumes, writes, flushes, releases and closes the sessions of one storage and session store."""
 
     def __init__(
         self,
-        registry: RunRegistry,
+        storage: Storage,
         store: SessionStore,
         lease: float,
         limits: Limits = DEFAULT,
-        ownership: RunOwnership | None = None,
-        aggregation: Aggregation | None = None,
+        aggregation: AggregationSettings | None = None,
     ) -> None:
-        self.registry = registry
-        # Cross-worker aggregation of the sessions that ask for it (off unless given settings that enable it).
-        self.aggregation = aggregation or Aggregation(registry, limits=limits, ownership=ownership)
-        self.aggregation.on_closed = self._record_closed
+        self.storage = storage
+        self.registry = storage.runs
+        # Cross-worker aggregation of the sessions that ask for it (off unless its settings enable it): told of
+        # every batch written; the files of an aggregator that stops on its own are recorded here.
+        self.aggregation = Aggregation(storage, aggregation, limits, closed=self._record_closed)
+        self.registry.observe(self.aggregation)
         self.store = store
         self.lease = lease
         self.limits = limits
-        # A bucket logdir's run leases: a session holds its run's lease from its start to its end.
-        self.ownership = ownership
-        if ownership is not None:
-            ownership.on_lost = self.release_run
-        # A bucket logdir: each session's state in the bucket and its durable watermark (what is uploaded).
-        self.bucket_sessions = BucketSessions(ownership.leases.bucket) if ownership is not None else None
-        self.segment_index = SegmentIndex(ownership.leases.bucket) if ownership is not None else None
-        self.marks = DurableMarks()
-        self._through: dict[str, str] = {}  # per run: a key after every segment uploaded (and marked) here
-        self._published: dict[str, int] = {}  # per session: the watermark the bucket's state holds
-        self._publishing: dict[str, asyncio.Task[None]] = {}
-        if self.bucket_sessions is not None and isinstance(registry.sink, SegmentShipper):
-            registry.sink.on_uploaded = self._on_uploaded
         self._stopping = False
         self.sessions = SessionTable()
         # Batches, flushes, closes and releases being carried out; shutdown waits for these.
@@ -134,89 +118,32 @@ class SessionLifecycle:
     @property
     def durable_acks(self) -> bool:
         """Whether an ack means staged only, and clients keep batches until the durable watermark covers them."""
-        return self.bucket_sessions is not None
+        return self.storage.durable_acks
 
     def durable(self, session_id: str) -> int:
         """The session's highest sequence number uploaded and recorded in the bucket (0 on a local logdir)."""
-        return self._published.get(session_id, 0)
+        return self.storage.durable(session_id)
 
-    def _on_uploaded(self, run_dir: str, name: str, end: int) -> None:
-        self._through[run_dir] = segment_key(run_dir, name, end)
-        for session_id, _ in self.marks.uploaded(run_dir, name, end):
-            if session_id not in self._publishing:
-                task = asyncio.create_task(self._publish(session_id, run_dir))
-                self._publishing[session_id] = task
-                task.add_done_callback(functools.partial(self._published_by, session_id))
-
-    def _published_by(self, session_id: str, _: asyncio.Task[None]) -> None:
-        self._publishing.pop(session_id, None)
-
-    async def _publish(self, session_id: str, run_dir: str, closed: bool = False) -> None:
-        """Write the session's watermark to its state in the bucket, until it holds the latest; only then is
-        it acknowledged as durable (a daemon resuming the session elsewhere starts from that state)."""
-        assert self.bucket_sessions is not None
-        while (durable := self.marks.durable(session_id)) > self._published.get(session_id, 0) or closed:
-            if self.ownership is not None and not self.ownership.valid(run_dir):
-                # The lease may have passed to another daemon: its state is that daemon's to write now.
-                log.warning("session %s: its state is not written, the run's lease is not live here", session_id)
-                return
-            # Read with `durable`, no await between: every segment before it is counted in `durable`.
-            since = self._through.get(run_dir, "")
-            try:
-                await self.bucket_sessions.put(DurableSession(session_id, run_dir, durable, closed, since))
-            except BucketError as exc:  # written again after the next upload
-                log.warning("session %s: its state could not be written to the bucket: %s", session_id, exc)
-                return
-            self._published[session_id] = max(durable, self._published.get(session_id, 0))
-            closed = False
-
-    async def _bucket_state(self, session_id: str) -> DurableSession | None:
+    async def _shared_state(self, session_id: str) -> SharedRecord | None:
         """The session as the bucket knows it (a bucket logdir; None on a local one)."""
-        if self.bucket_sessions is None:
-            return None
         try:
-            return await self.bucket_sessions.get(session_id)
-        except BucketError as exc:
-            raise self._storage_error(
-                OSError(errno.EIO, str(exc)), "?", "the session's state could not be read"
-            ) from exc
+            return await self.storage.stored(session_id)
+        except OSError as exc:
+            raise self._storage_error(exc, "?", "the session's state could not be read") from exc
 
     async def _settle(
-        self, session_id: str, run_dir: str, record: SessionRecord | None, state: DurableSession | None
+        self, session_id: str, run_dir: str, record: SessionRecord | None, shared: SharedRecord | None
     ) -> tuple[SessionRecord | None, int]:
-        """A bucket logdir, the run's lease held: the session's record and the highest sequence number of it in
-        the bucket. A session new to the bucket gets its state first (before any segment can hold its events);
-        a known one is counted through the run's segments newer than its state, which a daemon lost between an
-        upload and the state's write leaves uncounted (`segment_sessions`).
+        """The run's lease held: the session's record and the highest sequence number of it in the bucket
+        (`Storage.settle`).
 
         Raises:
             StorageError: the bucket could not be read or written.
         """
-        if self.bucket_sessions is None or self.segment_index is None:
-            return record, 0
         try:
-            if state is None:
-                # New: nothing of it is in the run's segments so far. Known here only (it opened before sessions
-                # got a state at their start): its events may be in any segment, so every one is searched.
-                since = "" if record is not None else await self.segment_index.end_key(run_dir)
-                await self.bucket_sessions.put(DurableSession(session_id, run_dir, 0, False, since))
-                return record, 0
-            held = await self.segment_index.held(run_dir, session_id, state.since)
-        except BucketError as exc:
-            raise self._storage_error(
-                OSError(errno.EIO, str(exc)), run_dir, "the session's state in the bucket could not be settled"
-            ) from exc
-        if held > state.durable:
-            log.info(
-                "session %s: the run's segments hold it through sequence %d, its state in the bucket only %d",
-                session_id,
-                held,
-                state.durable,
-            )
-        durable = max(state.durable, held)
-        if record is not None and durable > record.last:
-            record = dataclasses.replace(record, last=durable)
-        return record, durable
+            return await self.storage.settle(session_id, run_dir, record, shared)
+        except OSError as exc:
+            raise self._storage_error(exc, run_dir, "the session's state in the bucket could not be settled") from exc
 
     # ---- lookups ---------------------------------------------------------------------------------------
 
@@ -267,13 +194,10 @@ class SessionLifecycle:
             raise RunPathError(refused)
         if session is None:
             # A bucket logdir: the bucket's state says what is uploaded, also of a session the local store knows.
-            state = await self._bucket_state(session_id)
-            from_bucket = (
-                SessionRecord(session_id, state.run_dir, state.durable, closed=state.closed) if state else None
-            )
-            record = self.store.get(session_id) or from_bucket
+            shared = await self._shared_state(session_id)
+            record = self.store.get(session_id) or (shared.record if shared is not None else None)
             self._check_resumable(request, run_dir, record)
-            session = await self._complete(self._start(request, parts, record, peer, state))
+            session = await self._complete(self._start(request, parts, record, peer, shared))
         if session.run.run_dir != run_dir:  # held already, or opened meanwhile by a racing call of the same id
             raise RunMismatchError(session_id, session.run.run_dir, run_dir)
         session.touch()
@@ -304,17 +228,17 @@ class SessionLifecycle:
         parts: list[str],
         record: SessionRecord | None,
         peer: str,
-        state: DurableSession | None = None,
+        shared: SharedRecord | None = None,
     ) -> Session:
         """A session this daemon does not hold live: new, or resumed where the session store (or, on a daemon
         that does not know it, the bucket: `state` and the run's segments) says it stands."""
         over = self._over_session_limits(peer)
         if over is not None:  # before any directory is made
             raise LimitError(over)
-        run = leased_run("/".join(parts), request.worker)
+        run = owned_run("/".join(parts), request.worker)
         await self._own(run)
         try:
-            record, durable = await self._settle(request.session_id, "/".join(parts), record, state)
+            record, durable = await self._settle(request.session_id, "/".join(parts), record, shared)
             session = await self._start_owned(request, parts, record, peer)
             self._track(session, durable)
         except BaseException:
@@ -323,18 +247,20 @@ class SessionLifecycle:
         return session
 
     async def _own(self, run_dir: str) -> None:
-        """Hold the run's lease for one more session (a bucket logdir)."""
-        if self.ownership is not None:
-            try:
-                await self.ownership.take(run_dir)
-            except OSError as exc:
-                raise self._storage_error(exc, run_dir, "the run's lease could not be taken") from exc
+        """Hold the run (a bucket logdir: its lease) for one more session."""
+        try:
+            await self.storage.own(run_dir)
+        except OSError as exc:
+            raise self._storage_error(exc, run_dir, "the run's lease could not be taken") from exc
 
-    async def _disown(self, run_dir: str, end: tuple[str, str, int] | None = None) -> None:
-        """Let go of the run's lease for one session that staged up to `end`: the last session's release waits
-        for that upload. At shutdown the leases are released after the last upload."""
-        if self.ownership is not None and not self._stopping:
-            await self.ownership.let_go(run_dir, (lambda: self._uploaded(end)) if end is not None else None)
+    async def _disown(
+        self, run_dir: str, end: FileEnd | None = None, closing: tuple[str, str, int] | None = None
+    ) -> None:
+        """Let go of the run for one session that staged up to `end` (and leaves by a close: `closing`): the
+        last session's release waits for that upload, and for the closed session's state. At shutdown the
+        leases are released after the last upload."""
+        if not self._stopping:
+            await self.storage.let_go(run_dir, [end] if end is not None else [], closing)
 
     async def _start_owned(
         self, request: pb.OpenSessionRequest, parts: list[str], record: SessionRecord | None, peer: str
@@ -349,7 +275,7 @@ class SessionLifecycle:
         if raced is not None:
             await self.registry.release(writer)
             # This call's count; the raced session holds its own.
-            await self._disown(leased_run(writer.run_dir, request.worker))
+            await self._disown(owned_run(writer.run_dir, request.worker))
             return raced
         # Counted again right before the session is added (no await in between): concurrent opens cannot overshoot.
         over = self._over_session_limits(peer)
@@ -394,16 +320,7 @@ class SessionLifecycle:
     def _track(self, session: Session, durable: int) -> None:
         """Follow the session's durable watermark from `durable` (what the bucket holds of it); whatever it
         holds beyond is staged here and durable once the run's staged file is uploaded up to its end now."""
-        if self.bucket_sessions is None:
-            return
-        self.marks.start(session.session_id, session.run.run_dir, durable)
-        self._published[session.session_id] = max(durable, self._published.get(session.session_id, 0))
-        self._staged(session)
-
-    def _staged(self, session: Session) -> None:
-        end = self._staged_end(session.run)
-        if end is not None:
-            self.marks.staged(session.session_id, end[1], end[2], session.acked)
+        self.storage.track(session.session_id, session.run, session.acked, durable)
 
     def _over_session_limits(self, peer: str) -> str | None:
         """Why one more session from `peer` is too many, or None."""
@@ -434,8 +351,8 @@ class SessionLifecycle:
             acked = await self._complete(session.apply(first, events))
         except OSError as exc:
             raise self._storage_error(exc, session.run.run_dir, "the batch was not written") from exc
-        if self.bucket_sessions is not None and events:
-            self._staged(session)
+        if events:
+            self.storage.staged(session.session_id, session.run, session.acked)
         return acked
 
     async def flush(self, session: Session, durable: bool) -> int:
@@ -446,25 +363,19 @@ class SessionLifecycle:
             StorageError: fsync failed.
         """
         session.touch()
-        uploaded = self._staged_end(session.run)
+        uploaded = session.run.end
         acked = await self._complete(self._flush(session, durable))
         if durable:
             await self._uploaded(uploaded)
         return acked
 
-    @staticmethod
-    def _staged_end(run: RunWriter) -> tuple[str, str, int] | None:
-        """Where the run's staged file ends now: what a durable flush or a close waits to see uploaded."""
-        return (run.run_dir, run.file.name, run.file.size) if run.file is not None else None
-
-    async def _uploaded(self, end: tuple[str, str, int] | None) -> None:
+    async def _uploaded(self, end: FileEnd | None) -> None:
         """A bucket logdir: wait until the staged bytes up to `end` are uploaded (sealed now). Not carried out
         to its end when the call is cancelled: the bytes are staged and journaled already, and a bucket that
         fails would hold the call (and shutdown) forever; the client's deadline ends the wait."""
-        sink = self.registry.sink
-        if end is not None and isinstance(sink, SegmentShipper):
+        if end is not None:
             try:
-                await sink.upload_through(*end)
+                await self.storage.upload_through(end)
             except OSError as exc:  # the run's lease was lost: the new owner takes the resend
                 raise self._storage_error(exc, end[0], "the events were not uploaded") from exc
 
@@ -490,8 +401,8 @@ class SessionLifecycle:
 
         try:
             await self._complete(run_to_completion(self.registry.executor, put))
-            if self.registry.sink is not None:  # a bucket logdir: the file goes up whole before the answer
-                await self._complete(self.registry.sink.file_written(run_dir, path, content))
+            # A bucket logdir: the file goes up whole before the answer.
+            await self._complete(self.storage.file_written(run_dir, path, content))
         except IsADirectoryError:
             raise RunPathError(f"file path {path!r} names a directory of the run") from None
         except OSError as exc:
@@ -510,11 +421,30 @@ class SessionLifecycle:
             if session.expired(now):
                 await self._complete(self._release(session, now))
 
+    async def release_lost(self) -> None:
+        """Release the sessions of each run the storage stops owning (another daemon took it over), as it
+        happens, runs side by side; returns when the storage says no more will come (a local logdir: at once)."""
+        releasing: set[asyncio.Task[None]] = set()
+        try:
+            async for run_dir in self.storage.lost_runs():
+                task = asyncio.ensure_future(self._release_lost(run_dir))
+                releasing.add(task)
+                task.add_done_callback(releasing.discard)
+        finally:
+            for task in list(releasing):  # the releases themselves run to their end (`_complete`)
+                task.cancel()
+
+    async def _release_lost(self, run_dir: str) -> None:
+        try:
+            await self.release_run(run_dir)
+        except Exception:
+            log.exception("run %s: ending its sessions after the lease was lost failed", run_dir)
+
     async def release_run(self, run_dir: str) -> None:
         """Release every live session of the run `run_dir` (another daemon took the run over: every worker); they
         stay resumable, and their clients, opening them again, are sent to the new owner."""
         for session in self.sessions:
-            if leased_run(session.run.run_dir, session.worker) == run_dir:
+            if owned_run(session.run.run_dir, session.worker) == run_dir:
                 await self._complete(self._release(session, None))
 
     async def close_all(self) -> None:
@@ -538,13 +468,11 @@ class SessionLifecycle:
         session = self.sessions.get(session_id)
         if session is None:
             return await self._complete(self._close_record(session_id)), 0
-        uploaded = self._staged_end(session.run)
+        uploaded = session.run.end
         if await self._complete(self._leave(session, "closed")):
             await self._uploaded(uploaded)
-            if self.bucket_sessions is not None:  # everything uploaded: the bucket's state says closed
-                self.marks.start(session.session_id, session.run.run_dir, session.acked)
-                await self._publish(session.session_id, session.run.run_dir, closed=True)
-                self.marks.forget(session.session_id)
+            # Everything uploaded: a bucket's state says closed.
+            await self.storage.closed(session.session_id, session.run.run_dir, session.acked)
             log.info(
                 "session %s closed: run %s, %d events written, %d duplicates dropped",
                 session.session_id,
@@ -591,7 +519,7 @@ class SessionLifecycle:
             closing = ending == "closed"
             if closing:
                 await self._sync(session.run, "fsync failed; the session stays open")
-            end = self._staged_end(session.run)
+            end = session.run.end
             closed = await self.registry.release(session.run)
             # A closed flag is synced with the run's last close; until then the file's journal, just synced,
             # holds the session's sequence numbers.
@@ -604,7 +532,11 @@ class SessionLifecycle:
                 [record] if record is not None else [], [closed] if closed else [], sync=closing and last
             )
             self.sessions.remove(session, ending)
-            await self._disown(leased_run(session.run.run_dir, session.worker), end)
+            await self._disown(
+                owned_run(session.run.run_dir, session.worker),
+                end,
+                (session.session_id, session.run.run_dir, session.acked) if closing else None,
+            )
             await self._record_closed(await self.aggregation.left(session, list(self.sessions), self._stopping))
         return True
 

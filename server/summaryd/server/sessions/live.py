@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -51,8 +51,6 @@ class Session:
     streams: set[asyncio.Task[object]] = field(default_factory=set)
     # Serialises the sequence check and the write, so two streams of one session cannot interleave.
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
-    # Told of every batch written, with the events new to the file (cross-worker aggregation); must not raise.
-    tap: Callable[[Sequence[bytes]], None] | None = None
 
     def touch(self) -> None:
         self.last_seen = time.monotonic()
@@ -131,8 +129,6 @@ class Session:
             self.events_written += len(new)
             self.acked = last
             self.touch()
-            if self.tap is not None:
-                self.tap(new)
             return last
 
 

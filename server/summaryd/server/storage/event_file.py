@@ -65,7 +65,8 @@ class EventFile:
         self.size = 0
         self.synced_size = 0
         self._closed = False
-        header = Event(wall_time=time.time(), file_version="brain.Event:2").SerializeToString()
+        self.started = time.time()  # its `file_version` record's wall time: TensorBoard's start of a run
+        header = Event(wall_time=self.started, file_version="brain.Event:2").SerializeToString()
         try:
             self.append(frame(header))
         except OSError:

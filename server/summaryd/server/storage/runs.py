@@ -34,11 +34,21 @@ log = logging.getLogger("summaryd.server.runs")  # the name log lines carry, kep
 
 
 class WriteObserver(Protocol):
-    """Told of each batch right after it is written to a run's file, on the event loop: the session that wrote
-    it ("" for the daemon's own records) and the records new to the file (serialized events, or scalar
-    columns). Must not raise or block."""
+    """What follows a written batch: a consumer of every batch the run writers write (cross-worker
+    aggregation, the board index), subscribed with `RunRegistry.observe`.
+
+    `written` is called on the event loop right after a batch is in its run's file and journaled, before it is
+    acknowledged, in the order the observers were subscribed: the batch's run, the session that wrote it (""
+    for the daemon's own records, the aggregates) and the records new to the file (serialized events, or
+    `ScalarRecords`; `records.scalar_points.points` reads the scalars of either). It must not raise or block:
+    slow work goes to a task or a thread of its own.
+    """
 
     def written(self, run_dir: str, session_id: str, events: Sequence[bytes]) -> None: ...
+
+
+FileEnd = tuple[str, str, int]
+"""Where a run's active file ends: (run directory, file name, size in bytes)."""
 
 
 @dataclass(eq=False)
@@ -102,6 +112,12 @@ class RunWriter:
                 self._counters = metrics.events_written.labels(self.run_dir), metrics.bytes_written.labels(self.run_dir)
             self._counters[0].inc(len(events))
             self._counters[1].inc(len(entry.blob))
+
+    @property
+    def end(self) -> FileEnd | None:
+        """Where the run's active file ends now (None when none is open): what a durable flush or a close
+        waits to see uploaded on a bucket logdir."""
+        return (self.run_dir, self.file.name, self.file.size) if self.file is not None else None
 
     def _write_group(self, entries: Sequence[_Pending]) -> None:
         """Blocking, on an I/O thread, holding `lock`: check and frame each batch of `entries` (in order; one
@@ -397,8 +413,12 @@ class RunRegistry:
         self._runs: dict[str, RunWriter] = {}
         self._commit = GroupCommit(executor)
         self._lock = asyncio.Lock()
-        # Told of every batch written to any run, the daemon's own records too (the board index).
-        self.observers: list[WriteObserver] = []
+        # Told of every batch written to any run, the daemon's own records too; shared with every writer.
+        self._observers: list[WriteObserver] = []
+
+    def observe(self, observer: WriteObserver) -> None:
+        """Tell `observer` of every batch written from now on, after those subscribed before it."""
+        self._observers.append(observer)
 
     @property
     def runs(self) -> list[RunWriter]:
@@ -407,6 +427,11 @@ class RunRegistry:
     @property
     def executor(self) -> Executor:
         return self._executor
+
+    def open_file(self, run_dir: str) -> tuple[str, float] | None:
+        """The name of the run's open event file and its `file_version` record's wall time (None: no file)."""
+        writer = self._runs.get(run_dir)
+        return (writer.file.name, writer.file.started) if writer is not None and writer.file is not None else None
 
     async def acquire(self, parts: list[str], limits: Limits = DEFAULT) -> RunWriter:
         """Return the run's writer; its directory (inside the logdir only) is made when it is first written.
@@ -433,7 +458,7 @@ class RunRegistry:
                     metrics=self.metrics,
                     limits=limits,
                     sink=self.sink,
-                    observers=self.observers,
+                    observers=self._observers,
                     commit=self._commit,
                 )
                 self._runs[run_dir] = writer

@@ -12,7 +12,10 @@ be sent to, and when the lease expires (wall-clock seconds). The rules:
   here); someone else's live lease → `LeaseHeldError`, which names the holder's address;
 - **renew**: replace with If-Match on the ETag of the holder's last write; a mismatch means another daemon took
   the lease over (`LeaseLostError`), and the holder must stop writing the run;
-- **release**: an expired lease written the same way, so that the next daemon need not wait.
+- **release**: an expired lease written the same way, so that the next daemon need not wait;
+- **sweep** (any daemon, on a store that honours conditional deletes): a lease expired and not written for the
+  retention is removed, its files closed to their holder first, by a delete conditional on the version read: an
+  acquirer that took it meanwhile keeps its lease (see DESIGN.md, *What the bucket keeps*).
 
 Expiry compares the lease's wall-clock deadline with the reader's clock, so daemons' clocks must agree to well
 within the lease's duration (NTP does); the holder itself judges by its monotonic clock (`Lease.live`). A lease
@@ -39,7 +42,8 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from summaryd.server.storage.bucket.store import Bucket, PreconditionFailedError
+from summaryd.server.storage.bucket.segments import fence_file
+from summaryd.server.storage.bucket.store import Bucket, BucketError, PreconditionFailedError, gather_bounded
 
 log = logging.getLogger("summaryd.server.leases")  # the name log lines carry, kept across moves
 
@@ -184,6 +188,45 @@ class RunLeases:
         expired = dataclasses.replace(lease, expires=0.0)
         with contextlib.suppress(PreconditionFailedError):
             await self.bucket.replace(lease_key(lease.run_dir), expired.document(), lease.etag)
+
+    async def sweep(self, before: float) -> int:
+        """Remove the lease of every run that has expired (released, or its holder gone) and was not written
+        since `before` (Unix seconds, the store's clock); return how many. For a store where
+        `Bucket.honours_conditional_delete`.
+
+        Each file the lease names is closed to its holder first (`segments.fence_file`), as a takeover does: a
+        holder that comes back with staged leftovers then finds neither the lease that said no other daemon
+        held the run since, nor a key to add them at. The delete names the version read: an acquirer that
+        replaced it meanwhile keeps its lease (the delete is refused), and one that creates the lease after the
+        delete writes an object the delete never named.
+
+        Raises:
+            BucketError: the leases could not be listed.
+        """
+        now = self._clock()
+        found = [
+            info
+            for info in await self.bucket.list(LEASE_PREFIX)
+            if info.key.endswith(LEASE_SUFFIX) and info.modified and info.modified < before
+        ]
+        return sum(await gather_bounded(self._sweep_one(info.key, now) for info in found))
+
+    async def _sweep_one(self, key: str, now: float) -> bool:
+        run_dir = key[len(LEASE_PREFIX) : -len(LEASE_SUFFIX)]
+        try:
+            lease = await self.read(run_dir)
+            if lease is None or lease.expires > now:
+                return False
+            for directory, name in sorted({*lease.files, *lease.unfenced}):
+                await fence_file(self.bucket, directory, name)
+            await self.bucket.delete_if(key, lease.etag)
+        except PreconditionFailedError:
+            log.info("run %s: its lease was written while it was being removed; kept", run_dir)
+            return False
+        except BucketError as exc:  # tried again at the next sweep
+            log.warning("run %s: its expired lease could not be removed: %s", run_dir, exc)
+            return False
+        return True
 
     async def read(self, run_dir: str) -> Lease | None:
         """The run's lease as stored, or None when there is none (or it cannot be parsed: then it is replaced)."""

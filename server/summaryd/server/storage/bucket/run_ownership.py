@@ -1,6 +1,6 @@
 """Which runs of a bucket logdir this daemon writes: their leases, taken as sessions open and kept while held.
 
-A run's lease is for the run its clients name, all its workers (`leased_run`): a job's workers, and the
+A run's lease is for the run its clients name, all its workers (`backend.owned_run`): a job's workers, and the
 aggregates of them, are written by one daemon. A session opening on a run this daemon does not write yet takes
 the run's lease first (`leases.RunLeases`); another daemon's live lease refuses it with `RunOwnedElsewhereError`,
 naming where the client belongs, when that address is a daemon's: one of `--peers` (with them), or at least a
@@ -9,8 +9,8 @@ but is no daemon of it) refuses the session as `OwnerUnknownError`, naming nothi
 run counts; when the last one leaves (its file closed) and what every session of the run staged is uploaded,
 the lease is released so that another daemon need not wait for it to expire. While held, leases are renewed
 in the background at a third of their duration. A lease found taken over at renewal (another daemon judged
-this one gone) is dropped, logged, and reported to `on_lost`, which ends the run's live sessions here: their
-clients open them again and are sent to the new owner.
+this one gone) is dropped, logged, and reported by `lost`, whose reader (the session lifecycle) ends the run's
+live sessions here: their clients open them again and are sent to the new owner.
 
 It is also the shipper's fence (`segments.Fencing`): a segment goes up only while the run's lease is live by
 this daemon's monotonic clock (`leases.Lease.live`) and names the segment's file; a lease taken from another
@@ -27,7 +27,7 @@ import ipaddress
 import logging
 import os
 import uuid
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 
 from prometheus_client.core import GaugeMetricFamily, Metric
 
@@ -68,12 +68,6 @@ def holder_id(state_path: str) -> str:
     return holder
 
 
-def leased_run(run_dir: str, worker: str) -> str:
-    """The run whose lease a session of `run_dir` holds: the run its client named (`run_dir` without the
-    session's worker label), so that all the workers of a job land on one daemon."""
-    return run_dir[: -len(worker) - 1] if worker and run_dir.endswith("/" + worker) else run_dir
-
-
 def daemon_address_key(address: str) -> str | None:
     """`address` as compared when it is a HOST:PORT a daemon could advertise (the host without case, an IP
     address in its canonical form; nothing resolved), else None."""
@@ -99,8 +93,8 @@ class RunOwnership:
         self.leases = leases
         keys = () if peers is None else (daemon_address_key(a) for a in (*peers, leases.address))
         self._peers = None if peers is None else frozenset(key for key in keys if key is not None)
-        # Told (outside the lease lock) of each run whose lease was taken over; set by the session lifecycle.
-        self.on_lost: Callable[[str], Awaitable[None]] | None = None
+        # Each run whose lease was taken over, until `lost` hands it on (outside the lease lock).
+        self._lost_runs: asyncio.Queue[str] = asyncio.Queue()
         self._held: dict[str, tuple[Lease, int]] = {}
         # The lease writes of one run must not interleave (a renewal racing an acquire of the run would leave the
         # daemon with a stale ETag); those of different runs go side by side, and a session opening on a run
@@ -261,15 +255,12 @@ class RunOwnership:
         if self._held.pop(run_dir, None) is None:
             return
         log.error("run %s: its lease was taken over by another daemon; its sessions here are released", run_dir)
-        if self.on_lost is not None:
-            self._background(self._tell_lost(run_dir))
+        self._lost_runs.put_nowait(run_dir)
 
-    async def _tell_lost(self, run_dir: str) -> None:
-        if self.on_lost is not None:
-            try:
-                await self.on_lost(run_dir)
-            except Exception:
-                log.exception("run %s: ending its sessions after the lease was lost failed", run_dir)
+    async def lost(self) -> AsyncIterator[str]:
+        """Each run whose lease was taken over by another daemon, as it is found (never ends)."""
+        while True:
+            yield await self._lost_runs.get()
 
     async def reclaim(self, run_dir: str) -> str | None:
         """Take the lease covering the staged directory `run_dir` back for recovery, when no other daemon held
@@ -280,7 +271,6 @@ class RunOwnership:
             BucketError: the bucket could not be read or written.
         """
         parent = run_dir.rpartition("/")[0]
-        run = run_dir
         for candidate in [run_dir, *([parent] if parent else [])]:
             lease = await self.leases.read(candidate)
             if lease is None:
@@ -292,6 +282,11 @@ class RunOwnership:
                 return None
             run = candidate
             break
+        else:
+            # A daemon stages a run only under its lease: none means it was removed, expired past the
+            # retention, and with it the record of who held the run since.
+            log.warning("run %s: its lease is gone (removed past the retention) since this daemon stopped", run_dir)
+            return None
         try:
             await self.take(run)
         except RunOwnedElsewhereError:

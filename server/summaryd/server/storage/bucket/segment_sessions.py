@@ -1,7 +1,7 @@
 """Which session sequence numbers each uploaded segment holds, written with the segment itself.
 
 A session's durable watermark is written to its state in the bucket after the segment that holds its events
-(`bucket_sessions`); a daemon lost between the two leaves events in the bucket that the state does not count.
+(`sessions`); a daemon lost between the two leaves events in the bucket that the state does not count.
 So every segment carries, as user metadata of its one PUT (it arrives with the object or not at all), the
 highest sequence number of each session with events in it. A daemon resuming a session from the bucket reads
 the metadata of the run's segments newer than the state's `since` key, newest first, and starts the session

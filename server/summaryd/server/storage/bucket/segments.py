@@ -44,6 +44,7 @@ from typing import Protocol
 
 from prometheus_client import CollectorRegistry, Counter
 
+from summaryd.server.settings import option
 from summaryd.server.storage.bucket import segment_sessions
 from summaryd.server.storage.bucket.store import Bucket, BucketError, PreconditionFailedError
 
@@ -82,6 +83,14 @@ class Fencing(Protocol):
         ...
 
 
+class UploadObserver(Protocol):
+    """Told after every upload, on the event loop (`backend.DurableWatermarks`)."""
+
+    def uploaded(self, run_dir: str, name: str, end: int) -> None:
+        """The staged file `name` of `run_dir` is in the bucket up to byte `end`."""
+        ...
+
+
 def _exit_after_uploads() -> int:
     """Tests only: `SUMMARYD_TEST_EXIT_AFTER_UPLOADS=N` makes the daemon exit at once after its N-th upload,
     before anything else hears of it (the instant a lost daemon leaves segments its session state does not
@@ -117,9 +126,24 @@ class SealPolicy:
     (about 290 a day at the default 300 s), however often it writes.
     """
 
-    seal_secs: float = 5.0
-    seal_bytes: int = 16 * 1024 * 1024
-    seal_max_secs: float = 300.0
+    seal_secs: float = option(
+        5.0,
+        "with a bucket --logdir: seconds new events wait before they are uploaded as a segment (while the run is "
+        "young; then longer as it ages, up to --seal-max-secs)",
+        "SECS",
+    )
+    seal_max_secs: float = option(
+        300.0, "with a bucket --logdir: the longest new events of an old run wait before they are uploaded", "SECS"
+    )
+    seal_bytes: int = option(
+        16 * 1024 * 1024,
+        "with a bucket --logdir: a run's segment is uploaded at once when it reaches this size",
+        "BYTES",
+    )
+
+    def __post_init__(self) -> None:
+        if self.seal_secs <= 0 or self.seal_max_secs <= 0 or self.seal_bytes <= 0:
+            raise ValueError("--seal-secs, --seal-max-secs and --seal-bytes must be positive")
 
     def interval(self, file_age: float) -> float:
         """The longest a pending byte waits in a file that has been written for `file_age` seconds."""
@@ -201,7 +225,11 @@ class SegmentShipper:
         executor: Executor,
         registry: CollectorRegistry | None = None,
         clock: Callable[[], float] = time.monotonic,
+        fence: Fencing | None = None,
+        observer: UploadObserver | None = None,
     ) -> None:
+        """`fence` (the run leases; a bucket logdir's daemon always has them) is asked before every upload,
+        `observer` told after each."""
         self.bucket = bucket
         self.staging_dir = staging_dir
         self.policy = policy
@@ -216,10 +244,8 @@ class SegmentShipper:
         self._last_uploads: dict[str, float] = {}  # by run, wall clock: outlives the run's uploaded files
         self._progress = asyncio.Event()  # set (and replaced) after every upload, for `upload_through`
         self._forsaken: set[tuple[str, str]] = set()  # (run, name) of files whose lease was lost (small, kept)
-        # Told after every upload (run, staged file name, uploaded end): the session lifecycle's durable marks.
-        self.on_uploaded: Callable[[str, str, int], None] | None = None
-        # The run leases, asked before every upload (a bucket logdir's daemon always sets them).
-        self.fence: Fencing | None = None
+        self._fence = fence
+        self._observer = observer
 
     # The writer's side.
 
@@ -306,15 +332,15 @@ class SegmentShipper:
         leftovers = await loop.run_in_executor(self._executor, _staged_files, self.staging_dir)
         before = self.counters.bytes
         for run_dir, names in sorted(leftovers.items()):
-            leased = run_dir if self.fence is None else await self.fence.reclaim(run_dir)
+            leased = run_dir if self._fence is None else await self._fence.reclaim(run_dir)
             if leased is None:
                 await self._discard(run_dir, names)
                 continue
             try:
                 await self._recover_run(run_dir, names, sessions_of(run_dir) if sessions_of else {})
             finally:
-                if self.fence is not None:
-                    await self.fence.unclaim(leased)
+                if self._fence is not None:
+                    await self._fence.unclaim(leased)
         uploaded = self.counters.bytes - before
         if uploaded:
             log.warning("uploaded %d staged bytes a stopped daemon left behind", uploaded)
@@ -445,8 +471,8 @@ class SegmentShipper:
         held = batches if held is None else held
         if end <= start or staged.forsaken:
             return end <= start
-        if self.fence is not None and not await self.fence.admit(staged.run_dir, staged.name):
-            if not self.fence.holds(staged.run_dir):
+        if self._fence is not None and not await self._fence.admit(staged.run_dir, staged.name):
+            if not self._fence.holds(staged.run_dir):
                 self._forsake(staged, "its lease is no longer held here")
             return False
         loop = asyncio.get_running_loop()
@@ -456,8 +482,8 @@ class SegmentShipper:
             data = await loop.run_in_executor(self._executor, _read_range, path, start, end)
             metadata = {segment_sessions.ATTRIBUTE: segment_sessions.encode(held)} if held else None
             if not await self._put_segment(key, data, metadata):
-                if self.fence is not None:
-                    self.fence.fenced(staged.run_dir)
+                if self._fence is not None:
+                    self._fence.fenced(staged.run_dir)
                 self._forsake(staged, f"another daemon took its lease over and closed {key} to this one")
                 return False
         except (BucketError, OSError) as exc:
@@ -479,8 +505,8 @@ class SegmentShipper:
         staged.pending_since = self._clock() if staged.pending > 0 else None
         self._progress.set()
         self._progress = asyncio.Event()
-        if self.on_uploaded is not None:
-            self.on_uploaded(staged.run_dir, staged.name, end)
+        if self._observer is not None:
+            self._observer.uploaded(staged.run_dir, staged.name, end)
         with contextlib.suppress(OSError):
             await loop.run_in_executor(self._executor, release_uploaded, path, start, end)
         return True

@@ -19,16 +19,21 @@ import contextlib
 import json
 import logging
 import time
+import uuid
 from dataclasses import dataclass, field
 
-from summaryd.server.storage.bucket.store import Bucket, BucketError, PreconditionFailedError
+from summaryd.server.storage.bucket.leases import RunLeases
+from summaryd.server.storage.bucket.store import Bucket, BucketError, PreconditionFailedError, gather_bounded
 
 log = logging.getLogger("summaryd.server.bucket_sessions")  # the name log lines carry, kept across moves
 
 SESSION_PREFIX = ".summaryd/sessions/"
 _ROUNDS = 5
 SWEEP_SECS = 3600.0
-"""How often a daemon removes the state of sessions closed longer ago than the retention."""
+"""How often a daemon removes the state of sessions closed (and the leases expired) longer ago than the
+retention, at most."""
+PROBE_PREFIX = ".summaryd/probes/"
+"""Scratch objects on which a daemon tries whether the store honours conditional deletes."""
 
 
 @dataclass(frozen=True)
@@ -100,38 +105,59 @@ class BucketSessions:
                 continue  # another writer won: read theirs and merge again
         raise PreconditionFailedError(f"{self.bucket.url}/{key}: changed under every attempt to write it")
 
-    async def sweep(self, before: float) -> int:
+    async def sweep(self, before: float, conditional: bool = True) -> int:
         """Remove the state of every session closed and not written since `before` (Unix seconds, the store's
-        clock); return how many. A closed state never changes meaning (a later write merges to closed again,
-        and recreates it at worst), so any daemon may remove one; a session still open is never removed, and
-        a session forgotten this way is one the local stores forget after the same retention too.
+        clock); return how many. The delete names the version read (`Bucket.delete_if`; a plain delete where
+        the store has no conditional one, `conditional=False`): a write that lands meanwhile is kept until the
+        next sweep. Even a plain delete is safe here: a closed state never changes meaning (a later write
+        merges to closed again, and recreates it at worst); a session still open is never removed, and a
+        session forgotten this way is one the local stores forget after the same retention too.
 
         Raises:
             BucketError: the bucket could not be listed.
         """
-        removed = 0
-        for info in await self.bucket.list(SESSION_PREFIX):
-            if not info.modified or info.modified >= before:
-                continue
-            session_id = info.key[len(SESSION_PREFIX) :]
-            try:
-                found = await self._read(session_id)
-                if found is not None and found[0].closed and found[0].run_dir:
-                    await self.bucket.delete(info.key)
-                    removed += 1
-            except BucketError as exc:  # tried again at the next sweep
-                log.warning("session %s: its closed state could not be removed: %s", session_id, exc)
-        return removed
+        found = [info for info in await self.bucket.list(SESSION_PREFIX) if info.modified and info.modified < before]
+        return sum(await gather_bounded(self._sweep_one(info.key, conditional) for info in found))
 
-    async def sweep_forever(self, retention_secs: float, every: float = SWEEP_SECS) -> None:
-        """Sweep the closed sessions' state past `retention_secs`, every `every` seconds (from a little
-        after the start, so that daemons started together do not sweep at once)."""
+    async def _sweep_one(self, key: str, conditional: bool) -> bool:
+        session_id = key[len(SESSION_PREFIX) :]
+        try:
+            found = await self._read(session_id)
+            if found is None or not found[0].closed or not found[0].run_dir:
+                return False
+            if conditional:
+                await self.bucket.delete_if(key, found[1])
+            else:
+                await self.bucket.delete(key)
+        except PreconditionFailedError:
+            log.info("session %s: its state was written while it was being removed; kept", session_id)
+            return False
+        except BucketError as exc:  # tried again at the next sweep
+            log.warning("session %s: its closed state could not be removed: %s", session_id, exc)
+            return False
+        return True
+
+    async def sweep_forever(
+        self, retention_secs: float, leases: RunLeases | None = None, every: float = SWEEP_SECS
+    ) -> None:
+        """Sweep the closed sessions' state, and the expired `leases`, past `retention_secs`: every `every`
+        seconds, or every half retention when that is shorter (from a little after the start, so that daemons
+        started together do not sweep at once). Leases go only where the store honours a conditional delete
+        (tried on a scratch object of this daemon's at each sweep); sessions' state goes either way."""
+        every = min(every, retention_secs / 2)
+        scratch = f"{PROBE_PREFIX}{uuid.uuid4().hex}"
         await asyncio.sleep(every * (0.1 + 0.9 * (time.time() % 1)))
         while True:
             with contextlib.suppress(BucketError):
-                removed = await self.sweep(time.time() - retention_secs)
+                conditional = await self.bucket.honours_conditional_delete(scratch)
+                before = time.time() - retention_secs
+                removed = await self.sweep(before, conditional)
                 if removed:
                     log.info("removed the state of %d sessions closed over the retention ago", removed)
+                if leases is not None and conditional:
+                    removed = await leases.sweep(before)
+                    if removed:
+                        log.info("removed the leases of %d runs expired over the retention ago", removed)
             await asyncio.sleep(every)
 
     async def _read(self, session_id: str) -> tuple[DurableSession, str] | None:

@@ -3,22 +3,34 @@
 Every call is async (obstore's I/O runs in Rust, off the event loop). The store reads the standard environment
 (`AWS_ENDPOINT_URL`, `AWS_ACCESS_KEY_ID`, `AWS_SECRET_ACCESS_KEY`, `AWS_REGION`; `GOOGLE_*`, `AZURE_*` the same
 way). Conditional writes are the only way daemons coordinate: `create` (If-None-Match: *) and `replace`
-(If-Match: ETag); S3 needs obstore's `conditional_put="etag"` for the latter, set here.
+(If-Match: ETag); S3 needs obstore's `conditional_put="etag"` for the latter, set here. What is removed while
+others may write it goes by a conditional delete (`delete_if`, If-Match: ETag), and only on a store that shows
+it honours one (`honours_conditional_delete`).
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import datetime
 import logging
 import os
+import urllib.error
+import urllib.request
+from collections.abc import Awaitable, Iterable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 if TYPE_CHECKING:
     from obstore.store import ObjectStore
 
 log = logging.getLogger("summaryd.server.bucket")  # the name log lines carry, kept across moves
+T = TypeVar("T")
 
 SCHEMES = ("s3", "gs", "az")
+AT_ONCE = 16
+"""Requests of one bulk task (a sweep) in flight at once: 1,000 objects at 30 ms a request take seconds, not
+minutes, and the daemon's own writes are not crowded out."""
 
 
 class BucketError(Exception):
@@ -216,6 +228,80 @@ class Bucket:
             await obstore.delete_async(self._store, key)
         except Exception as exc:
             raise BucketError(f"{self.url}/{key}: delete failed: {_reason(exc)}") from exc
+
+    async def delete_if(self, key: str, etag: str) -> None:
+        """Delete `key` only if it is still the version `etag` (no error when it is gone already).
+
+        obstore has no conditional delete: the DELETE is signed by the store's own credentials (a URL signed
+        for a minute) and sent with If-Match. A store that ignores the header deletes whatever is there, so a
+        caller asks `honours_conditional_delete` first.
+
+        Raises:
+            PreconditionFailedError: the object changed since that version was read (or is gone: S3 answers
+                both the same way).
+            BucketError: the store cannot sign requests, or failed the call.
+        """
+        import obstore
+        from obstore.store import AzureStore, GCSStore, S3Store
+
+        store = self._store
+        if not isinstance(store, S3Store | GCSStore | AzureStore):
+            raise BucketError(f"{self.url}/{key}: this store signs no requests, so it has no conditional delete")
+        try:
+            url = await obstore.sign_async(store, "DELETE", key, datetime.timedelta(minutes=1))
+        except Exception as exc:
+            raise BucketError(f"{self.url}/{key}: signing a conditional delete failed: {_reason(exc)}") from exc
+        try:
+            status = await asyncio.to_thread(_send_delete, url, etag)
+        except OSError as exc:
+            raise BucketError(f"{self.url}/{key}: conditional delete failed: {exc}") from exc
+        if status == 412:
+            raise PreconditionFailedError(f"{self.url}/{key}: changed since it was read; kept")
+        if status not in (200, 204, 404):
+            raise BucketError(f"{self.url}/{key}: conditional delete answered HTTP {status}")
+
+    async def honours_conditional_delete(self, scratch_key: str) -> bool:
+        """Whether a conditional delete here removes only the version it names, tried on `scratch_key` (an
+        object nobody else writes): one with a wrong ETag must be refused and leave the object, one with the
+        right ETag must remove it. False on a store that ignores the condition, or fails either call."""
+        try:
+            etag = await self.put(scratch_key, b"summaryd: may a delete be conditional?")
+            with contextlib.suppress(PreconditionFailedError):
+                await self.delete_if(scratch_key, '"0"' if etag != '"0"' else '"1"')
+            if await self.size(scratch_key) is None:
+                log.warning(
+                    "%s: the store ignores If-Match on DELETE; nothing another daemon may write is removed", self.url
+                )
+                return False
+            await self.delete_if(scratch_key, etag)
+            return await self.size(scratch_key) is None
+        except BucketError as exc:
+            log.warning("%s: conditional deletes cannot be used: %s", self.url, exc)
+            return False
+        finally:
+            with contextlib.suppress(BucketError):
+                await self.delete(scratch_key)
+
+
+async def gather_bounded(works: Iterable[Awaitable[T]], at_once: int = AT_ONCE) -> list[T]:
+    """The results of `works`, run side by side with at most `at_once` of them under way."""
+    gate = asyncio.Semaphore(at_once)
+
+    async def gated(work: Awaitable[T]) -> T:
+        async with gate:
+            return await work
+
+    return await asyncio.gather(*(gated(work) for work in works))
+
+
+def _send_delete(url: str, etag: str) -> int:
+    """Send a signed DELETE with If-Match; the HTTP status. Blocking: run in a thread."""
+    request = urllib.request.Request(url, method="DELETE", headers={"If-Match": etag})
+    try:
+        with urllib.request.urlopen(request, timeout=30) as response:
+            return int(response.status)
+    except urllib.error.HTTPError as exc:
+        return int(exc.code)
 
 
 def _reason(exc: BaseException) -> str:

@@ -1,4 +1,4 @@
-"""The one launcher of `summaryd serve` as a subprocess, for the benchmarks and the tests alike.
+"""The one launcher of `summaryd serve` as a subprocess, for the tests and the benchmarks alike.
 
 A daemon listens on a port the OS picks (`--listen 127.0.0.1:0`) and writes it to its port file once it
 listens, so there is no race between choosing a free port and binding it. Processes started here are stopped
@@ -10,11 +10,9 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -87,13 +85,13 @@ def _wait_for_port(proc: subprocess.Popen[bytes], port_file: Path, log_path: Pat
     deadline = time.monotonic() + START_TIMEOUT
     while time.monotonic() < deadline:
         if proc.poll() is not None:
-            raise RuntimeError(f"the daemon exited with {proc.returncode}:\n{_tail(log_path)}")
+            raise RuntimeError(f"the daemon exited with {proc.returncode}:\n{tail(log_path)}")
         with contextlib.suppress(FileNotFoundError):
             text = port_file.read_text()
             if text.endswith("\n"):
                 return int(text)
         time.sleep(0.02)
-    raise RuntimeError(f"the daemon did not listen within {START_TIMEOUT}s:\n{_tail(log_path)}")
+    raise RuntimeError(f"the daemon did not listen within {START_TIMEOUT}s:\n{tail(log_path)}")
 
 
 def stop_process(proc: subprocess.Popen[bytes], timeout: float = STOP_TIMEOUT) -> int:
@@ -108,29 +106,9 @@ def stop_process(proc: subprocess.Popen[bytes], timeout: float = STOP_TIMEOUT) -
     return proc.wait()
 
 
-def _tail(path: Path, lines: int = 20) -> str:
+def tail(path: Path, lines: int = 20) -> str:
+    """The last `lines` lines of a log."""
     try:
         return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
     except FileNotFoundError:
         return "(no log)"
-
-
-@contextlib.contextmanager
-def running_daemon(workdir: Path, *flags: str) -> Iterator[Daemon]:
-    """A daemon for one benchmark section (logging warnings only; more `serve` flags in `flags`), stopped at the
-    end; an exit other than 0 is reported on stderr with the end of its log."""
-    daemon = start_daemon(workdir, "--log-level", "warning", *flags, logdir=workdir / "daemon-logdir")
-    try:
-        yield daemon
-    finally:
-        code = daemon.stop()
-        if code != 0:
-            print(f"warning: the daemon exited with {code}:\n{_tail(daemon.log_path)}", file=sys.stderr)
-
-
-@contextlib.contextmanager
-def refused_address() -> Iterator[str]:
-    """A loopback address that refuses connections: its port stays bound (nobody else gets it) but never listens."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        yield f"127.0.0.1:{sock.getsockname()[1]}"

@@ -1,0 +1,293 @@
+"""TensorBoard reads the daemon (issue 27's targets): how soon a point logged is in TensorBoard's HTTP API, and
+how soon a logdir already on disk is.
+
+One daemon with `--board-listen` and, on its logdir side by side in the same run, three real TensorBoards:
+`--grpc_data_provider` on the board, and `--logdir` with RustBoard (`--load_fast=true`, what `tensorboard
+--logdir` runs by default for a local logdir) and with the Python loader (`--load_fast=false`), both at their
+default 5 s reload interval. A writer logs one `add_scalar` every `interval_ms`; a thread per TensorBoard asks
+its `/data/plugin/scalars/scalars` every `poll_ms`. A point's latency is from its `add_scalar` returning until a
+TensorBoard first answers with it; a point not served `wait_s` after the last was logged counts as unseen.
+
+    python -m benchmarks.board [--points 200] [--interval-ms 50] [--poll-ms 10] [--wait-s 15]
+    python -m benchmarks.board --startup [--runs 200] [--tags 10] [--steps 1000]
+
+`--startup`: a logdir of `runs` x `tags` x `steps` scalars (one `simple_value` an event, as `add_scalar` writes)
+is made first; then, one after another, each reader is started on it and timed until every run's every tag
+serves its last step (`/data/plugin/scalars/scalars_multirun`, a tag at a time): the board from the daemon's
+start (it reads the runs in the background), the others from TensorBoard's start. Then 200 random
+`/data/plugin/scalars/scalars` and 20 `/data/plugin/scalars/tags` queries (p99), and the RSS of what holds the
+points: the daemon, RustBoard's data server, the Python loader's TensorBoard.
+
+The figures depend on the machine's load (2 cores shared here): quote them with the command and the date.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import socket
+import statistics
+import sys
+import tempfile
+import threading
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+
+from _daemon import Daemon, start_daemon, stop_process
+from _tensorboard import TensorBoard
+from benchmarks._report import table
+from benchmarks._run import running_daemon
+from summaryd.client import SummaryWriter
+
+RUN, TAG = "live", "loss"
+READERS = {
+    "TensorBoard on the board (--grpc_data_provider)": ["--grpc_data_provider", "{board}"],
+    "RustBoard (--logdir, --load_fast=true)": ["--logdir", "{logdir}", "--load_fast=true"],
+    "Python loader (--logdir, --load_fast=false)": ["--logdir", "{logdir}", "--load_fast=false"],
+}
+
+
+class Poller(threading.Thread):
+    """Asks one TensorBoard for the run's points every `poll_s`, noting when each step is first served."""
+
+    def __init__(self, tensorboard: TensorBoard, poll_s: float) -> None:
+        super().__init__(daemon=True)
+        self.tensorboard = tensorboard
+        self.poll_s = poll_s
+        self.seen: dict[int, float] = {}
+        self.stop = threading.Event()
+
+    def run(self) -> None:
+        while not self.stop.is_set():
+            try:
+                points = self.tensorboard.get("/data/plugin/scalars/scalars", run=RUN, tag=TAG)
+            except (urllib.error.URLError, OSError, json.JSONDecodeError):
+                points = []  # not known yet: TensorBoard answers 400 for a run it has not loaded
+            now = time.perf_counter()
+            for _, step, _ in points:
+                self.seen.setdefault(int(step), now)
+            time.sleep(self.poll_s)
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def live(points: int, interval_ms: float, poll_ms: float, wait_s: float) -> str:
+    """The table of point logged → served, one row per TensorBoard."""
+    with tempfile.TemporaryDirectory(prefix="summaryd-board-bench-") as tmp:
+        workdir = Path(tmp)
+        board = f"127.0.0.1:{_free_port()}"
+        with running_daemon(workdir, "--board-listen", board) as daemon:
+            tensorboards: dict[str, TensorBoard] = {}
+            try:
+                for name, flags in READERS.items():
+                    home = workdir / f"tb-{len(tensorboards)}"
+                    home.mkdir()
+                    args = [f.format(board=board, logdir=daemon.logdir) for f in flags]
+                    tensorboards[name] = TensorBoard(args, home)
+                pollers = {name: Poller(tb, poll_ms / 1000) for name, tb in tensorboards.items()}
+                for poller in pollers.values():
+                    poller.start()
+                logged: dict[int, float] = {}
+                with SummaryWriter(RUN, address=daemon.address) as writer:
+                    for step in range(points):
+                        writer.add_scalar(TAG, step / 4, step)
+                        logged[step] = time.perf_counter()
+                        time.sleep(interval_ms / 1000)
+                    deadline = time.perf_counter() + wait_s
+                    while time.perf_counter() < deadline and any(len(p.seen) < points for p in pollers.values()):
+                        time.sleep(0.1)
+                for poller in pollers.values():
+                    poller.stop.set()
+                    poller.join()
+            finally:
+                for tb in tensorboards.values():
+                    stop_process(tb.proc, 10)
+    rows: list[list[str]] = []
+    for name, poller in pollers.items():
+        latencies = [poller.seen[s] - logged[s] for s in logged if s in poller.seen]
+        if latencies:
+            tail = statistics.quantiles(latencies, n=100)[98] if len(latencies) > 1 else latencies[0]
+            p50, p99 = f"{statistics.median(latencies):.3f} s", f"{tail:.3f} s"
+        else:
+            p50 = p99 = f"not within {wait_s:.0f} s"
+        rows.append([name, f"{len(latencies)} of {points}", p50, p99])
+    return table(["reader", "points served", "p50", "p99"], rows, right=[False, True, True, True])
+
+
+def make_logdir(logdir: Path, runs: int, tags: int, steps: int) -> None:
+    """`runs` runs of one event file each: `tags` scalar tags at every step, one `simple_value` an event."""
+    from tensorboard.compat.proto.event_pb2 import Event
+    from tensorboard.compat.proto.summary_pb2 import Summary
+
+    from summaryd.v1.wire import frame
+
+    for r in range(runs):
+        run_dir = logdir / f"run-{r:04d}"
+        run_dir.mkdir(parents=True)
+        with open(run_dir / f"events.out.tfevents.1700000000.bench.{r}.0", "wb") as f:
+            f.write(frame(Event(wall_time=1.7e9, file_version="brain.Event:2").SerializeToString()))
+            records = []
+            for step in range(steps):
+                for t in range(tags):
+                    value = Summary.Value(tag=f"tag-{t}", simple_value=step / (t + 1))
+                    event = Event(wall_time=1.7e9 + step, step=step, summary=Summary(value=[value]))
+                    records.append(frame(event.SerializeToString()))
+            f.write(b"".join(records))
+
+
+def _served_all(tb: TensorBoard, runs: int, tags: int, steps: int) -> bool:
+    names = [f"run-{r:04d}" for r in range(runs)]
+    try:  # first the cheap question (every run and tag listed), so that asking does not slow the loading
+        listed = tb.get("/data/plugin/scalars/tags")
+    except (urllib.error.URLError, OSError, json.JSONDecodeError):
+        return False
+    if any(len(listed.get(n, {})) < tags for n in names):
+        return False
+    for t in range(tags):
+        form = urllib.parse.urlencode([("tag", f"tag-{t}"), *(("runs", n) for n in names)]).encode()
+        try:
+            with urllib.request.urlopen(tb.url + "/data/plugin/scalars/scalars_multirun", data=form, timeout=60) as a:
+                series = json.loads(a.read())
+        except (urllib.error.URLError, OSError, json.JSONDecodeError):
+            return False
+        if any(not series.get(n) or series[n][-1][1] != steps - 1 for n in names):
+            return False
+    return True
+
+
+def _rss_mib(pid: int) -> float:
+    with open(f"/proc/{pid}/status") as status:
+        for line in status:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    return 0.0
+
+
+def _children(pid: int) -> list[int]:
+    with open(f"/proc/{pid}/task/{pid}/children") as f:
+        return [int(c) for c in f.read().split()]
+
+
+def _query_p99(tb: TensorBoard, runs: int, tags: int) -> tuple[float, float]:
+    rng = random.Random(0)
+    scalars, listing = [], []
+    for _ in range(200):
+        started = time.perf_counter()
+        tb.get("/data/plugin/scalars/scalars", run=f"run-{rng.randrange(runs):04d}", tag=f"tag-{rng.randrange(tags)}")
+        scalars.append(time.perf_counter() - started)
+    for _ in range(20):
+        started = time.perf_counter()
+        tb.get("/data/plugin/scalars/tags")
+        listing.append(time.perf_counter() - started)
+    return statistics.quantiles(scalars, n=100)[98], statistics.quantiles(listing, n=100)[98]
+
+
+@dataclass(frozen=True)
+class Logdir:
+    """The startup logdir's size, and how long a reader may take to serve it all."""
+
+    runs: int
+    tags: int
+    steps: int
+    limit_s: float
+
+
+def _measure(name: str, tb: TensorBoard, started: float, daemon: Daemon | None, size: Logdir) -> list[str]:
+    """One row: `tb` (started at `started`) until every run's every tag serves its last step, then its
+    queries' p99 and the RSS of what holds the points."""
+    while not _served_all(tb, size.runs, size.tags, size.steps) and time.perf_counter() - started <= size.limit_s:
+        time.sleep(0.5)
+    loaded = time.perf_counter() - started
+    done = loaded <= size.limit_s
+    scalars_p99, tags_p99 = _query_p99(tb, size.runs, size.tags) if done else (0.0, 0.0)
+    if daemon is not None:
+        holder, rss = "daemon", _rss_mib(daemon.pid)
+    elif "--load_fast=true" in tb.flags:
+        holder, rss = "RustBoard's server", sum(_rss_mib(c) for c in _children(tb.proc.pid))
+    else:
+        holder, rss = "TensorBoard", _rss_mib(tb.proc.pid)
+    return [
+        name,
+        f"{loaded:.1f} s" if done else f"not within {size.limit_s:.0f} s",
+        f"{scalars_p99 * 1000:.1f} ms" if done else "-",
+        f"{tags_p99 * 1000:.1f} ms" if done else "-",
+        f"{rss:.0f} MiB ({holder})",
+    ]
+
+
+def startup(runs: int, tags: int, steps: int, limit_s: float) -> str:
+    """The table of start → every run's scalars served, query p99 and RSS, one row per reader."""
+    rows: list[list[str]] = []
+    size = Logdir(runs, tags, steps, limit_s)
+    with tempfile.TemporaryDirectory(prefix="summaryd-board-startup-") as tmp:
+        workdir = Path(tmp)
+        logdir = workdir / "logdir"
+        made = time.perf_counter()
+        make_logdir(logdir, runs, tags, steps)
+        print(f"made {runs} x {tags} x {steps} in {time.perf_counter() - made:.0f} s", file=sys.stderr)
+        for name, flags in READERS.items():
+            home = workdir / f"tb-{len(rows)}"
+            home.mkdir()
+            started = time.perf_counter()
+            daemon = None
+            if "{board}" in flags:
+                board = f"127.0.0.1:{_free_port()}"
+                daemon = start_daemon(home, "--log-level", "warning", "--board-listen", board, logdir=logdir)
+            tb = TensorBoard([f.format(board=board if daemon else "", logdir=logdir) for f in flags], home)
+            try:
+                rows.append(_measure(name + (", from the daemon's start" if daemon else ""), tb, started, daemon, size))
+                if daemon is not None:  # a second TensorBoard on the daemon already running: what users meet
+                    (home / "again").mkdir()
+                    started = time.perf_counter()
+                    again = TensorBoard([f.format(board=board, logdir=logdir) for f in flags], home / "again")
+                    try:
+                        rows.append(_measure(name + ", daemon running", again, started, daemon, size))
+                    finally:
+                        stop_process(again.proc, 10)
+            finally:
+                stop_process(tb.proc, 10)
+                if daemon is not None:
+                    daemon.stop()
+            print(rows[-1], file=sys.stderr)
+    headers = ["reader", "start → all served", "scalars p99", "tags p99", "RSS"]
+    return table(headers, rows, right=[False, True, True, True, True])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--startup", action="store_true", help="a logdir on disk at start instead of live points")
+    parser.add_argument("--runs", type=int, default=200)
+    parser.add_argument("--tags", type=int, default=10)
+    parser.add_argument("--steps", type=int, default=1000)
+    parser.add_argument("--limit-s", type=float, default=900.0)
+    parser.add_argument("--points", type=int, default=200)
+    parser.add_argument("--interval-ms", type=float, default=50.0)
+    parser.add_argument("--poll-ms", type=float, default=10.0)
+    parser.add_argument("--wait-s", type=float, default=15.0)
+    args = parser.parse_args()
+    if args.startup:
+        print(startup(args.runs, args.tags, args.steps, args.limit_s))
+        print(
+            f"\n{args.runs} runs x {args.tags} tags x {args.steps} steps on disk at start; default sampling "
+            "(1,000 scalars a series); one reader at a time."
+        )
+        return
+    print(live(args.points, args.interval_ms, args.poll_ms, args.wait_s))
+    print(
+        f"\n{args.points} points, one add_scalar every {args.interval_ms:g} ms; each TensorBoard asked every "
+        f"{args.poll_ms:g} ms; latency from add_scalar returning until TensorBoard's HTTP API first serves it."
+    )
+
+
+if __name__ == "__main__":
+    main()

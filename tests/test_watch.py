@@ -1,0 +1,361 @@
+"""The daemon watches the training (issue 28): real client processes (`_watch_worker.py`, summaryd's writer) and a
+real daemon; each rule fires once naming run, rank and step, resolves when its condition ends, and says nothing
+about a steady run. Findings are read where users read them: the webhook (a loopback HTTP server taking
+Alertmanager's format), `/metrics` on `--metrics-listen`, `summaryd status --json` and `summaryd watch`."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from _webhook_receiver import Receiver
+from prometheus_client.parser import text_string_to_metric_families
+
+from _support import Daemon, TensorBoard, start_daemon, unused_port, wait_for
+from summaryd.cli import main
+
+WORKER = Path(__file__).with_name("_watch_worker.py")
+STEP_SECS = 0.02
+
+
+class Hook(Receiver):
+    """The webhook receiver of a test's daemon: its messages, parsed."""
+
+    @property
+    def messages(self) -> list[dict[str, Any]]:
+        return [json.loads(body) for body in list(self.bodies)]
+
+    def alerts(self, rule: str | None = None, status: str | None = None) -> list[dict[str, Any]]:
+        return [
+            alert
+            for message in self.messages
+            for alert in message["alerts"]
+            if (rule is None or alert["labels"]["rule"] == rule) and (status is None or alert["status"] == status)
+        ]
+
+
+@pytest.fixture
+def hook() -> Iterator[Hook]:
+    receiver = Hook()
+    try:
+        yield receiver
+    finally:
+        receiver.close()
+
+
+class Job:
+    """`world` worker processes of run `run`, each `_watch_worker.py` with the spec given (plus its rank)."""
+
+    def __init__(self, tmp_path: Path, daemon: Daemon, run: str, world: int, **specs: dict[str, Any]) -> None:
+        self.until = tmp_path / f"{run.replace('/', '-')}.until"
+        self.seed = int(os.environ.get("WATCH_SEED", time.time_ns() % 10_000))
+        print(f"watch job {run}: seed {self.seed}")
+        self.procs: list[subprocess.Popen[bytes]] = []
+        for rank in range(world):
+            spec = {
+                "address": daemon.address,
+                "run": run,
+                "rank": rank,
+                "world": world,
+                "step_secs": STEP_SECS,
+                "seed": self.seed,
+                "until": str(self.until),
+                **specs.get(f"rank{rank}", {}),
+            }
+            self.procs.append(subprocess.Popen([sys.executable, str(WORKER), json.dumps(spec)]))
+
+    def marked(self, worker: str, step: int) -> bool:
+        return Path(f"{self.until}.{worker}.at-{step}").exists()
+
+    def stop(self) -> None:
+        self.until.touch()
+        for proc in self.procs:
+            if proc.poll() is None:
+                os.kill(proc.pid, signal.SIGCONT)  # a stopped one must go on to close
+            assert proc.wait(60) == 0
+
+    def kill(self) -> None:
+        for proc in self.procs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait(30)
+
+
+def _daemon(tmp_path: Path, hook: Hook, rules: str = "", *flags: str, logdir: Path | None = None) -> Daemon:
+    rules_file = tmp_path / "rules.toml"
+    rules_file.write_text(rules)
+    return start_daemon(
+        tmp_path,
+        "--metrics-listen",
+        "127.0.0.1:0",
+        "--watch-webhook",
+        hook.url,
+        "--watch-rules",
+        str(rules_file),
+        *flags,
+        logdir=logdir,
+    )
+
+
+@contextlib.contextmanager
+def _watched(
+    tmp_path: Path,
+    hook: Hook,
+    run: str,
+    world: int,
+    rules: str = "",
+    flags: tuple[str, ...] = (),
+    **specs: dict[str, Any],
+) -> Iterator[tuple[Daemon, Job]]:
+    """A daemon watching with `rules` (and `flags`), and a job of `world` workers on it; the job closes at the end
+    of the block (killed, with the daemon stopped, whatever happens)."""
+    daemon = _daemon(tmp_path, hook, rules, *flags)
+    job = Job(tmp_path, daemon, run, world, **specs)
+    try:
+        yield daemon, job
+        job.stop()
+    finally:
+        job.kill()
+        daemon.stop()
+
+
+def _fired_once_resolved_once(hook: Hook) -> None:
+    assert [a["status"] for a in hook.alerts()] == ["firing", "resolved"], hook.messages
+
+
+def _metrics(daemon: Daemon) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    wait_for(lambda: "metrics on http" in daemon.log(), 10, "the metrics address")
+    port = daemon.log().split("metrics on http://127.0.0.1:")[1].split("/")[0]
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as answer:
+        text = answer.read().decode()
+    return {
+        (sample.name, tuple(sorted(sample.labels.items()))): sample.value
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+    }
+
+
+def _status(daemon: Daemon, capsys: pytest.CaptureFixture[str]) -> dict[str, Any]:
+    capsys.readouterr()
+    assert main(["status", "--address", daemon.address, "--json"]) == 0
+    status: dict[str, Any] = json.loads(capsys.readouterr().out)
+    return status
+
+
+def test_a_nan_fires_once_naming_run_rank_and_step_and_resolves_when_finite_again(
+    tmp_path: Path, hook: Hook, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Rank 1 of 2 logs NaN from step 40 on: one finding, in the webhook (Alertmanager's format), the metrics and
+    `summaryd status`; once it logs finite values again, one resolution; nothing else is found."""
+    heal = tmp_path / "heal"
+    with _watched(tmp_path, hook, "nan-job", 2, rank1={"nan": 40, "heal": str(heal)}) as (daemon, _):
+        wait_for(lambda: hook.alerts("nonfinite"), 30, "the non-finite finding")
+        [message] = hook.messages
+        assert message["version"] == "4" and message["status"] == "firing" and message["receiver"] == "summaryd"
+        assert message["truncatedAlerts"] == 0 and "groupKey" in message and message["groupLabels"]["run"] == "nan-job"
+        [alert] = message["alerts"]
+        assert alert["labels"] == {
+            "alertname": "summaryd_nonfinite",
+            "rule": "nonfinite",
+            "run": "nan-job",
+            "rank": "rank-1",
+            "tag": "loss",
+        }
+        assert alert["annotations"]["step"] == "40" and alert["annotations"]["value"] == "nan"
+        assert alert["endsAt"] == "0001-01-01T00:00:00Z" and alert["startsAt"].endswith("Z") and alert["fingerprint"]
+        metrics = _metrics(daemon)
+        assert metrics[("summaryd_watch_firing", (("rule", "nonfinite"), ("run", "nan-job")))] == 1
+        assert metrics[("summaryd_watch_fired_total", (("rule", "nonfinite"),))] == 1
+        [finding] = _status(daemon, capsys)["findings"]
+        assert (finding["rule"], finding["run"], finding["rank"], finding["step"]) == (
+            "nonfinite",
+            "nan-job",
+            "rank-1",
+            40,
+        )
+        assert finding["state"] == "firing" and "rank-1" in finding["summary"]
+        heal.touch()
+        wait_for(lambda: hook.alerts("nonfinite", "resolved"), 30, "the resolution")
+        [resolved] = hook.alerts("nonfinite", "resolved")
+        assert resolved["labels"] == alert["labels"] and resolved["endsAt"] != "0001-01-01T00:00:00Z"
+        assert ("summaryd_watch_firing", (("rule", "nonfinite"), ("run", "nan-job"))) not in _metrics(daemon)
+        assert _status(daemon, capsys)["findings"] == []
+    _fired_once_resolved_once(hook)
+
+
+def test_a_diverging_loss_fires_once_on_its_rank_and_resolves(tmp_path: Path, hook: Hook) -> None:
+    """Rank 0's loss grows 1.5x a step from step 60: one divergence finding naming rank 0 and a step just past 60;
+    once the loss is back to its level, one resolution; nothing else is found."""
+    heal = tmp_path / "heal"
+    with _watched(tmp_path, hook, "div-job", 2, rank0={"diverge": 60, "heal": str(heal)}):
+        wait_for(lambda: hook.alerts("divergence"), 30, "the divergence finding")
+        [alert] = hook.alerts("divergence")
+        assert alert["labels"]["rank"] == "rank-0" and alert["labels"]["tag"] == "loss"
+        assert 60 <= int(alert["annotations"]["step"]) <= 66, alert
+        heal.touch()
+        wait_for(lambda: hook.alerts("divergence", "resolved"), 30, "the resolution")
+    _fired_once_resolved_once(hook)
+
+
+@pytest.mark.parametrize(
+    ("session", "flags"),
+    [("open", ()), ("lost (released by the daemon)", ("--session-lease", "1", "--stream-idle-timeout", "0.5"))],
+    ids=["its session open", "its session lost"],
+)
+def test_a_stopped_rank_is_silent_until_it_goes_on(
+    tmp_path: Path, hook: Hook, session: str, flags: tuple[str, ...]
+) -> None:
+    """Rank 1 of 2 is SIGSTOPped: one silence finding naming it, at its last step, within its cadence's bound,
+    while its session is open or after the daemon released it; on SIGCONT, one resolution. `summaryd watch`
+    follows both as lines."""
+    with _watched(tmp_path, hook, "hang-job", 2, "", flags, rank1={"mark": [50]}) as (daemon, job):
+        followed = tmp_path / "followed.txt"
+        with followed.open("w") as into:
+            follower = subprocess.Popen(
+                [sys.executable, "-m", "summaryd.server", "watch", "--address", daemon.address, "--interval", "0.1"],
+                stdout=into,
+            )
+        try:
+            wait_for(lambda: job.marked("rank-1", 50), 30, "rank 1 at step 50")
+            os.kill(job.procs[1].pid, signal.SIGSTOP)
+            stopped = time.monotonic()
+            wait_for(lambda: hook.alerts("silence"), 30, "the silence finding")
+            print(f"silence found {time.monotonic() - stopped:.1f}s after SIGSTOP")
+            [alert] = hook.alerts("silence")
+            assert alert["labels"]["rank"] == "rank-1" and alert["labels"]["run"] == "hang-job"
+            assert int(alert["annotations"]["step"]) >= 50
+            assert f"its session is {session}" in alert["annotations"]["summary"]
+            os.kill(job.procs[1].pid, signal.SIGCONT)
+            wait_for(lambda: hook.alerts("silence", "resolved"), 30, "the resolution")
+            wait_for(lambda: " resolved silence " in followed.read_text(), 30, "summaryd watch to follow it")
+            follower.send_signal(signal.SIGINT)
+            assert follower.wait(30) == 0
+            out = followed.read_text()
+        finally:
+            follower.kill()
+    _fired_once_resolved_once(hook)
+    lines = [line for line in out.splitlines() if " silence " in line]
+    assert [line.split()[1] for line in lines] == ["firing", "resolved"], out
+    assert "run=hang-job rank=rank-1" in lines[0]
+
+
+def test_a_slower_rank_is_named_a_straggler_until_it_keeps_pace(tmp_path: Path, hook: Hook) -> None:
+    """Rank 2 of 3 takes 4x as long a step while a file exists: one straggler finding naming it; once it keeps
+    pace again, one resolution."""
+    slow = tmp_path / "slow"
+    slow.touch()
+    rules = "[straggler]\nfor_secs = 1.0\n"
+    with _watched(tmp_path, hook, "slow-job", 3, rules, rank2={"slow": str(slow), "slow_secs": 3 * STEP_SECS}):
+        wait_for(lambda: hook.alerts("straggler"), 30, "the straggler finding")
+        [alert] = hook.alerts("straggler")
+        assert alert["labels"]["rank"] == "rank-2" and alert["labels"]["run"] == "slow-job"
+        assert float(alert["annotations"]["value"]) >= 1.5
+        slow.unlink()
+        wait_for(lambda: hook.alerts("straggler", "resolved"), 30, "the resolution")
+    _fired_once_resolved_once(hook)
+
+
+def test_a_steady_job_gives_no_finding_and_the_watch_holds_its_bounds(
+    tmp_path: Path, hook: Hook, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Three ranks log a noisy, falling loss for a few seconds and close: nothing fires anywhere. With room for two
+    divergence series, the third rank's loss is counted unwatched; once the job closed, the watch holds nothing."""
+    with _watched(tmp_path, hook, "steady", 3, "max_series = 2\n", rank0={"mark": [150]}) as (daemon, job):
+        wait_for(lambda: job.marked("rank-0", 150), 60, "rank 0 at step 150")
+        assert _status(daemon, capsys)["watching"] is True
+        metrics = _metrics(daemon)
+        assert metrics[("summaryd_watch_runs", ())] == 1 and metrics[("summaryd_watch_series", ())] == 2
+        assert metrics[("summaryd_watch_points_unwatched_total", ())] > 0
+        job.stop()
+        time.sleep(1.0)  # what a tick after the close could find
+        assert _status(daemon, capsys)["findings"] == []
+        metrics = _metrics(daemon)
+        assert not any(name == "summaryd_watch_fired_total" for name, _ in metrics)
+        assert metrics[("summaryd_watch_runs", ())] == 0 and metrics[("summaryd_watch_series", ())] == 0
+    assert hook.messages == []
+
+
+def test_a_restart_mid_finding_does_not_fire_it_again(tmp_path: Path, hook: Hook) -> None:
+    """A NaN finding fires, the daemon is stopped and started again on the same logdir and port while the NaNs go
+    on: the finding is taken up as firing (not sent again) and resolves once, after the restart."""
+    port = unused_port()
+    daemon = _daemon(tmp_path, hook, "", "--listen", f"127.0.0.1:{port}")
+    heal = tmp_path / "heal"
+    job = Job(tmp_path, daemon, "restart-job", 2, rank0={"nan": 30, "heal": str(heal)})
+    try:
+        wait_for(lambda: hook.alerts("nonfinite"), 30, "the non-finite finding")
+        assert daemon.stop() == 0
+        daemon = _daemon(tmp_path, hook, "", "--listen", f"127.0.0.1:{port}", logdir=daemon.logdir)
+        assert "taken up (not fired again)" in daemon.log()
+        time.sleep(2.0)  # the NaNs go on after the clients resumed
+        assert len(hook.alerts("nonfinite", "firing")) == 1
+        heal.touch()
+        wait_for(lambda: hook.alerts("nonfinite", "resolved"), 30, "the resolution")
+        job.stop()
+    finally:
+        job.kill()
+        daemon.stop()
+    assert [a["status"] for a in hook.alerts()] == ["firing", "resolved"], hook.messages
+
+
+@pytest.mark.slow
+def test_tensorboard_shows_the_watch_scalars_beside_the_curves(tmp_path: Path, hook: Hook) -> None:
+    """After a NaN finding fired and resolved, a real TensorBoard on the logdir serves `<run>/summaryd`'s
+    `watch/nonfinite` scalars (1 then 0) and the text naming rank and step, beside the workers' `loss`."""
+    heal = tmp_path / "heal"
+    with _watched(tmp_path, hook, "board-job", 2, rank1={"nan": 40, "heal": str(heal)}) as (daemon, _):
+        wait_for(lambda: hook.alerts("nonfinite"), 30, "the non-finite finding")
+        heal.touch()
+        wait_for(lambda: hook.alerts("nonfinite", "resolved"), 30, "the resolution")
+    board = TensorBoard(["--logdir", str(daemon.logdir), "--reload_interval", "1"], tmp_path)
+    try:
+
+        def runs() -> dict[str, Any]:
+            found: dict[str, Any] = board.get("/data/plugin/scalars/tags")
+            return found
+
+        wait_for(lambda: "watch/nonfinite" in runs().get("board-job/summaryd", {}), 60, "the watch scalars")
+        assert "loss" in runs()["board-job/rank-1"]
+        points = board.get("/data/plugin/scalars/scalars", run="board-job/summaryd", tag="watch/nonfinite")
+        assert [p[2] for p in points] == [1.0, 0.0] and points[0][1] == 40 < points[1][1], points
+        texts = board.get("/data/plugin/text/text", run="board-job/summaryd", tag="watch/nonfinite/finding")
+        assert "rank-1" in texts[0]["text"] and "step 40" in texts[0]["text"]
+    finally:
+        os.kill(board.proc.pid, signal.SIGTERM)
+        board.proc.wait(30)
+
+
+def test_a_single_writer_is_watched_and_status_shows_a_token_the_findings_of_its_runs_only(
+    tmp_path: Path, hook: Hook, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A run of one writer (no worker label) logs NaN: its finding names no rank; `summaryd status` shows it to
+    the token of the run's prefix and not to another tenant's; it resolves when the run's session closes."""
+    mine, theirs = "a" * 48, "b" * 48
+    tokens = tmp_path / "tokens"
+    tokens.write_text(f"{mine} team-a/\n{theirs} team-b/\n")
+    monkeypatch.setenv("SUMMARYD_TOKEN", mine)  # the writer processes' token
+    with _watched(tmp_path, hook, "team-a/job", 1, "", ("--token-file", str(tokens)), rank0={"nan": 10}) as (
+        daemon,
+        job,
+    ):
+        wait_for(lambda: hook.alerts("nonfinite"), 30, "the non-finite finding")
+        [alert] = hook.alerts("nonfinite")
+        assert alert["labels"]["run"] == "team-a/job" and "rank" not in alert["labels"]
+        [finding] = _status(daemon, capsys)["findings"]
+        assert (finding["run"], finding["rank"], finding["step"]) == ("team-a/job", "", 10)
+        capsys.readouterr()
+        assert main(["status", "--address", daemon.address, "--json", "--token", theirs]) == 0
+        assert json.loads(capsys.readouterr().out)["findings"] == []
+        job.stop()
+        wait_for(lambda: hook.alerts("nonfinite", "resolved"), 30, "the resolution")
+        assert hook.alerts("nonfinite", "resolved")[0]["annotations"]["summary"] == "the run's sessions closed"

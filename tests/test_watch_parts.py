@@ -1,0 +1,114 @@
+"""The watch's parts on their own: the rules file and its errors, the findings' state file across a restart (and
+a damaged one), the webhook's retries against a real loopback receiver, and `--no-watch`."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from _webhook_receiver import Receiver
+
+from _support import start_daemon, wait_for
+from summaryd.cli import main
+from summaryd.server.config import Config
+from summaryd.server.watch import Finding, FindingBook, Rules, Webhook, message
+
+
+def _finding(**changes: object) -> Finding:
+    fields: dict[str, object] = {
+        "rule": "nonfinite",
+        "run": "job",
+        "subject": "loss",
+        "rank": "rank-3",
+        "step": 40,
+        "value": float("nan"),
+        "summary": "loss is nan on rank-3 at step 40",
+        "fired_unix": 1_800_000_000.0,
+    }
+    return Finding(**{**fields, **changes})  # type: ignore[arg-type]
+
+
+def test_the_rules_file_tunes_rules_and_runs(tmp_path: Path) -> None:
+    rules_file = tmp_path / "rules.toml"
+    rules_file.write_text(
+        '[divergence]\ntags = ["val/*"]\nratio = 3\nruns = ["prod/*"]\n[straggler]\nenabled = false\n'
+    )
+    rules = Config.from_options(watch_rules=str(rules_file), silent_after=30).watch.rules
+    assert rules.divergence.tags == ("val/*",) and rules.divergence.ratio == 3.0
+    assert rules.applies("divergence", "prod/a") and not rules.applies("divergence", "dev/a")
+    assert not rules.applies("straggler", "prod/a") and rules.applies("silence", "dev/a")
+    assert rules.silence.after_secs == 30.0  # --silent-after
+    assert Rules.load("") == Rules()
+
+
+@pytest.mark.parametrize(
+    ("text", "said"),
+    [
+        ("[divergance]\n", "no rule or setting 'divergance'"),
+        ("[divergence]\nratio = 0.5\n", "factor and ratio must be above 1"),
+        ("[silence]\nafter_secs = 'soon'\n", "after_secs must be a number"),
+        ("[nonfinite]\ntags = 'loss'\n", "tags must be a list of patterns"),
+        ("[silence\n", "not TOML"),
+    ],
+)
+def test_a_bad_rules_file_is_one_line_naming_what_to_fix(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], text: str, said: str
+) -> None:
+    rules_file = tmp_path / "rules.toml"
+    rules_file.write_text(text)
+    with pytest.raises(SystemExit) as exited:
+        main(["serve", "--logdir", str(tmp_path / "runs"), "--watch-rules", str(rules_file)])
+    assert exited.value.code == 2
+    err = capsys.readouterr().err
+    assert said in err and "--watch-rules" in err and len(err.strip().splitlines()) == 1, err
+    assert not (tmp_path / "runs").exists()
+
+
+def test_findings_firing_are_taken_up_after_a_restart_and_a_damaged_state_is_kept_aside(tmp_path: Path) -> None:
+    path = str(tmp_path / "watch.json")
+    book = FindingBook(path)
+    assert book.fire(_finding()) and not book.fire(_finding(step=41))  # fires once
+    book.fire(_finding(rule="divergence", subject="loss", detail=0.75))
+    book.save(book.snapshot())
+    again = FindingBook(path)
+    assert again.restored == 2 and again.sequence == 2
+    assert not again.fire(_finding(step=50))  # firing before the restart: not fired twice
+    assert again.active[("divergence", "job", "loss")].detail == 0.75
+    resolved = again.resolve(("nonfinite", "job", "loss"), "finite again", step=60)
+    assert resolved is not None and resolved.sequence == 3 and resolved.step == 60 and resolved.state == "resolved"
+    (tmp_path / "watch.json").write_text('{"version": 1, "sequence": 4, "firing": [{"rule": 3}]}')
+    damaged = FindingBook(path)
+    assert damaged.active == {} and not (tmp_path / "watch.json").exists()
+    assert [p.name.endswith("-watch.json") for p in tmp_path.glob("damaged-*")] == [True]
+
+
+@pytest.mark.parametrize(
+    ("codes", "posts", "outcome"),
+    [([503, 503], 3, "sent"), ([400], 1, "failed")],
+    ids=["a failing receiver is retried with backoff", "a refusal is not retried"],
+)
+def test_the_webhook_retries_what_may_succeed_later(codes: list[int], posts: int, outcome: str) -> None:
+    receiver = Receiver(codes)
+    webhook = Webhook(receiver.url)
+    try:
+        webhook.tell(_finding())
+        wait_for(lambda: getattr(webhook, outcome) == 1, 20, f"the message {outcome}")
+    finally:
+        webhook.stop()
+        receiver.close()
+    assert len(receiver.bodies) == posts and len(set(receiver.bodies)) == 1
+    assert json.loads(receiver.bodies[0]) == message(_finding())
+
+
+def test_no_watch_says_so_in_status_and_watch(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    daemon = start_daemon(tmp_path, "--no-watch")
+    try:
+        assert main(["status", "--address", daemon.address, "--json"]) == 0
+        assert json.loads(capsys.readouterr().out)["watching"] is False
+        assert main(["status", "--address", daemon.address]) == 0
+        assert "WATCH off (--no-watch)" in capsys.readouterr().out
+        assert main(["watch", "--address", daemon.address, "--once"]) == 1
+        assert "the watch is off" in capsys.readouterr().err
+    finally:
+        daemon.stop()
