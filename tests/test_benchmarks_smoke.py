@@ -62,6 +62,22 @@ def test_many_sessions_rows_measure_the_daemon_backlog_and_rss(tmp_path: Path) -
     assert "backlog start → end (max)" in result.stdout
 
 
+@pytest.mark.slow  # four daemons and their generators for a few seconds each
+@pytest.mark.timeout(300)
+def test_the_job_shape_benchmark_runs_short() -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "benchmarks.job_shape", "--short"],
+        capture_output=True,
+        text=True,
+        timeout=240,
+        check=False,
+        cwd=ROOT,
+    )
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    for target in ("bare servicer (floor)", "daemon, aggregation on", "daemon, aggregation off", "no pacing"):
+        assert target in result.stdout
+
+
 @pytest.mark.slow  # three TensorBoards started twice
 @pytest.mark.timeout(600)
 def test_the_board_benchmark_runs_at_a_tiny_size() -> None:

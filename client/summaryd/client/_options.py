@@ -40,6 +40,7 @@ class ClientOptions:
     max_batch_bytes: int = 1024 * 1024
     max_in_flight: int = 8
     linger_secs: float = 0.05
+    max_linger_secs: float = 2.0
     rpc_timeout: float = 10.0
     close_timeout: float = 5.0
     heartbeat_secs: float = 10.0
@@ -59,7 +60,7 @@ class ClientOptions:
         for name in ("rpc_timeout", "heartbeat_secs"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"{name}={getattr(self, name)!r}: must be positive (seconds)")
-        for name in ("linger_secs", "close_timeout", "spool_after"):
+        for name in ("linger_secs", "max_linger_secs", "close_timeout", "spool_after"):
             if not getattr(self, name) >= 0:
                 raise ValueError(f"{name}={getattr(self, name)!r}: must be 0 or more (seconds)")
         if self.block_secs is not None and not self.block_secs >= 0:
@@ -87,11 +88,12 @@ class ClientOptions:
         spool_dir: str | os.PathLike[str] | None = None,
         spool: bool = True,
         redirect_allow: str | Sequence[str] | None = None,
+        max_linger_secs: float | None = None,
         environ: Mapping[str, str] = os.environ,
         **tuning: Any,
     ) -> ClientOptions:
         """Arguments win; else `SUMMARYD_ADDRESS`, `SUMMARYD_TOKEN`, `SUMMARYD_TLS*`, `SUMMARYD_SPOOL_DIR`,
-        `SUMMARYD_REDIRECT_ALLOW`.
+        `SUMMARYD_REDIRECT_ALLOW`, `SUMMARYD_MAX_LINGER`.
 
         The arguments from `max_queue_bytes` on are the fields of the same names (their defaults are the
         fields').
@@ -108,6 +110,9 @@ class ClientOptions:
             max_batch_events, max_batch_bytes: the largest batch sent at once.
             max_in_flight: batches sent but not yet acknowledged.
             linger_secs: how long a partial batch waits for more events before it is sent.
+            max_linger_secs: the longest a daemon's pacing may make a partial batch wait (a busy daemon asks its
+                clients for fewer, larger messages); default `SUMMARYD_MAX_LINGER`, else 2 seconds. A flush, a
+                close or an end never waits for it.
             rpc_timeout: deadline of each call, and how long a sent batch may wait for its ack.
             close_timeout: default of `close(timeout=...)`, also used at interpreter exit and on SIGTERM.
             heartbeat_secs: longest silence on the stream; the daemon releases sessions it does not hear from.
@@ -144,8 +149,20 @@ class ClientOptions:
             spool_root=Path(spool_dir) if spool_dir is not None else default_root(environ),
             spool_enabled=spool,
             redirect_allow=resolve_redirect_allow(redirect_allow, environ),
+            max_linger_secs=_max_linger(max_linger_secs, environ),
             **tuning,
         )
+
+
+def _max_linger(value: float | None, environ: Mapping[str, str]) -> float:
+    """`max_linger_secs` as given, else `SUMMARYD_MAX_LINGER`, else the field's default."""
+    if value is not None:
+        return value
+    text = environ.get("SUMMARYD_MAX_LINGER", "").strip()
+    try:
+        return float(text) if text else ClientOptions.max_linger_secs
+    except ValueError:
+        raise ValueError(f"SUMMARYD_MAX_LINGER={text!r}: give seconds, e.g. 2 or 0.5") from None
 
 
 # The fields `make` takes as they are: all but those it resolves from its own arguments and the environment.
@@ -155,6 +172,7 @@ _TUNING = frozenset(f.name for f in dataclasses.fields(ClientOptions)) - {
     "spool_root",
     "spool_enabled",
     "redirect_allow",
+    "max_linger_secs",
 }
 
 

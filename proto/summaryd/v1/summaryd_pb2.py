@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1asummaryd/v1/summaryd.proto\x12\x0bsummaryd.v1\"O\n\x0e\x43lientIdentity\x12\x0c\n\x04host\x18\x01 \x01(\t\x12\x0b\n\x03pid\x18\x02 \x01(\x03\x12\x11\n\tframework\x18\x03 \x01(\t\x12\x0f\n\x07version\x18\x04 \x01(\t\"\xe5\x01\n\x12OpenSessionRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x0b\n\x03run\x18\x02 \x01(\t\x12\x0e\n\x06worker\x18\x03 \x01(\t\x12\x12\n\nworld_size\x18\x04 \x01(\r\x12+\n\x06\x63lient\x18\x05 \x01(\x0b\x32\x1b.summaryd.v1.ClientIdentity\x12\x15\n\rnext_sequence\x18\x06 \x01(\x04\x12\x17\n\x0fsession_started\x18\x07 \x01(\x01\x12\x15\n\raggregate_off\x18\x14 \x01(\x08\x12\x16\n\x0e\x61ggregate_tags\x18\x15 \x03(\t\"\xf0\x01\n\x13OpenSessionResponse\x12\x0f\n\x07run_dir\x18\x01 \x01(\t\x12\x15\n\rlast_sequence\x18\x02 \x01(\x04\x12\x15\n\rlease_seconds\x18\x03 \x01(\x01\x12\x19\n\x11max_message_bytes\x18\x04 \x01(\x04\x12\x17\n\x0fmax_event_bytes\x18\x05 \x01(\x04\x12\x18\n\x10max_batch_events\x18\x06 \x01(\x04\x12\x1c\n\x14takes_scalar_columns\x18\x07 \x01(\x08\x12\x14\n\x0c\x64urable_acks\x18\x08 \x01(\x08\x12\x18\n\x10\x64urable_sequence\x18\t \x01(\x04\"w\n\x0cWriteRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x16\n\x0e\x66irst_sequence\x18\x02 \x01(\x04\x12\x0e\n\x06\x65vents\x18\x03 \x03(\x0c\x12+\n\x07scalars\x18\x04 \x01(\x0b\x32\x1a.summaryd.v1.ScalarColumns\"`\n\rScalarColumns\x12\x0c\n\x04tags\x18\x01 \x03(\t\x12\x11\n\ttag_index\x18\x02 \x03(\r\x12\x0c\n\x04step\x18\x03 \x03(\x03\x12\x11\n\twall_time\x18\x04 \x03(\x01\x12\r\n\x05value\x18\x05 \x03(\x02\"<\n\x08WriteAck\x12\x16\n\x0e\x61\x63ked_sequence\x18\x01 \x01(\x04\x12\x18\n\x10\x64urable_sequence\x18\x02 \x01(\x04\"3\n\x0c\x46lushRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x0f\n\x07\x64urable\x18\x02 \x01(\x08\"\'\n\rFlushResponse\x12\x16\n\x0e\x61\x63ked_sequence\x18\x01 \x01(\x04\")\n\x13\x43loseSessionRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\"F\n\x14\x43loseSessionResponse\x12\x16\n\x0e\x61\x63ked_sequence\x18\x01 \x01(\x04\x12\x16\n\x0e\x65vents_written\x18\x02 \x01(\x04\"@\n\x10GetStatusRequest\x12\x1a\n\rchanges_after\x18\x01 \x01(\x04H\x00\x88\x01\x01\x42\x10\n\x0e_changes_after\"\xc2\x01\n\x0cWatchFinding\x12\x0c\n\x04rule\x18\x01 \x01(\t\x12\x0b\n\x03run\x18\x02 \x01(\t\x12\x0c\n\x04rank\x18\x03 \x01(\t\x12\x0c\n\x04step\x18\x04 \x01(\x03\x12\r\n\x05value\x18\x05 \x01(\x01\x12\x0f\n\x07subject\x18\x06 \x01(\t\x12\r\n\x05state\x18\x07 \x01(\t\x12\x0f\n\x07summary\x18\x08 \x01(\t\x12\x12\n\nfired_unix\x18\t \x01(\x01\x12\x15\n\rresolved_unix\x18\n \x01(\x01\x12\x10\n\x08sequence\x18\x0b \x01(\x04\"\xd8\x01\n\tRunStatus\x12\x0f\n\x07run_dir\x18\x01 \x01(\t\x12\x12\n\nevent_file\x18\x02 \x01(\t\x12\x16\n\x0e\x65vents_written\x18\x03 \x01(\x04\x12\x15\n\rbytes_written\x18\x04 \x01(\x04\x12\x10\n\x08sessions\x18\x05 \x01(\r\x12\x14\n\x0clease_holder\x18\x06 \x01(\t\x12\x14\n\x0cstaged_bytes\x18\x07 \x01(\x04\x12\x18\n\x10last_upload_unix\x18\x08 \x01(\x01\x12\x1f\n\x17last_upload_age_seconds\x18\t \x01(\x01\"\x8d\x02\n\rSessionStatus\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x0f\n\x07run_dir\x18\x02 \x01(\t\x12\x0e\n\x06worker\x18\x03 \x01(\t\x12+\n\x06\x63lient\x18\x04 \x01(\x0b\x32\x1b.summaryd.v1.ClientIdentity\x12\x16\n\x0e\x61\x63ked_sequence\x18\x05 \x01(\x04\x12\x16\n\x0e\x65vents_written\x18\x06 \x01(\x04\x12\x1a\n\x12\x64uplicates_dropped\x18\x07 \x01(\x04\x12\x14\n\x0cidle_seconds\x18\x08 \x01(\x01\x12\x11\n\tstreaming\x18\t \x01(\x08\x12\x12\n\naggregated\x18\x14 \x01(\x08\x12\x11\n\tlag_steps\x18\x15 \x01(\x03\"\xb5\x02\n\x11GetStatusResponse\x12\x0e\n\x06logdir\x18\x01 \x01(\t\x12$\n\x04runs\x18\x02 \x03(\x0b\x32\x16.summaryd.v1.RunStatus\x12,\n\x08sessions\x18\x03 \x03(\x0b\x32\x1a.summaryd.v1.SessionStatus\x12\x0f\n\x07version\x18\x04 \x01(\t\x12\x10\n\x08watching\x18\x14 \x01(\x08\x12+\n\x08\x66indings\x18\x15 \x03(\x0b\x32\x19.summaryd.v1.WatchFinding\x12*\n\x07\x63hanges\x18\x16 \x03(\x0b\x32\x19.summaryd.v1.WatchFinding\x12\x17\n\x0f\x63hanges_through\x18\x17 \x01(\x04\x12\'\n\x05\x62oard\x18\x05 \x01(\x0b\x32\x18.summaryd.v1.BoardStatus\"\\\n\x0b\x42oardStatus\x12\x0f\n\x07\x61\x64\x64ress\x18\x01 \x01(\t\x12\x0c\n\x04runs\x18\x02 \x01(\r\x12\x14\n\x0cruns_pending\x18\x03 \x01(\r\x12\x18\n\x10segments_pending\x18\x04 \x01(\r\"C\n\x0ePutFileRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x0c\n\x04path\x18\x02 \x01(\t\x12\x0f\n\x07\x63ontent\x18\x03 \x01(\x0c\"\x11\n\x0fPutFileResponse2\xc3\x03\n\tSummaries\x12P\n\x0bOpenSession\x12\x1f.summaryd.v1.OpenSessionRequest\x1a .summaryd.v1.OpenSessionResponse\x12=\n\x05Write\x12\x19.summaryd.v1.WriteRequest\x1a\x15.summaryd.v1.WriteAck(\x01\x30\x01\x12>\n\x05\x46lush\x12\x19.summaryd.v1.FlushRequest\x1a\x1a.summaryd.v1.FlushResponse\x12S\n\x0c\x43loseSession\x12 .summaryd.v1.CloseSessionRequest\x1a!.summaryd.v1.CloseSessionResponse\x12J\n\tGetStatus\x12\x1d.summaryd.v1.GetStatusRequest\x1a\x1e.summaryd.v1.GetStatusResponse\x12\x44\n\x07PutFile\x12\x1b.summaryd.v1.PutFileRequest\x1a\x1c.summaryd.v1.PutFileResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1asummaryd/v1/summaryd.proto\x12\x0bsummaryd.v1\"O\n\x0e\x43lientIdentity\x12\x0c\n\x04host\x18\x01 \x01(\t\x12\x0b\n\x03pid\x18\x02 \x01(\x03\x12\x11\n\tframework\x18\x03 \x01(\t\x12\x0f\n\x07version\x18\x04 \x01(\t\"\xe5\x01\n\x12OpenSessionRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x0b\n\x03run\x18\x02 \x01(\t\x12\x0e\n\x06worker\x18\x03 \x01(\t\x12\x12\n\nworld_size\x18\x04 \x01(\r\x12+\n\x06\x63lient\x18\x05 \x01(\x0b\x32\x1b.summaryd.v1.ClientIdentity\x12\x15\n\rnext_sequence\x18\x06 \x01(\x04\x12\x17\n\x0fsession_started\x18\x07 \x01(\x01\x12\x15\n\raggregate_off\x18\x14 \x01(\x08\x12\x16\n\x0e\x61ggregate_tags\x18\x15 \x03(\t\"\x95\x02\n\x13OpenSessionResponse\x12\x0f\n\x07run_dir\x18\x01 \x01(\t\x12\x15\n\rlast_sequence\x18\x02 \x01(\x04\x12\x15\n\rlease_seconds\x18\x03 \x01(\x01\x12\x19\n\x11max_message_bytes\x18\x04 \x01(\x04\x12\x17\n\x0fmax_event_bytes\x18\x05 \x01(\x04\x12\x18\n\x10max_batch_events\x18\x06 \x01(\x04\x12\x1c\n\x14takes_scalar_columns\x18\x07 \x01(\x08\x12\x14\n\x0c\x64urable_acks\x18\x08 \x01(\x08\x12\x18\n\x10\x64urable_sequence\x18\t \x01(\x04\x12#\n\x06pacing\x18\n \x01(\x0b\x32\x13.summaryd.v1.Pacing\"7\n\x06Pacing\x12\x16\n\x0elinger_seconds\x18\x01 \x01(\x01\x12\x15\n\rmax_in_flight\x18\x02 \x01(\r\"w\n\x0cWriteRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x16\n\x0e\x66irst_sequence\x18\x02 \x01(\x04\x12\x0e\n\x06\x65vents\x18\x03 \x03(\x0c\x12+\n\x07scalars\x18\x04 \x01(\x0b\x32\x1a.summaryd.v1.ScalarColumns\"`\n\rScalarColumns\x12\x0c\n\x04tags\x18\x01 \x03(\t\x12\x11\n\ttag_index\x18\x02 \x03(\r\x12\x0c\n\x04step\x18\x03 \x03(\x03\x12\x11\n\twall_time\x18\x04 \x03(\x01\x12\r\n\x05value\x18\x05 \x03(\x02\"a\n\x08WriteAck\x12\x16\n\x0e\x61\x63ked_sequence\x18\x01 \x01(\x04\x12\x18\n\x10\x64urable_sequence\x18\x02 \x01(\x04\x12#\n\x06pacing\x18\x03 \x01(\x0b\x32\x13.summaryd.v1.Pacing\"3\n\x0c\x46lushRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x0f\n\x07\x64urable\x18\x02 \x01(\x08\"\'\n\rFlushResponse\x12\x16\n\x0e\x61\x63ked_sequence\x18\x01 \x01(\x04\")\n\x13\x43loseSessionRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\"F\n\x14\x43loseSessionResponse\x12\x16\n\x0e\x61\x63ked_sequence\x18\x01 \x01(\x04\x12\x16\n\x0e\x65vents_written\x18\x02 \x01(\x04\"@\n\x10GetStatusRequest\x12\x1a\n\rchanges_after\x18\x01 \x01(\x04H\x00\x88\x01\x01\x42\x10\n\x0e_changes_after\"\xc2\x01\n\x0cWatchFinding\x12\x0c\n\x04rule\x18\x01 \x01(\t\x12\x0b\n\x03run\x18\x02 \x01(\t\x12\x0c\n\x04rank\x18\x03 \x01(\t\x12\x0c\n\x04step\x18\x04 \x01(\x03\x12\r\n\x05value\x18\x05 \x01(\x01\x12\x0f\n\x07subject\x18\x06 \x01(\t\x12\r\n\x05state\x18\x07 \x01(\t\x12\x0f\n\x07summary\x18\x08 \x01(\t\x12\x12\n\nfired_unix\x18\t \x01(\x01\x12\x15\n\rresolved_unix\x18\n \x01(\x01\x12\x10\n\x08sequence\x18\x0b \x01(\x04\"\xd8\x01\n\tRunStatus\x12\x0f\n\x07run_dir\x18\x01 \x01(\t\x12\x12\n\nevent_file\x18\x02 \x01(\t\x12\x16\n\x0e\x65vents_written\x18\x03 \x01(\x04\x12\x15\n\rbytes_written\x18\x04 \x01(\x04\x12\x10\n\x08sessions\x18\x05 \x01(\r\x12\x14\n\x0clease_holder\x18\x06 \x01(\t\x12\x14\n\x0cstaged_bytes\x18\x07 \x01(\x04\x12\x18\n\x10last_upload_unix\x18\x08 \x01(\x01\x12\x1f\n\x17last_upload_age_seconds\x18\t \x01(\x01\"\x8d\x02\n\rSessionStatus\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x0f\n\x07run_dir\x18\x02 \x01(\t\x12\x0e\n\x06worker\x18\x03 \x01(\t\x12+\n\x06\x63lient\x18\x04 \x01(\x0b\x32\x1b.summaryd.v1.ClientIdentity\x12\x16\n\x0e\x61\x63ked_sequence\x18\x05 \x01(\x04\x12\x16\n\x0e\x65vents_written\x18\x06 \x01(\x04\x12\x1a\n\x12\x64uplicates_dropped\x18\x07 \x01(\x04\x12\x14\n\x0cidle_seconds\x18\x08 \x01(\x01\x12\x11\n\tstreaming\x18\t \x01(\x08\x12\x12\n\naggregated\x18\x14 \x01(\x08\x12\x11\n\tlag_steps\x18\x15 \x01(\x03\"\xb5\x02\n\x11GetStatusResponse\x12\x0e\n\x06logdir\x18\x01 \x01(\t\x12$\n\x04runs\x18\x02 \x03(\x0b\x32\x16.summaryd.v1.RunStatus\x12,\n\x08sessions\x18\x03 \x03(\x0b\x32\x1a.summaryd.v1.SessionStatus\x12\x0f\n\x07version\x18\x04 \x01(\t\x12\x10\n\x08watching\x18\x14 \x01(\x08\x12+\n\x08\x66indings\x18\x15 \x03(\x0b\x32\x19.summaryd.v1.WatchFinding\x12*\n\x07\x63hanges\x18\x16 \x03(\x0b\x32\x19.summaryd.v1.WatchFinding\x12\x17\n\x0f\x63hanges_through\x18\x17 \x01(\x04\x12\'\n\x05\x62oard\x18\x05 \x01(\x0b\x32\x18.summaryd.v1.BoardStatus\"\\\n\x0b\x42oardStatus\x12\x0f\n\x07\x61\x64\x64ress\x18\x01 \x01(\t\x12\x0c\n\x04runs\x18\x02 \x01(\r\x12\x14\n\x0cruns_pending\x18\x03 \x01(\r\x12\x18\n\x10segments_pending\x18\x04 \x01(\r\"C\n\x0ePutFileRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x0c\n\x04path\x18\x02 \x01(\t\x12\x0f\n\x07\x63ontent\x18\x03 \x01(\x0c\"\x11\n\x0fPutFileResponse2\xc3\x03\n\tSummaries\x12P\n\x0bOpenSession\x12\x1f.summaryd.v1.OpenSessionRequest\x1a .summaryd.v1.OpenSessionResponse\x12=\n\x05Write\x12\x19.summaryd.v1.WriteRequest\x1a\x15.summaryd.v1.WriteAck(\x01\x30\x01\x12>\n\x05\x46lush\x12\x19.summaryd.v1.FlushRequest\x1a\x1a.summaryd.v1.FlushResponse\x12S\n\x0c\x43loseSession\x12 .summaryd.v1.CloseSessionRequest\x1a!.summaryd.v1.CloseSessionResponse\x12J\n\tGetStatus\x12\x1d.summaryd.v1.GetStatusRequest\x1a\x1e.summaryd.v1.GetStatusResponse\x12\x44\n\x07PutFile\x12\x1b.summaryd.v1.PutFileRequest\x1a\x1c.summaryd.v1.PutFileResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -36,37 +36,39 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_OPENSESSIONREQUEST']._serialized_start=125
   _globals['_OPENSESSIONREQUEST']._serialized_end=354
   _globals['_OPENSESSIONRESPONSE']._serialized_start=357
-  _globals['_OPENSESSIONRESPONSE']._serialized_end=597
-  _globals['_WRITEREQUEST']._serialized_start=599
-  _globals['_WRITEREQUEST']._serialized_end=718
-  _globals['_SCALARCOLUMNS']._serialized_start=720
-  _globals['_SCALARCOLUMNS']._serialized_end=816
-  _globals['_WRITEACK']._serialized_start=818
-  _globals['_WRITEACK']._serialized_end=878
-  _globals['_FLUSHREQUEST']._serialized_start=880
-  _globals['_FLUSHREQUEST']._serialized_end=931
-  _globals['_FLUSHRESPONSE']._serialized_start=933
-  _globals['_FLUSHRESPONSE']._serialized_end=972
-  _globals['_CLOSESESSIONREQUEST']._serialized_start=974
-  _globals['_CLOSESESSIONREQUEST']._serialized_end=1015
-  _globals['_CLOSESESSIONRESPONSE']._serialized_start=1017
-  _globals['_CLOSESESSIONRESPONSE']._serialized_end=1087
-  _globals['_GETSTATUSREQUEST']._serialized_start=1089
-  _globals['_GETSTATUSREQUEST']._serialized_end=1153
-  _globals['_WATCHFINDING']._serialized_start=1156
-  _globals['_WATCHFINDING']._serialized_end=1350
-  _globals['_RUNSTATUS']._serialized_start=1353
-  _globals['_RUNSTATUS']._serialized_end=1569
-  _globals['_SESSIONSTATUS']._serialized_start=1572
-  _globals['_SESSIONSTATUS']._serialized_end=1841
-  _globals['_GETSTATUSRESPONSE']._serialized_start=1844
-  _globals['_GETSTATUSRESPONSE']._serialized_end=2153
-  _globals['_BOARDSTATUS']._serialized_start=2155
-  _globals['_BOARDSTATUS']._serialized_end=2247
-  _globals['_PUTFILEREQUEST']._serialized_start=2249
-  _globals['_PUTFILEREQUEST']._serialized_end=2316
-  _globals['_PUTFILERESPONSE']._serialized_start=2318
-  _globals['_PUTFILERESPONSE']._serialized_end=2335
-  _globals['_SUMMARIES']._serialized_start=2338
-  _globals['_SUMMARIES']._serialized_end=2789
+  _globals['_OPENSESSIONRESPONSE']._serialized_end=634
+  _globals['_PACING']._serialized_start=636
+  _globals['_PACING']._serialized_end=691
+  _globals['_WRITEREQUEST']._serialized_start=693
+  _globals['_WRITEREQUEST']._serialized_end=812
+  _globals['_SCALARCOLUMNS']._serialized_start=814
+  _globals['_SCALARCOLUMNS']._serialized_end=910
+  _globals['_WRITEACK']._serialized_start=912
+  _globals['_WRITEACK']._serialized_end=1009
+  _globals['_FLUSHREQUEST']._serialized_start=1011
+  _globals['_FLUSHREQUEST']._serialized_end=1062
+  _globals['_FLUSHRESPONSE']._serialized_start=1064
+  _globals['_FLUSHRESPONSE']._serialized_end=1103
+  _globals['_CLOSESESSIONREQUEST']._serialized_start=1105
+  _globals['_CLOSESESSIONREQUEST']._serialized_end=1146
+  _globals['_CLOSESESSIONRESPONSE']._serialized_start=1148
+  _globals['_CLOSESESSIONRESPONSE']._serialized_end=1218
+  _globals['_GETSTATUSREQUEST']._serialized_start=1220
+  _globals['_GETSTATUSREQUEST']._serialized_end=1284
+  _globals['_WATCHFINDING']._serialized_start=1287
+  _globals['_WATCHFINDING']._serialized_end=1481
+  _globals['_RUNSTATUS']._serialized_start=1484
+  _globals['_RUNSTATUS']._serialized_end=1700
+  _globals['_SESSIONSTATUS']._serialized_start=1703
+  _globals['_SESSIONSTATUS']._serialized_end=1972
+  _globals['_GETSTATUSRESPONSE']._serialized_start=1975
+  _globals['_GETSTATUSRESPONSE']._serialized_end=2284
+  _globals['_BOARDSTATUS']._serialized_start=2286
+  _globals['_BOARDSTATUS']._serialized_end=2378
+  _globals['_PUTFILEREQUEST']._serialized_start=2380
+  _globals['_PUTFILEREQUEST']._serialized_end=2447
+  _globals['_PUTFILERESPONSE']._serialized_start=2449
+  _globals['_PUTFILERESPONSE']._serialized_end=2466
+  _globals['_SUMMARIES']._serialized_start=2469
+  _globals['_SUMMARIES']._serialized_end=2920
 # @@protoc_insertion_point(module_scope)

@@ -41,7 +41,7 @@ class OpenSessionRequest(_message.Message):
     def __init__(self, session_id: _Optional[str] = ..., run: _Optional[str] = ..., worker: _Optional[str] = ..., world_size: _Optional[int] = ..., client: _Optional[_Union[ClientIdentity, _Mapping]] = ..., next_sequence: _Optional[int] = ..., session_started: _Optional[float] = ..., aggregate_off: _Optional[bool] = ..., aggregate_tags: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class OpenSessionResponse(_message.Message):
-    __slots__ = ("run_dir", "last_sequence", "lease_seconds", "max_message_bytes", "max_event_bytes", "max_batch_events", "takes_scalar_columns", "durable_acks", "durable_sequence")
+    __slots__ = ("run_dir", "last_sequence", "lease_seconds", "max_message_bytes", "max_event_bytes", "max_batch_events", "takes_scalar_columns", "durable_acks", "durable_sequence", "pacing")
     RUN_DIR_FIELD_NUMBER: _ClassVar[int]
     LAST_SEQUENCE_FIELD_NUMBER: _ClassVar[int]
     LEASE_SECONDS_FIELD_NUMBER: _ClassVar[int]
@@ -51,6 +51,7 @@ class OpenSessionResponse(_message.Message):
     TAKES_SCALAR_COLUMNS_FIELD_NUMBER: _ClassVar[int]
     DURABLE_ACKS_FIELD_NUMBER: _ClassVar[int]
     DURABLE_SEQUENCE_FIELD_NUMBER: _ClassVar[int]
+    PACING_FIELD_NUMBER: _ClassVar[int]
     run_dir: str
     last_sequence: int
     lease_seconds: float
@@ -60,7 +61,16 @@ class OpenSessionResponse(_message.Message):
     takes_scalar_columns: bool
     durable_acks: bool
     durable_sequence: int
-    def __init__(self, run_dir: _Optional[str] = ..., last_sequence: _Optional[int] = ..., lease_seconds: _Optional[float] = ..., max_message_bytes: _Optional[int] = ..., max_event_bytes: _Optional[int] = ..., max_batch_events: _Optional[int] = ..., takes_scalar_columns: _Optional[bool] = ..., durable_acks: _Optional[bool] = ..., durable_sequence: _Optional[int] = ...) -> None: ...
+    pacing: Pacing
+    def __init__(self, run_dir: _Optional[str] = ..., last_sequence: _Optional[int] = ..., lease_seconds: _Optional[float] = ..., max_message_bytes: _Optional[int] = ..., max_event_bytes: _Optional[int] = ..., max_batch_events: _Optional[int] = ..., takes_scalar_columns: _Optional[bool] = ..., durable_acks: _Optional[bool] = ..., durable_sequence: _Optional[int] = ..., pacing: _Optional[_Union[Pacing, _Mapping]] = ...) -> None: ...
+
+class Pacing(_message.Message):
+    __slots__ = ("linger_seconds", "max_in_flight")
+    LINGER_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    MAX_IN_FLIGHT_FIELD_NUMBER: _ClassVar[int]
+    linger_seconds: float
+    max_in_flight: int
+    def __init__(self, linger_seconds: _Optional[float] = ..., max_in_flight: _Optional[int] = ...) -> None: ...
 
 class WriteRequest(_message.Message):
     __slots__ = ("session_id", "first_sequence", "events", "scalars")
@@ -89,12 +99,14 @@ class ScalarColumns(_message.Message):
     def __init__(self, tags: _Optional[_Iterable[str]] = ..., tag_index: _Optional[_Iterable[int]] = ..., step: _Optional[_Iterable[int]] = ..., wall_time: _Optional[_Iterable[float]] = ..., value: _Optional[_Iterable[float]] = ...) -> None: ...
 
 class WriteAck(_message.Message):
-    __slots__ = ("acked_sequence", "durable_sequence")
+    __slots__ = ("acked_sequence", "durable_sequence", "pacing")
     ACKED_SEQUENCE_FIELD_NUMBER: _ClassVar[int]
     DURABLE_SEQUENCE_FIELD_NUMBER: _ClassVar[int]
+    PACING_FIELD_NUMBER: _ClassVar[int]
     acked_sequence: int
     durable_sequence: int
-    def __init__(self, acked_sequence: _Optional[int] = ..., durable_sequence: _Optional[int] = ...) -> None: ...
+    pacing: Pacing
+    def __init__(self, acked_sequence: _Optional[int] = ..., durable_sequence: _Optional[int] = ..., pacing: _Optional[_Union[Pacing, _Mapping]] = ...) -> None: ...
 
 class FlushRequest(_message.Message):
     __slots__ = ("session_id", "durable")

@@ -158,6 +158,15 @@ class Config:
         "BYTES",
     )
     io_threads: int = option(4, "threads that write and sync event files, off the event loop", "N")
+    pace_messages: float = option(
+        1000.0,
+        "write messages a second the daemon aims to take: past half of it, it asks its clients to linger longer "
+        "(fewer, larger batches), at most --pace-max-linger; 0: never",
+        "N",
+    )
+    pace_max_linger: float = option(
+        2.0, "the longest the daemon's pacing asks a partial batch to wait (what it adds to visibility)", "SECS"
+    )
     log_level: str = option("info", "logging level: debug, info, warning, error", "LEVEL")
     port_file: str = option("", "after binding, write the port to this file (useful with --listen HOST:0)", "FILE")
     state_dir: str = option(
@@ -236,6 +245,10 @@ class Config:
             raise ValueError("--shutdown-timeout must be positive")
         if self.stream_window_bytes < MIN_STREAM_WINDOW_BYTES:
             raise ValueError(f"--stream-window-bytes must be at least {MIN_STREAM_WINDOW_BYTES} (HTTP/2's default)")
+        if not self.pace_messages >= 0:
+            raise ValueError(f"--pace-messages {self.pace_messages:g}: give messages a second, 0 or more")
+        if not self.pace_max_linger > 0:
+            raise ValueError(f"--pace-max-linger {self.pace_max_linger:g}: give seconds, more than 0")
         if self.io_threads < 1:
             raise ValueError("--io-threads must be at least 1")
         if self.session_lease <= 0:

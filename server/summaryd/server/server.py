@@ -32,6 +32,7 @@ from summaryd.server.security.auth import AuthInterceptor, TokenTable, current_c
 from summaryd.server.security.refusals import RefusalInterceptor
 from summaryd.server.service import SummariesService
 from summaryd.server.sessions.lifecycle import SessionCollector, SessionLifecycle
+from summaryd.server.sessions.pacing import Pacer
 from summaryd.server.storage.backend import Storage
 from summaryd.server.storage.bucket.backend import BucketStorage, DurableWatermarks
 from summaryd.server.storage.bucket.leases import RunLeases
@@ -214,7 +215,7 @@ class Server:
         resources.push_async_callback(_cancelled, asyncio.create_task(lifecycle.release_lost()))
         ownership = bucket.ownership if bucket is not None else None
         watch = await self._start_watch(registry, lifecycle, ownership, resources) if config.watch.enabled else None
-        service = SummariesService(lifecycle, watch)
+        service = SummariesService(lifecycle, watch, Pacer(config.pace_messages, config.pace_max_linger))
         if board is not None:
             store = shipper.bucket if shipper is not None else None
             service.board_status = await self._serve_board(board, registry, store, resources)

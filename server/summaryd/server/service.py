@@ -39,6 +39,7 @@ from summaryd.server.security.auth import Grant, current_caller
 from summaryd.server.security.request_checks import batch_count, open_problem, session_id_problem, write_problem
 from summaryd.server.sessions.lifecycle import SessionLifecycle
 from summaryd.server.sessions.live import Session
+from summaryd.server.sessions.pacing import Pacer
 from summaryd.server.storage import run_files
 from summaryd.server.storage.runpath import run_dir_parts
 from summaryd.server.watch import Watch
@@ -118,10 +119,11 @@ def _peer_host(peer: str) -> str:
 class SummariesService(pb_grpc.SummariesServicer):
     """Sessions, the write stream, flush, close, files and status, over one session lifecycle."""
 
-    def __init__(self, lifecycle: SessionLifecycle, watch: Watch | None = None) -> None:
+    def __init__(self, lifecycle: SessionLifecycle, watch: Watch | None = None, pacer: Pacer | None = None) -> None:
         self.lifecycle = lifecycle
         self.watch = watch
         self.limits = lifecycle.limits
+        self.pacer = pacer or Pacer()
         self._draining = False
         self.board_status: Callable[[], pb.BoardStatus] | None = None  # with --board-listen
         # Write handlers waiting for their client's next message: cancelled at once when draining.
@@ -164,6 +166,7 @@ class SummariesService(pb_grpc.SummariesServicer):
             takes_scalar_columns=True,
             durable_acks=self.lifecycle.durable_acks,
             durable_sequence=self.lifecycle.durable(session.session_id),
+            pacing=self.pacer.pacing,
         )
 
     # ---- Write -----------------------------------------------------------------------------------------
@@ -180,6 +183,9 @@ class SummariesService(pb_grpc.SummariesServicer):
         # One timeout for the stream, armed only while it waits for the client's next message: a timeout
         # object per message would cost a timer and two context switches of its own on every batch.
         idle = asyncio.timeout(None)
+        pacer = self.pacer
+        pacer.opened()
+        told = -1  # the pacing version this stream's client was told: the first ack tells it
         try:
             async with _answered(context):
                 try:
@@ -209,9 +215,14 @@ class SummariesService(pb_grpc.SummariesServicer):
                                 await self._authorize_run(session.run.run_dir, context)
                             await self._check_batch(request, context)
                             acked = await self.lifecycle.write(session, request.first_sequence, _batch_events(request))
-                            yield pb.WriteAck(
+                            pacer.took()
+                            ack = pb.WriteAck(
                                 acked_sequence=acked, durable_sequence=self.lifecycle.durable(session.session_id)
                             )
+                            if told != pacer.version:
+                                told = pacer.version
+                                ack.pacing.CopyFrom(pacer.pacing)
+                            yield ack
                             if self._draining:
                                 return
                 except TimeoutError:
@@ -223,6 +234,7 @@ class SummariesService(pb_grpc.SummariesServicer):
                         "heartbeats (empty batches) or reconnect",
                     )
         finally:
+            pacer.closed()
             log.debug("write stream of session %s ended", session.session_id if session else "?")
             if session is not None:
                 session.detach(task)

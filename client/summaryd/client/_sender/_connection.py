@@ -7,6 +7,7 @@ import time
 
 from summaryd.client._sender._batch_fit import DaemonLimits
 from summaryd.client._sender._core import SenderCore, SenderPart
+from summaryd.client._sender._pacing import Pacing
 from summaryd.client._sender._spiller import Spiller
 from summaryd.client._sender._status import log
 from summaryd.client._sender._transport import Ack, Hello, Opened, Opening, Stream, Transport, TransportError
@@ -34,6 +35,8 @@ class Connection(SenderPart):
         self.answered = False  # a daemon opened the session once: `limits` are its own
         self._last_sent = 0.0
         self.run_dir: str | None = None
+        self.pacing = Pacing(options)
+        """The linger and in-flight window the daemon asks for, within the client's bounds."""
 
     @property
     def address(self) -> str:
@@ -77,6 +80,7 @@ class Connection(SenderPart):
         self._lease = answer.lease_seconds or float("inf")
         self.limits = answer.limits
         self.answered = True
+        self.pacing.advise(*(answer.pacing or (0.0, 0)))  # another daemon's, or none: the client's own again
         with self._cond:
             lost = self._batches.resumed(answer.last_sequence, answer.durable_acks)
         if lost:
@@ -151,6 +155,8 @@ class Connection(SenderPart):
 
     def on_ack(self, ack: Ack) -> None:
         """The stream's thread (and an opened session): settle every batch the daemon acknowledged."""
+        if ack.pacing is not None:
+            self.pacing.advise(*ack.pacing)
         with self._cond:
             if self._batches.acknowledge(ack.sequence, ack.durable):
                 self._backoff = self._options.backoff_secs[0]
@@ -186,7 +192,7 @@ class Connection(SenderPart):
         session_id = self._identity.session_id
         while True:
             with self._cond:
-                batch = self._batches.next_to_send(self._options.max_in_flight)
+                batch = self._batches.next_to_send(self.pacing.max_in_flight)
                 if batch is None:
                     return
                 events, span, first, nbytes = batch.events, batch.span, batch.first, batch.nbytes

@@ -100,6 +100,7 @@ class _Opening:
             DaemonLimits.of(answer),
             durable_acks=answer.durable_acks,
             durable_sequence=answer.durable_sequence,
+            pacing=(answer.pacing.linger_seconds, answer.pacing.max_in_flight),
         )
 
     def cancel(self) -> None:
@@ -119,8 +120,9 @@ class _Stream:
         self._on_end = on_end
         self._stream = WriteStream(stub, self._acked, self._ended)
 
-    def _acked(self, sequence: int, durable: int) -> None:
-        self._on_ack(Ack(sequence, durable))
+    def _acked(self, ack: pb.WriteAck) -> None:
+        pacing = (ack.pacing.linger_seconds, ack.pacing.max_in_flight) if ack.HasField("pacing") else None
+        self._on_ack(Ack(ack.acked_sequence, ack.durable_sequence, pacing))
 
     def _ended(self, _: WriteStream, error: grpc.RpcError | None) -> None:
         self._on_end(None if error is None else transport_error(error))

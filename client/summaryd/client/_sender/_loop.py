@@ -124,7 +124,7 @@ class SenderLoop(SenderPart):
         """Number queued events into batches, as many as may be in flight. Not when spilling: the spiller then
         spills the batches in memory first and numbers the queue after them (`Spiller.spill`), so that the
         spilled batches stay a prefix of the log."""
-        options = self._options
+        options, pacing = self._options, self._connection.pacing
         while True:
             with self._cond:
                 if not self._queue or self._spiller.must_spill():
@@ -135,7 +135,7 @@ class SenderLoop(SenderPart):
                     # the caller's thread a page fault every few dozen events while the daemon is away).
                     if len(self._queue) < options.max_batch_events:
                         return
-                elif self._batches.in_flight >= options.max_in_flight:
+                elif self._batches.in_flight >= pacing.max_in_flight:
                     return
                 now = time.monotonic()
                 flushed = not self._queue.lingering
@@ -151,7 +151,7 @@ class SenderLoop(SenderPart):
         """Holding the lock, with events queued: when the next batch leaves though not full. A flush's events
         leave at once, unless one flush's batch left less than the gap ago."""
         if self._queue.lingering:
-            return self._queue.queued_at + self._options.linger_secs
+            return self._queue.queued_at + self._connection.pacing.linger_secs
         return self._flushed_at + self._flush_gap
 
     def number(self) -> Batch | None:
@@ -295,7 +295,7 @@ class SenderLoop(SenderPart):
         if self._outbox_pid is None:  # a forked child's outbox needs no daemon
             waits.append(connection.wait_hint(now) if self.after is None else AFTER_POLL_SECS)
         with self._cond:
-            if self._queue and connection.streaming and self._batches.in_flight < self._options.max_in_flight:
+            if self._queue and connection.streaming and self._batches.in_flight < connection.pacing.max_in_flight:
                 waits.append(self._due() - now)
             if self._queue or self._batches:
                 spill_in = self._options.spool_after - (now - self._batches.progress_at)

@@ -18,7 +18,7 @@ class WriteStream:
     def __init__(
         self,
         stub: pb_grpc.SummariesStub,
-        on_ack: Callable[[int, int], None],
+        on_ack: Callable[[pb.WriteAck], None],
         on_end: Callable[[WriteStream, grpc.RpcError | None], None],
     ) -> None:
         self._outgoing: queue.SimpleQueue[pb.WriteRequest | None] = queue.SimpleQueue()
@@ -41,7 +41,7 @@ class WriteStream:
         error: grpc.RpcError | None = None
         try:
             for ack in self.call:
-                self._on_ack(ack.acked_sequence, ack.durable_sequence)
+                self._on_ack(ack)
         except grpc.RpcError as exc:
             error = exc
         self.error = error

@@ -82,6 +82,8 @@ class Opened:
     durable_acks: bool = False
     """The daemon's logdir is on object storage: an ack means staged there, `Ack.durable` means uploaded."""
     durable_sequence: int = 0
+    pacing: tuple[float, int] | None = None
+    """The daemon's pacing (linger seconds, batches in flight; 0: the client's own), see `_pacing`."""
 
 
 @dataclass(frozen=True)
@@ -91,6 +93,8 @@ class Ack:
     sequence: int
     durable: int = 0
     """Every event up to here is uploaded (a daemon with `Opened.durable_acks`)."""
+    pacing: tuple[float, int] | None = None
+    """The daemon's pacing, when it changed (as `Opened.pacing`)."""
 
 
 class Opening(Protocol):

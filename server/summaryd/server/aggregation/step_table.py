@@ -128,6 +128,12 @@ class _Tag:
     # Whether two workers ever reported the tag: a tag only one worker logs (frameworks log from rank 0 only)
     # has nothing to reduce, and its steps are finalised without a reduction.
     shared: bool = False
+    # The watermark (`StepTable._watermark`) as last computed, and how many live workers stand at it: kept as
+    # points arrive, so that it is computed again only when the last worker at it moves on (once a step), not
+    # for every batch (over every worker: a cost of N per batch, N² per step for a job of N ranks).
+    mark: int | None = None
+    at_mark: int = 0
+    mark_known: bool = False
 
 
 class StepTable:
@@ -178,11 +184,14 @@ class StepTable:
         self._departed.discard(worker)
         for state in self._tags.values():
             state.latest.pop(worker, None)
+            state.mark_known = False
 
     def departed(self, worker: str) -> None:
         """`worker` has no session left: steps no longer wait for it."""
         self._departed.add(worker)
         self._touched.update(self._tags)
+        for state in self._tags.values():
+            state.mark_known = False
 
     def world_left(self) -> bool:
         """Whether every worker of the world has left (the job ended)."""
@@ -230,6 +239,9 @@ class StepTable:
         points come in runs of one tag, so the tag's state is looked up once per run."""
         tags, arrivals = self._tags, self._arrivals
         state, current, skip, last = _Tag(), None, False, None
+        if worker in self._departed:  # not while its session lives; but then no kept watermark may count it
+            for known in tags.values():
+                known.mark_known = False
         for tag, step, wall_time, value in points:
             if tag != current:
                 current, skip = tag, not wanted(tag)
@@ -250,7 +262,19 @@ class StepTable:
                     self.refused_points += 1
                     last = step
                 continue
-            state.latest[worker] = last = step
+            old = state.latest.get(worker)
+            if old != step:
+                state.latest[worker] = step
+                if state.mark_known:
+                    mark = state.mark
+                    if old is None or mark is None or step < mark:
+                        state.mark_known = False
+                    elif old == mark:
+                        state.at_mark -= 1
+                        state.mark_known = state.at_mark > 0
+                    elif step == mark:
+                        state.at_mark += 1
+            last = step
             if state.last_final is not None and step <= state.last_final:
                 self.late_points += 1
                 continue
@@ -341,15 +365,28 @@ class StepTable:
         return done
 
     def _every_worker_left(self, state: _Tag) -> bool:
+        if not self._departed:
+            return False
         return len(state.latest.keys() | self._departed) >= self.world_size and state.latest.keys() <= self._departed
 
     def _watermark(self, state: _Tag) -> int | None:
         """The step every worker of the world is at or past, or None while some worker of it has not reported
         (or every worker that reported has left: then the frontier decides)."""
-        if len(state.latest.keys() | self._departed) < self.world_size:
+        if state.mark_known:
+            return state.mark
+        departed = self._departed
+        if len(state.latest) + len(departed) < self.world_size or len(state.latest.keys() | departed) < self.world_size:
+            return None  # not kept: the next worker to report a first point may complete the world
+        if departed:
+            active = [step for worker, step in state.latest.items() if worker not in departed]
+        else:
+            active = list(state.latest.values())
+        if not active:
             return None
-        active = [step for worker, step in state.latest.items() if worker not in self._departed]
-        return min(active) if active else None
+        state.mark = mark = min(active)
+        state.at_mark = active.count(mark)
+        state.mark_known = True
+        return mark
 
     def _oldest(self) -> tuple[float, str, int] | None:
         """The oldest pending step's arrival entry, having dropped the entries of steps finalised since."""

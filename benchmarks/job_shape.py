@@ -1,0 +1,309 @@
+"""The job-shape benchmark: one run of N workers against one daemon, beside the bare servicer's floor.
+
+`python -m benchmarks.job_shape [--workers 64,256,1024] [--seconds 20] [--targets floor,on,off] [--short]`
+
+Each worker logs `--tags` scalars a step at `--steps-per-second`, one batch of scalar columns per step unless
+the daemon's pacing makes it linger (`_job_load`, many workers per generator process). Each row is one target
+fed alone: the bare `grpc.aio` servicer that only acks (`_bare_servicer`, the floor of one Python process), and
+the daemon with its defaults, aggregation on (`--aggregate`) and off (`--no-aggregate`). Figures over the
+measured window (after a warm-up): acknowledged/offered scalars, backlog growth (queued and unacknowledged
+scalars, in seconds of the offered load), the target's cores and its CPU per message and per scalar, each
+step's visibility (queued to acknowledged) p50/p99, the target's RSS at the end, and the generators' CPU.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Iterator, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from _daemon import START_TIMEOUT, stop_process
+from benchmarks._job_load import LoadParams
+from benchmarks._machine import load_average
+from benchmarks._report import table
+from benchmarks._run import running_daemon
+from benchmarks.aggregation import daemon_cpu
+
+FLOOR, ON, OFF, UNPACED = "floor", "on", "off", "unpaced"
+TARGET_LABELS = {
+    FLOOR: "bare servicer (floor)",
+    ON: "daemon, aggregation on",
+    OFF: "daemon, aggregation off",
+    UNPACED: "daemon, aggregation on, no pacing",
+}
+_PAGE = os.sysconf("SC_PAGE_SIZE")
+
+
+@dataclass(frozen=True)
+class Shape:
+    workers: int
+    tags: int = 20
+    steps_per_second: float = 5.0
+    warmup: float = 5.0
+    seconds: float = 20.0
+    generators: int = 2
+
+    @property
+    def offered_per_second(self) -> float:
+        return self.workers * self.tags * self.steps_per_second
+
+
+@dataclass(frozen=True)
+class Row:
+    target: str
+    shape: Shape
+    offered: int
+    acked: int
+    messages: int
+    backlog_growth_s: float
+    cores: float
+    cpu_per_message_us: float
+    cpu_per_scalar_us: float
+    visibility_p50_s: float
+    visibility_p99_s: float
+    rss_mib: float
+    generator_cores: float
+    linger_s: float
+    in_flight: int
+    cpu_wait: float
+    """Seconds a second the target's threads waited, runnable, for a CPU (others on the machine took it)."""
+
+    @property
+    def acknowledged(self) -> float:
+        return self.acked / self.offered if self.offered else 0.0
+
+
+def run_queue_wait(pid: int) -> float:
+    """Seconds the threads of process `pid` have spent runnable but waiting for a CPU (`/proc/.../schedstat`):
+    on a shared machine, what the others took from it."""
+    total = 0
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            total += int((task / "schedstat").read_text().split()[1])
+        except (FileNotFoundError, IndexError, ValueError):  # a thread that ended meanwhile
+            continue
+    return total / 1e9
+
+
+def rss_mib(pid: int) -> float:
+    """Resident memory of process `pid` in MiB."""
+    pages = int(Path(f"/proc/{pid}/statm").read_text().split()[1])
+    return pages * _PAGE / 2**20
+
+
+@contextlib.contextmanager
+def _floor(workdir: Path) -> Iterator[tuple[str, int]]:
+    port_file = workdir / f"floor-port-{time.monotonic_ns()}"
+    command = [sys.executable, "-m", "benchmarks._bare_servicer", "--port-file", str(port_file)]
+    proc = subprocess.Popen(command, stdin=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + START_TIMEOUT
+        while not (port_file.exists() and port_file.read_text().endswith("\n")):
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError("the bare servicer did not start")
+            time.sleep(0.02)
+        yield f"127.0.0.1:{int(port_file.read_text())}", proc.pid
+    finally:
+        stop_process(proc)
+
+
+@contextlib.contextmanager
+def _target(kind: str, workdir: Path) -> Iterator[tuple[str, int]]:
+    if kind == FLOOR:
+        with _floor(workdir) as found:
+            yield found
+        return
+    flags = ["--no-aggregate"] if kind == OFF else ["--aggregate"]
+    if kind == UNPACED:
+        flags += ["--pace-messages", "0"]  # a batch per step, as before pacing: the cost of each message
+    # Its defaults but the run count: 1,024 workers' runs and the 5 aggregate runs are over --max-open-runs.
+    with running_daemon(workdir, *flags, "--max-open-runs", "4096") as daemon:
+        yield daemon.address, daemon.pid
+
+
+def measure(kind: str, shape: Shape, workdir: Path, profile: Path | None = None) -> Row:
+    """Feed one target with `shape` and measure it; with `profile`, py-spy samples it over the window into
+    `profile/<target>-<workers>.txt` (collapsed stacks)."""
+    with _target(kind, workdir) as (address, pid):
+        run = f"job-{uuid.uuid4().hex[:8]}"
+        per = -(-shape.workers // shape.generators)
+        procs = []
+        for first in range(0, shape.workers, per):
+            params = LoadParams(
+                address,
+                run,
+                shape.workers,
+                first,
+                min(per, shape.workers - first),
+                shape.tags,
+                shape.steps_per_second,
+                shape.warmup,
+                shape.seconds,
+                aggregate=kind != OFF,
+            )
+            command = [sys.executable, "-m", "benchmarks._job_load", json.dumps(asdict(params))]
+            procs.append(subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True))
+        try:
+            for proc in procs:
+                assert proc.stdout is not None
+                if proc.stdout.readline().strip() != "ready":
+                    raise RuntimeError(f"a load generator did not open its sessions (exit {proc.wait()})")
+            start = time.time() + 0.5
+            for proc in procs:
+                assert proc.stdin is not None
+                proc.stdin.write(f"{start}\n")
+                proc.stdin.flush()
+            time.sleep(max(0.0, start + shape.warmup - time.time()))
+            spy = _profiler(pid, shape, profile / f"{kind}-{shape.workers}.txt") if profile else None
+            cpu_before, wait_before = daemon_cpu(pid), run_queue_wait(pid)
+            time.sleep(max(0.0, start + shape.warmup + shape.seconds - time.time()))
+            cpu, waited = daemon_cpu(pid) - cpu_before, run_queue_wait(pid) - wait_before
+            rss = rss_mib(pid)
+            if spy is not None:
+                spy.wait(60)
+            results = []
+            for proc in procs:
+                out, _ = proc.communicate(timeout=120)
+                results.append(json.loads(out.strip().splitlines()[-1]))
+        finally:
+            for proc in procs:
+                stop_process(proc)  # type: ignore[arg-type]  # a text-mode pipe; only its pid is used
+    return _row(kind, shape, results, cpu, rss, waited)
+
+
+def _profiler(pid: int, shape: Shape, out: Path) -> subprocess.Popen[bytes]:
+    out.parent.mkdir(parents=True, exist_ok=True)
+    command = ["py-spy", "record", "--pid", str(pid), "--duration", str(int(shape.seconds)), "--rate", "200"]
+    command += ["--format", "raw", "--output", str(out), "--nonblocking"]
+    return subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+def _row(kind: str, shape: Shape, results: Sequence[dict[str, Any]], cpu: float, rss: float, waited: float) -> Row:
+    offered = sum(r["offered"] for r in results)
+    acked = sum(r["acked"] for r in results)
+    messages = sum(r["messages"] for r in results)
+    growth = sum(r["backlog_end"] - r["backlog_start"] for r in results) / shape.offered_per_second
+    visibility = sorted(v for r in results for v in r["visibility"])
+
+    def pct(q: float) -> float:
+        return visibility[min(len(visibility) - 1, int(q * len(visibility)))] if visibility else float("nan")
+
+    return Row(
+        TARGET_LABELS[kind],
+        shape,
+        offered,
+        acked,
+        messages,
+        growth,
+        cpu / shape.seconds,
+        cpu * 1e6 / messages if messages else float("nan"),
+        cpu * 1e6 / acked if acked else float("nan"),
+        pct(0.5),
+        pct(0.99),
+        rss,
+        sum(r["generator_cpu_s"] for r in results) / shape.seconds,
+        max(r["linger_s"] for r in results),
+        min(r["in_flight"] for r in results),
+        waited / shape.seconds,
+    )
+
+
+def report(rows: Sequence[Row]) -> str:
+    headers = [
+        "workers",
+        "target",
+        "offered/s",
+        "messages/s",
+        "acknowledged",
+        "backlog growth",
+        "cores",
+        "waited for a CPU",
+        "CPU/message",
+        "CPU/scalar",
+        "visibility p50 / p99",
+        "RSS",
+        "linger, in flight",
+        "generators",
+    ]
+    body = [
+        [
+            str(r.shape.workers),
+            r.target,
+            f"{r.shape.offered_per_second:,.0f}",
+            f"{r.messages / r.shape.seconds:,.0f}",
+            f"{r.acknowledged:.3f}x",
+            f"{r.backlog_growth_s:+.1f} s in {r.shape.seconds:g} s",
+            f"{r.cores:.2f}",
+            f"{r.cpu_wait:.2f} s/s",
+            f"{r.cpu_per_message_us:,.0f} µs",
+            f"{r.cpu_per_scalar_us:.1f} µs",
+            f"{r.visibility_p50_s * 1e3:,.0f} / {r.visibility_p99_s * 1e3:,.0f} ms",
+            f"{r.rss_mib:.0f} MiB",
+            f"{r.linger_s * 1e3:.0f} ms, {r.in_flight}",
+            f"{r.generator_cores:.2f} cores",
+        ]
+        for r in rows
+    ]
+    return table(headers, body)
+
+
+def targets_met(rows: Sequence[Row]) -> list[str]:
+    """The issue's targets, each said met or not, from the rows that measure them."""
+    lines = []
+    for r in rows:
+        if r.shape.workers == 1024 and r.target == TARGET_LABELS[ON]:
+            ok = r.acknowledged >= 0.99 and r.backlog_growth_s <= 1.0 and r.cores <= 1.0
+            lines.append(
+                f"- 1,024 workers, aggregation on: {r.acknowledged:.3f}x acknowledged, backlog "
+                f"{r.backlog_growth_s:+.1f} s, {r.cores:.2f} cores (target ≥ 0.99x, flat, ≤ 1 core): "
+                f"{'met' if ok else 'NOT met'}"
+            )
+            lines.append(
+                f"- visibility p50 under it: {r.visibility_p50_s:.2f} s (target ≤ 2 s): "
+                f"{'met' if r.visibility_p50_s <= 2.0 else 'NOT met'}"
+            )
+    return lines
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--workers", default="64,256,1024")
+    parser.add_argument("--targets", default=f"{FLOOR},{ON},{OFF},{UNPACED}", help="of " + ", ".join(TARGET_LABELS))
+    parser.add_argument("--tags", type=int, default=20)
+    parser.add_argument("--steps-per-second", type=float, default=5.0)
+    parser.add_argument("--seconds", type=float, default=20.0)
+    # A thousand ranks' first seconds, before the pacing reaches them through their acks, are a flood of small
+    # batches the daemon drains for some seconds: the window is the steady state after it.
+    parser.add_argument("--warmup", type=float, default=15.0)
+    parser.add_argument("--generators", type=int, default=2)
+    parser.add_argument("--short", action="store_true", help="8 workers, 2 s: a check that it runs, no figures")
+    parser.add_argument("--profile", type=Path, help="sample each target with py-spy into this directory")
+    args = parser.parse_args(argv)
+    counts = [8] if args.short else [int(n) for n in args.workers.split(",")]
+    seconds, warmup = (2.0, 1.0) if args.short else (args.seconds, args.warmup)
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="summaryd-jobshape-") as tmp:
+        for workers in counts:
+            shape = Shape(workers, args.tags, args.steps_per_second, warmup, seconds, args.generators)
+            for kind in args.targets.split(","):
+                print(f"job shape: {workers} workers, {TARGET_LABELS[kind]} (load {load_average()})", file=sys.stderr)
+                rows.append(measure(kind, shape, Path(tmp), args.profile))
+                print(report(rows[-1:]).splitlines()[-1], file=sys.stderr)
+    print(report(rows))
+    for line in targets_met(rows):
+        print(line)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
