@@ -8,7 +8,6 @@ undisturbed, in order and complete.
 from __future__ import annotations
 
 import collections
-import gc
 import json
 import logging
 import os
@@ -21,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from _support import FORKING_WRITER, Daemon, assert_whole_records, event_files, read_events, run_script, start_daemon
-from summaryd.client import Sender, SummaryWriter
+from summaryd.client import Sender
 from summaryd.client._process import _fork
 
 # The training process: a thread logs `train/loss` without pause; each epoch forks fresh DataLoader workers
@@ -249,23 +248,3 @@ def test_close_says_what_forked_children_logged_that_it_could_not_deliver(tmp_pa
     assert seen["delivered"] == 1 and seen["undelivered"] == 50, done.stderr
     assert len(seen["outboxes"]) == 1 and seen["outboxes"][0].startswith("children-of-")
     assert "50 events forked children logged were not delivered yet" in done.stderr
-
-
-def test_a_child_of_a_grpc_user_never_collects_what_it_inherited(daemon: Daemon) -> None:
-    """Cyclic garbage the parent had not collected at the fork holds gRPC objects whose destructors, run in the
-    child, abort it inside gRPC's poller: the child freezes what it inherited, and no collection runs across the
-    fork in either process."""
-    writer = SummaryWriter("frozen", address=daemon.address, worker="")
-    writer.add_scalar("parent", 1.0, 0)
-    assert writer.flush(timeout=30).delivered == 1  # this process used gRPC
-    read, write = os.pipe()
-    child = os.fork()
-    if child == 0:
-        os.write(write, json.dumps([gc.get_freeze_count() > 0, gc.isenabled()]).encode())
-        os._exit(0)
-    os.close(write)
-    os.waitpid(child, 0)
-    with os.fdopen(read) as pipe:
-        assert json.loads(pipe.read()) == [True, True], "the child froze what it inherited and collects the rest"
-    assert gc.isenabled() and gc.get_freeze_count() == 0, "the parent collects as before"
-    assert writer.close(timeout=30).ok

@@ -8,13 +8,6 @@ use gRPC at all: its senders write to outboxes that the parent's courier deliver
 a module, and a child forked during an import inherits that module's lock held by a thread it does not have,
 and deadlocks on its first use.
 
-Nor may the child's garbage collector free an object the parent made: cyclic garbage the parent had not
-collected yet at the fork holds gRPC objects too (finished calls, futures), and their destructors, run in the
-child, call into a gRPC core whose threads stayed in the parent (a worker was seen to abort in gRPC's poller,
-`Check failed: next_worker->state == KICKED`, from a collection its first allocations started). So no
-collection runs across the fork (the collector is off from the parent's last handler until the child's), and
-the child of a gRPC user freezes everything it inherited (`gc.freeze`: the collector never looks at it again).
-
 This module is a leaf: the senders (through `_exit.register`) and the courier (`deliver_children_with`)
 register with it; it imports neither.
 """
@@ -22,7 +15,6 @@ register with it; it imports neither.
 from __future__ import annotations
 
 import ctypes
-import gc
 import logging
 import os
 import time
@@ -98,11 +90,10 @@ def keep_forever(*objects: object) -> None:
 _paused: list[Forkable] = []
 _FORK_WAIT = 5.0
 _warned_fork_support = False
-_collecting = False  # whether the collector was on before the fork (it is off across it)
 
 
 def _before_fork() -> None:
-    global _warned_fork_support, _collecting
+    global _warned_fork_support
     if (
         not _warned_fork_support
         and os.environ.get("GRPC_ENABLE_FORK_SUPPORT", "").lower() in ("1", "true", "yes")
@@ -118,19 +109,9 @@ def _before_fork() -> None:
     for sender in list(live):
         if sender.owned_here() and sender.pause_for_fork(max(0.0, deadline - time.monotonic())):
             _paused.append(sender)
-    # Last, so that no allocation of ours starts a collection in the child before it froze what it inherited
-    # (the other modules' handlers for the child run before ours).
-    _collecting = gc.isenabled()
-    gc.disable()
-
-
-def _collect_again() -> None:
-    if _collecting:
-        gc.enable()
 
 
 def _after_fork_in_parent() -> None:
-    _collect_again()
     while _paused:
         _paused.pop().resume_after_fork()
     if _grpc_pid == os.getpid() and children is not None:
@@ -145,9 +126,6 @@ def _after_fork_in_child() -> None:
     _paused.clear()
     if _outbox_pid is None and _grpc_pid is not None:
         _outbox_pid = _grpc_pid
-    if _grpc_pid is not None:
-        gc.freeze()  # the parent's gRPC garbage among it: its destructors must never run here
-    _collect_again()
     _grpc_pid = None
     for sender in list(live):
         sender.forget_parent_after_fork()
