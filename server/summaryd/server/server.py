@@ -215,10 +215,12 @@ class Server:
         resources.push_async_callback(_cancelled, asyncio.create_task(lifecycle.release_lost()))
         ownership = bucket.ownership if bucket is not None else None
         watch = await self._start_watch(registry, lifecycle, ownership, resources) if config.watch.enabled else None
-        service = SummariesService(lifecycle, watch, Pacer(config.pace_messages, config.pace_max_linger))
+        board_status = None
         if board is not None:
             store = shipper.bucket if shipper is not None else None
-            service.board_status = await self._serve_board(board, registry, store, resources)
+            board_status = await self._serve_board(board, registry, store, resources)
+        pacer = Pacer(config.pace_messages, config.pace_max_linger)
+        service = SummariesService(lifecycle, watch, pacer, board_status)
         self.metrics.registry.register(SessionCollector(lifecycle))
         if self.auth is not None:
             log.info("clients need a bearer token (%d in %s)", len(self.auth.tokens), config.token_file)

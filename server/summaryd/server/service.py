@@ -119,13 +119,19 @@ def _peer_host(peer: str) -> str:
 class SummariesService(pb_grpc.SummariesServicer):
     """Sessions, the write stream, flush, close, files and status, over one session lifecycle."""
 
-    def __init__(self, lifecycle: SessionLifecycle, watch: Watch | None = None, pacer: Pacer | None = None) -> None:
+    def __init__(
+        self,
+        lifecycle: SessionLifecycle,
+        watch: Watch | None = None,
+        pacer: Pacer | None = None,
+        board_status: Callable[[], pb.BoardStatus] | None = None,
+    ) -> None:
         self.lifecycle = lifecycle
         self.watch = watch
         self.limits = lifecycle.limits
         self.pacer = pacer or Pacer()
         self._draining = False
-        self.board_status: Callable[[], pb.BoardStatus] | None = None  # with --board-listen
+        self.board_status = board_status  # with --board-listen: what `summaryd status` shows of the board
         # Write handlers waiting for their client's next message: cancelled at once when draining.
         self._idle_streams: set[asyncio.Task[object]] = set()
 

@@ -70,6 +70,10 @@ class FindingBook:
         if path:
             self._load()
 
+    def listen(self, *listeners: Callable[[Finding], None]) -> None:
+        """Tell each of `listeners` of every change from now on, in the order given."""
+        self.listeners.extend(listeners)
+
     def fire(self, finding: Finding) -> bool:
         """Fire `finding` unless its key fires already; True when it fired now."""
         if finding.key in self.active:

@@ -89,7 +89,7 @@ class Watch:
         self._save_again = False
         self._started = time.monotonic()
         self._orphans = bool(book.active)  # findings taken up from the state file, until their runs come back
-        book.listeners += [self.metrics.tell, *outputs, self._changed]
+        book.listen(self.metrics.tell, *outputs, self._changed)
         for finding in book.active.values():
             self.metrics.tell(finding, restored=True)
 
