@@ -213,6 +213,17 @@ def test_a_diverging_loss_fires_once_on_its_rank_and_resolves(tmp_path: Path, ho
     _fired_once_resolved_once(hook)
 
 
+@contextlib.contextmanager
+def _interruptible() -> Iterator[None]:
+    """Children started within take Ctrl-C as from a terminal, even where this test runs as a background job
+    (whose children inherit SIGINT ignored, which Python then leaves ignored)."""
+    before = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, before)
+
+
 @pytest.mark.parametrize(
     ("session", "flags"),
     [("open", ()), ("lost (released by the daemon)", ("--session-lease", "1", "--stream-idle-timeout", "0.5"))],
@@ -226,7 +237,7 @@ def test_a_stopped_rank_is_silent_until_it_goes_on(
     follows both as lines."""
     with _watched(tmp_path, hook, "hang-job", 2, "", flags, rank1={"mark": [50]}) as (daemon, job):
         followed = tmp_path / "followed.txt"
-        with followed.open("w") as into:
+        with followed.open("w") as into, _interruptible():
             follower = subprocess.Popen(
                 [sys.executable, "-m", "summaryd.server", "watch", "--address", daemon.address, "--interval", "0.1"],
                 stdout=into,
