@@ -128,6 +128,42 @@ def test_fork_20_processes_in_a_row(daemon: Daemon, tmp_path: Path) -> None:
     check_run(daemon, reports, epochs=2)
 
 
+# A client process forks while a thread of it is inside a gRPC call (a channel connecting to a port where nothing
+# listens): with GRPC_TRACE=fork, gRPC core logs from fork_posix.cc whenever its own fork handlers are installed.
+FORK_INSIDE_GRPC = textwrap.dedent(
+    """
+    import os
+    import summaryd.client
+    import grpc
+
+    channel = grpc.insecure_channel("127.0.0.1:1")
+    ready = grpc.channel_ready_future(channel)
+    try:
+        ready.result(timeout=0.3)
+    except grpc.FutureTimeoutError:
+        pass
+    pid = os.fork()
+    if pid == 0:
+        os._exit(3 if "GRPC_ENABLE_FORK_SUPPORT" in os.environ else 0)
+    _, status = os.waitpid(pid, 0)
+    ready.cancel()
+    channel.close()
+    print(os.waitstatus_to_exitcode(status))
+    """
+)
+
+
+def test_grpc_core_fork_handlers_stay_off() -> None:
+    """gRPC core reads GRPC_ENABLE_FORK_SUPPORT at its first initialisation, not at import: the client has it
+    read while the variable is set, so core's fork handlers (which restart gRPC's threads in a DataLoader
+    worker, where they abort it) never run, and the variable is gone again for the process and its children."""
+    environ = {k: v for k, v in os.environ.items() if not k.startswith("GRPC_")}
+    done = run_script(FORK_INSIDE_GRPC, [], {**environ, "GRPC_TRACE": "fork", "GRPC_VERBOSITY": "debug"})
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["0"], "the child saw GRPC_ENABLE_FORK_SUPPORT in its environment"
+    assert "fork_posix" not in done.stderr, done.stderr
+
+
 def test_grpc_fork_support_draws_a_warning(monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
     """gRPC's own fork support deadlocks children of a streaming client; a fork with it on says so, once."""
     sender = Sender("warned", address="127.0.0.1:1")

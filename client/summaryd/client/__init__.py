@@ -7,6 +7,9 @@ imported): the two hooks are looked up on first access, and are TensorFlow
 `SessionRunHook` subclasses when TensorFlow is installed (see `summaryd.client.hooks`).
 """
 
+from summaryd.client._process import _grpc_import  # noqa: F401 - first: before anything imports gRPC (fork handlers)
+
+# isort: split
 from typing import TYPE_CHECKING, Any
 
 from summaryd.client._patch import patch

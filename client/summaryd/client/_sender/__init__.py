@@ -24,9 +24,6 @@ Nothing here raises into the caller: failures are counted, logged at a limited r
 `flush`/`close`.
 """
 
-from summaryd.client._process import _grpc_import  # noqa: F401 - before gRPC is imported (its fork handlers)
-
-# isort: split
 from summaryd.client._options import OVERFLOW_POLICIES, Overflow
 from summaryd.client._sender._items import EventSource, Queued
 from summaryd.client._sender._report import DeliveryReport
