@@ -26,8 +26,10 @@ from __future__ import annotations
 import argparse
 import json
 import random
+import shutil
 import socket
 import statistics
+import struct
 import sys
 import tempfile
 import threading
@@ -124,25 +126,61 @@ def live(points: int, interval_ms: float, poll_ms: float, wait_s: float) -> str:
     return table(["reader", "points served", "p50", "p99"], rows, right=[False, True, True, True])
 
 
+CACHE = Path(tempfile.gettempdir()) / "summaryd-board-logdirs"
+"""Where `--startup` keeps the logdirs it made, by size (a big one takes minutes to make): reused while whole."""
+
+
+def _varint(n: int) -> bytes:
+    out = bytearray()
+    while n > 0x7F:
+        out.append(n & 0x7F | 0x80)
+        n >>= 7
+    out.append(n)
+    return bytes(out)
+
+
+def scalar_event(wall_time: float, step: int, tag: bytes, value: float) -> bytes:
+    """`Event(wall_time, step, summary=Summary(value=[Value(tag, simple_value)]))` serialized, as protobuf does
+    (fields in number order, a zero step left out), built from bytes: 20x quicker than building the message."""
+    inner = b"\x0a" + _varint(len(tag)) + tag + b"\x15" + struct.pack("<f", value)
+    summary = b"\x0a" + _varint(len(inner)) + inner
+    step_field = b"\x10" + _varint(step) if step else b""
+    return b"\x09" + struct.pack("<d", wall_time) + step_field + b"\x2a" + _varint(len(summary)) + summary
+
+
 def make_logdir(logdir: Path, runs: int, tags: int, steps: int) -> None:
     """`runs` runs of one event file each: `tags` scalar tags at every step, one `simple_value` an event."""
     from tensorboard.compat.proto.event_pb2 import Event
-    from tensorboard.compat.proto.summary_pb2 import Summary
 
-    from summaryd.v1.wire import frame
+    from summaryd.v1.wire import frame, frame_all
 
+    names = [f"tag-{t}".encode() for t in range(tags)]
     for r in range(runs):
         run_dir = logdir / f"run-{r:04d}"
         run_dir.mkdir(parents=True)
         with open(run_dir / f"events.out.tfevents.1700000000.bench.{r}.0", "wb") as f:
             f.write(frame(Event(wall_time=1.7e9, file_version="brain.Event:2").SerializeToString()))
-            records = []
-            for step in range(steps):
-                for t in range(tags):
-                    value = Summary.Value(tag=f"tag-{t}", simple_value=step / (t + 1))
-                    event = Event(wall_time=1.7e9 + step, step=step, summary=Summary(value=[value]))
-                    records.append(frame(event.SerializeToString()))
-            f.write(b"".join(records))
+            for first in range(0, steps, 1000):
+                f.write(
+                    frame_all(
+                        scalar_event(1.7e9 + step, step, name, step / (t + 1))
+                        for step in range(first, min(first + 1000, steps))
+                        for t, name in enumerate(names)
+                    )
+                )
+
+
+def cached_logdir(runs: int, tags: int, steps: int) -> Path:
+    """The logdir of that size under `CACHE`, made when missing (a marker file says it is whole)."""
+    logdir = CACHE / f"{runs}x{tags}x{steps}"
+    if (logdir / ".whole").exists():
+        return logdir
+    shutil.rmtree(logdir, ignore_errors=True)
+    made = time.perf_counter()
+    make_logdir(logdir, runs, tags, steps)
+    (logdir / ".whole").touch()
+    print(f"made {logdir} in {time.perf_counter() - made:.0f} s", file=sys.stderr)
+    return logdir
 
 
 def _served_all(tb: TensorBoard, runs: int, tags: int, steps: int) -> bool:

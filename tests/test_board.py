@@ -8,7 +8,9 @@ TensorFlow is what runs here, and is all the provider needs.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
+import random
 import socket
 import urllib.error
 import urllib.parse
@@ -21,8 +23,11 @@ import grpc
 import numpy as np
 import pytest
 import torch
+from google.protobuf.message import DecodeError
 from tensorboard.backend.event_processing import data_provider as tb_data_provider
 from tensorboard.backend.event_processing import reservoir as tb_reservoir
+from tensorboard.compat.proto.event_pb2 import Event, SessionLog
+from tensorboard.compat.proto.summary_pb2 import Summary
 from tensorboard.data.proto import data_provider_pb2 as dp
 from tensorboard.data.proto import data_provider_pb2_grpc as dp_grpc
 
@@ -30,7 +35,7 @@ from _credentials import Pki, tls_credentials
 from _support import Daemon, TensorBoard, event_files, read_events, start_daemon, stop_process, unused_port, wait_for
 from summaryd.cli import main
 from summaryd.client import SummaryWriter
-from summaryd.server.board.index import BoardIndex, Datum, Reservoir, SamplesPerPlugin, ScalarPoints
+from summaryd.server.board.index import BoardIndex, Datum, Reservoir, RunIndex, SamplesPerPlugin, ScalarPoints
 from summaryd.server.board.provider import Backfill, BoardService, downsample, sample_indices
 from summaryd.server.config import Config
 from summaryd.server.server import ListenError, Server
@@ -428,8 +433,8 @@ def test_a_run_on_disk_being_written_to_or_asked_for_is_read_before_the_others()
     index.written("c", "", [])  # a live batch of run c waits until c's older files are read: before all
     assert index.awaited() == ["c"]
     assert backfill.next_run({"a": [], "b": [], "c": [], "d": []}) == "c"
-    index.backfilled("c", iter(()))
-    index.backfilled("d", iter(()))
+    index.backfilled("c", RunIndex(index.samples), {})
+    index.backfilled("d", RunIndex(index.samples), {})
     assert index.awaited() == [] and index.wanted() == []
     assert backfill.next_run({"a": [], "b": []}) == "a"
 
@@ -512,3 +517,94 @@ def test_the_board_serves_tls_with_the_daemons_certificate_as_tensorboards_ssl_c
     Config.from_options(logdir=str(tmp_path / "runs"), board_listen="0.0.0.0:6106", tls_cert="c.pem", tls_key="k.pem")
     with pytest.raises(ValueError, match="over TLS"):
         Config(logdir=str(tmp_path / "runs"), listen="127.0.0.1:0", board_listen="0.0.0.0:6106")
+
+
+def _stream(seed: int) -> list[bytes]:
+    """Events of three scalar tags with restarts, `SessionLog.START`s and a record that is no event."""
+    rng = random.Random(seed)
+    print(f"seed {seed}")
+    records = [Event(wall_time=1e9, file_version="brain.Event:2").SerializeToString()]
+    step = 0
+    for _ in range(6000):
+        step += 1
+        if rng.random() < 0.002:
+            step = max(0, step - rng.randrange(500))
+        if rng.random() < 0.001:
+            records.append(Event(step=step, session_log=SessionLog(status=SessionLog.START)).SerializeToString())
+        for t in range(3):
+            summary = Summary(value=[Summary.Value(tag=f"t{t}", simple_value=step / 4 + t)])
+            records.append(Event(wall_time=1e9 + step, step=step, summary=summary).SerializeToString())
+        if rng.random() < 0.001:
+            records.append(b"\xff\xff not an event")
+    return records
+
+
+@pytest.mark.parametrize("capacity", [0, 7, 1000])
+def test_records_read_in_bulk_keep_the_very_sample_events_one_at_a_time_keep(capacity: int) -> None:
+    samples = SamplesPerPlugin({"scalars": capacity})
+    records = _stream(capacity)
+    one_at_a_time, bulk = RunIndex(samples), RunIndex(samples)
+    for record in records:
+        with contextlib.suppress(DecodeError):
+            one_at_a_time.add_event(Event.FromString(record))
+    bulk.add_records(records)
+    assert sorted(bulk.series) == ["t0", "t1", "t2"]
+    for tag, series in one_at_a_time.series.items():
+        assert list(bulk.series[tag].reservoir.items) == list(series.reservoir.items), tag
+        assert bulk.series[tag].reservoir.seen == series.reservoir.seen
+
+
+def test_a_restarted_board_takes_its_saved_index_up_and_reads_only_what_the_files_gained(tmp_path: Path) -> None:
+    logdir = tmp_path / "runs"
+    first = Board(tmp_path, logdir=logdir)
+    try:
+        for run in ("a", "b/c"):
+            writer = SummaryWriter(run, address=first.daemon.address)
+            for step in range(40):
+                writer.add_scalar("loss", value(step), step)
+            writer.add_image("picture", np.zeros((3, 4, 4), dtype=np.uint8), 0)
+            assert writer.close().ok
+    finally:
+        first.close()
+    assert "saved 2 runs' samples" in first.daemon.log()
+    # Meanwhile a daemon without a board logs more to run a (a new file the saved index does not know).
+    plain = start_daemon(tmp_path, "--no-watch", logdir=logdir)
+    try:
+        writer = SummaryWriter("a", address=plain.address)
+        for step in range(40, 50):
+            writer.add_scalar("loss", value(step), step)
+        assert writer.close().ok
+    finally:
+        plain.stop()
+
+    def served(board: Board) -> None:
+        wait_for(lambda: board.daemon.log().count("runs already on disk") == 1, 60, "the runs on disk to be read")
+        assert board.scalars("a", "loss") == [(s, value(s)) for s in range(50)]
+        assert board.scalars("b/c", "loss") == [(s, value(s)) for s in range(40)]
+        blobs = board.stub.ListBlobSequences(
+            dp.ListBlobSequencesRequest(plugin_filter=dp.PluginFilter(plugin_name="images"))
+        )
+        assert sorted((r.run_name, t.tag_name) for r in blobs.runs for t in r.tags) == [
+            ("a", "picture"),
+            ("b/c", "picture"),
+        ]
+
+    again = Board(tmp_path, logdir=logdir)
+    try:
+        served(again)
+        assert "read 2 runs already on disk (2 taken up from the saved index)" in again.daemon.log()
+    finally:
+        again.close()
+    # A damaged saved index is kept aside and every run is read from its files: the same answers.
+    saved = logdir / ".summaryd" / "board-index"
+    data = bytearray(saved.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    saved.write_bytes(bytes(data))
+    damaged = Board(tmp_path, logdir=logdir)
+    try:
+        served(damaged)
+        assert "(0 taken up from the saved index)" in damaged.daemon.log()
+        assert "is damaged" in damaged.daemon.log()
+        assert list((logdir / ".summaryd").glob("damaged-*-board-index"))
+    finally:
+        damaged.close()

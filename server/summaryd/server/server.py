@@ -24,7 +24,9 @@ from tensorboard.data.proto import data_provider_pb2_grpc as dp_grpc
 
 from summaryd.server.board.follower import BucketFollower
 from summaryd.server.board.index import BoardIndex
-from summaryd.server.board.provider import Backfill, BoardService, runs_on_disk
+from summaryd.server.board.provider import Backfill, BoardService, runs_on_disk, save_board
+from summaryd.server.board.saved import STATE_NAME as SAVED_NAME
+from summaryd.server.board.saved import SavedIndex
 from summaryd.server.config import Config
 from summaryd.server.io_threads import io_executor
 from summaryd.server.operations.metrics import Metrics, MetricsInterceptor
@@ -473,7 +475,10 @@ class Server:
             follower = BucketFollower(index, bucket, config.board_runs)
             resources.push_async_callback(_cancelled, asyncio.create_task(follower.follow()))
         else:
-            backfill = Backfill(index, await asyncio.to_thread(runs_on_disk, registry.logdir))
+            saved = SavedIndex(os.path.join(config.state_path, SAVED_NAME), config.samples)
+            backfill = Backfill(index, await asyncio.to_thread(runs_on_disk, registry.logdir), saved)
+            # Saved when every batch is written and the reading has stopped (callbacks run in reverse).
+            resources.push_async_callback(asyncio.to_thread, save_board, index, saved, registry.logdir)
             backfill.start()
             resources.callback(backfill.stop)
         host = config.board_listen.rsplit(":", 1)[0]

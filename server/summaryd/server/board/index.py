@@ -15,8 +15,11 @@ per plugin (`SamplesPerPlugin`).
 from __future__ import annotations
 
 import base64
+import contextlib
+import itertools
 import json
 import logging
+import os
 import random
 import threading
 from array import array
@@ -37,6 +40,7 @@ from tensorboard.compat.proto.summary_pb2 import (
 from tensorboard.compat.proto.tensor_pb2 import TensorProto
 from tensorboard.util import tensor_util
 
+from summaryd.server.board.marks import FileMark
 from summaryd.server.operations.logs import Throttle
 from summaryd.server.records.scalar_points import points
 from summaryd.server.records.scalar_records import ScalarRecords
@@ -83,6 +87,10 @@ class SamplesPerPlugin:
     def capacity(self, plugin: str) -> int:
         return self._capacity.get(plugin, OTHER_SAMPLES)
 
+    def describe(self) -> dict[str, int]:
+        """The capacities set, by plugin (the saved index is taken up only with the same)."""
+        return dict(sorted(self._capacity.items()))
+
 
 @dataclass(slots=True)
 class Datum:
@@ -112,6 +120,14 @@ class ScalarPoints:
         self._wall_time = array("d")
         self._value = array("d")  # float32 values and float64 ones, both exact
         self._max_wall_time: float | None = 0.0
+
+    @classmethod
+    def of(cls, steps: array[int], wall_times: array[float], values: array[float]) -> ScalarPoints:
+        """The points of these columns (taken, not copied)."""
+        points = cls()
+        points._step, points._wall_time, points._value = steps, wall_times, values
+        points._max_wall_time = None
+        return points
 
     def __len__(self) -> int:
         return len(self._step)
@@ -153,6 +169,24 @@ class ScalarPoints:
             [self._value[i] for i in indices],
         )
 
+    def take(
+        self, kept: Sequence[int], steps: Sequence[int], wall_times: Sequence[float], values: Sequence[float]
+    ) -> None:
+        """Keep the points at `kept` (in order) of these points followed by the new ones given."""
+        step, wall_time, value = self._step, self._wall_time, self._value
+        step.extend(steps)
+        wall_time.extend(wall_times)
+        value.extend(values)
+        if len(kept) < len(step):
+            self._step = array("q", [step[i] for i in kept])
+            self._wall_time = array("d", [wall_time[i] for i in kept])
+            self._value = array("d", [value[i] for i in kept])
+        self._max_wall_time = None
+
+    def column_bytes(self) -> tuple[bytes, bytes, bytes]:
+        """The steps, wall times and values as their machine bytes (`ScalarPoints.of` takes them back)."""
+        return self._step.tobytes(), self._wall_time.tobytes(), self._value.tobytes()
+
     def max_wall_time(self) -> float:
         if self._max_wall_time is None:
             self._max_wall_time = max(self._wall_time, default=0.0)
@@ -180,6 +214,16 @@ class Reservoir:
         self._seen = 0
         self._random = random.Random(0)
 
+    @property
+    def seen(self) -> int:
+        """The points offered so far (less what purges took)."""
+        return self._seen
+
+    def resume(self, seen: int) -> None:
+        """Go on from a saved sample of `seen` points (`saved`): the draws from a seed of their own."""
+        self._seen = seen
+        self._random = random.Random(seen)
+
     def offer(self, datum: Datum) -> None:
         if len(self.items) and datum.step <= self.items[-1].step:
             self.purge(datum.step)
@@ -193,6 +237,32 @@ class Reservoir:
             self.items.append(datum)
         else:
             self.items[-1] = datum
+
+    def extend(self, steps: Sequence[int], wall_times: Sequence[float], values: Sequence[float]) -> None:
+        """Offer scalar points in order, keeping what `offer` one at a time keeps (the same draws), at a
+        fraction of the cost: indices are drawn, and the columns copied once."""
+        items = self.items
+        rising = all(a < b for a, b in itertools.pairwise(steps))
+        if not isinstance(items, ScalarPoints) or not rising or (len(items) and steps[0] <= items[-1].step):
+            for datum in map(Datum, steps, wall_times, values):
+                self.offer(datum)
+            return
+        old, capacity, seen = len(items), self.capacity, self._seen
+        kept = list(range(old))
+        draw = self._random.randrange  # randrange(n) draws what offer's randint(0, n - 1) does
+        for i in range(old, old + len(steps)):
+            seen += 1
+            if capacity == ALL or len(kept) < capacity:
+                kept.append(i)
+                continue
+            r = draw(seen)
+            if r < capacity:
+                kept.pop(r)
+                kept.append(i)
+            else:
+                kept[-1] = i
+        self._seen = seen
+        items.take(kept, steps, wall_times, values)
 
     def purge(self, step: int) -> None:
         """Drop the points at `step` and later; what was seen shrinks in proportion (as TensorBoard does)."""
@@ -245,8 +315,8 @@ class RunIndex:
     samples: SamplesPerPlugin
     start_time: float | None = None
     series: dict[str, Series] = field(default_factory=dict)
-    _initial: dict[str, SummaryMetadata] = field(default_factory=dict)
-    _session_started: bool = False
+    initial: dict[str, SummaryMetadata] = field(default_factory=dict)  # by tag: what dataclass_compat met first
+    session_started: bool = False
 
     def add_event(self, event: Event) -> None:
         if event.wall_time and (
@@ -256,16 +326,60 @@ class RunIndex:
         if event.HasField("session_log") and event.session_log.status == SessionLog.START:
             # The run's first START is its start, not a restart (TensorBoard's loader purges from the second on):
             # a worker joining a run others log to with purge_step=0 takes nothing from them.
-            if self._session_started:
+            if self.session_started:
                 for series in self.series.values():
                     series.reservoir.purge(event.step)
-            self._session_started = True
+            self.session_started = True
         if event.HasField("summary") and self._took_simple_values(event):
             return
-        for migrated in data_compat_events(event, self._initial):
+        for migrated in data_compat_events(event, self.initial):
             if migrated.HasField("summary"):
                 for value in migrated.summary.value:
                     self._add_value(migrated.step, migrated.wall_time, value)
+
+    def add_records(self, records: Iterable[bytes]) -> None:
+        """Take serialized events in their order, as `add_event` takes them, in bulk: an event of one
+        `simple_value` of a known scalar series goes to its series' columns, offered together
+        (`Reservoir.extend`) when another kind of event comes or the records end; about 3x quicker a point.
+        A record that is no event, or one TensorBoard's migration refuses, is left out (logged, throttled)."""
+        gathered: dict[str, tuple[list[int], list[float], list[float]]] = {}
+        series = self.series
+        for data in records:
+            try:
+                event = Event.FromString(data)
+            except DecodeError:
+                continue
+            if event.WhichOneof("what") == "summary":
+                values = event.summary.value
+                if len(values) == 1:
+                    value = values[0]
+                    known = series.get(value.tag)
+                    if (
+                        known is not None
+                        and known.data_class == DATA_CLASS_SCALAR
+                        and value.WhichOneof("value") == "simple_value"
+                    ):
+                        columns = gathered.get(value.tag)
+                        if columns is None:
+                            columns = gathered[value.tag] = ([], [], [])
+                        columns[0].append(event.step)
+                        columns[1].append(event.wall_time)
+                        columns[2].append(value.simple_value)
+                        continue
+            if gathered:
+                self._let_in(gathered)
+                gathered = {}
+            try:
+                self.add_event(event)
+            except Exception as exc:  # written already: an event the index cannot take must not stop the rest
+                _failures.warning(
+                    "board-event", "board: an event TensorBoard's migration refused is not indexed: %r", exc
+                )
+        self._let_in(gathered)
+
+    def _let_in(self, gathered: dict[str, tuple[list[int], list[float], list[float]]]) -> None:
+        for tag, (steps, wall_times, values) in gathered.items():
+            self.series[tag].reservoir.extend(steps, wall_times, values)
 
     def _took_simple_values(self, event: Event) -> bool:
         """Take an event of `simple_value`s of known scalar series directly (most events: migrating one through
@@ -367,6 +481,7 @@ class BoardIndex:
         # Runs whose older files (on disk, or in the bucket) are still being read: their live batches wait here.
         self._waiting: dict[str, list[Sequence[bytes]]] = {}
         self._own: dict[str, set[str]] = {}  # by run, the event files this process writes (a bucket skips them)
+        self._read: dict[str, dict[str, int]] = {}  # by run, how far its files were read at the start
         self._asked: dict[str, None] = {}  # held runs TensorBoard asked for by name, in the order it asked
 
     def written(self, run_dir: str, session_id: str, events: Sequence[bytes]) -> None:
@@ -429,17 +544,35 @@ class BoardIndex:
         with self._lock:
             self._waiting.setdefault(run_dir, [])
 
-    def backfilled(self, run_dir: str, events: Iterable[Event]) -> None:
-        """Index the events of `run_dir`'s files from before the start (read outside the lock), then its live
-        batches that waited meanwhile."""
-        run = RunIndex(self.samples)
-        for event in events:
-            run.add_event(event)
+    def backfilled(self, run_dir: str, run: RunIndex, read: dict[str, int]) -> None:
+        """Install `run`, the index of `run_dir`'s files from before the start (read outside the lock) up to
+        the offsets `read` (by file name), then its live batches that waited meanwhile."""
         with self._lock:
             self._runs[run_dir] = run
+            self._read[run_dir] = read
             self._asked.pop(run_dir, None)
             for batch in self._waiting.pop(run_dir, []):
                 self._take(run, batch)
+
+    def marked(self, on_disk: dict[str, list[str]]) -> Iterator[tuple[str, RunIndex, list[FileMark]]]:
+        """The runs whose every point is in the index (none still held), each with how far into each of its
+        files (`on_disk`) its points go: as far as read at the start, the whole of a file this process wrote
+        (its batches came to `written`), nothing of another. Called when nothing writes any more."""
+        with self._lock:
+            runs = [(name, run) for name, run in self._runs.items() if name not in self._waiting]
+            read, own = dict(self._read), {name: set(files) for name, files in self._own.items()}
+        for name, run in runs:
+            marks: list[FileMark] = []
+            for path in on_disk.get(name, []):
+                file_name = os.path.basename(path)
+                offset = read.get(name, {}).get(file_name)
+                if offset is None and file_name in own.get(name, ()):
+                    with contextlib.suppress(OSError):
+                        offset = os.path.getsize(path)
+                mark = FileMark.of(path, offset or 0)
+                marks.append(mark if mark is not None else FileMark(file_name, 0, b""))
+            if marks:
+                yield name, run, marks
 
     def snapshot(self) -> Iterator[tuple[str, RunIndex]]:
         """The runs, by name, as (name, run) pairs; the caller reads them on the thread that feeds `written`."""

@@ -20,6 +20,8 @@ from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, fields, replace
 from typing import Any
 
+from summaryd.server.storage.state_file import replace_state_file
+
 log = logging.getLogger(__name__)
 
 STATE_NAME = "watch.json"
@@ -133,17 +135,7 @@ class FindingBook:
         """Write `data` (a `snapshot`) as the state file: a temporary file, fsynced, renamed over it (blocking)."""
         if not self.path:
             return
-        temporary = self.path + ".tmp"
-        with open(temporary, "wb") as file:
-            file.write(data)
-            file.flush()
-            os.fsync(file.fileno())
-        os.replace(temporary, self.path)
-        directory = os.open(os.path.dirname(self.path) or ".", os.O_RDONLY | os.O_DIRECTORY)
-        try:
-            os.fsync(directory)
-        finally:
-            os.close(directory)
+        replace_state_file(self.path, [data])
 
     def _load(self) -> None:
         try:
