@@ -39,6 +39,7 @@ import urllib.parse
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from _daemon import Daemon, start_daemon, stop_process
 from _tensorboard import TensorBoard
@@ -183,31 +184,44 @@ def cached_logdir(runs: int, tags: int, steps: int) -> Path:
     return logdir
 
 
-def _served_all(tb: TensorBoard, runs: int, tags: int, steps: int) -> bool:
-    names = [f"run-{r:04d}" for r in range(runs)]
-    try:  # first the cheap question (every run and tag listed), so that asking does not slow the loading
-        listed = tb.get("/data/plugin/scalars/tags")
-    except (urllib.error.URLError, OSError, json.JSONDecodeError):
-        return False
-    if any(len(listed.get(n, {})) < tags for n in names):
-        return False
-    for t in range(tags):
-        form = urllib.parse.urlencode([("tag", f"tag-{t}"), *(("runs", n) for n in names)]).encode()
-        try:
-            with urllib.request.urlopen(tb.url + "/data/plugin/scalars/scalars_multirun", data=form, timeout=60) as a:
-                series = json.loads(a.read())
+class Served:
+    """Whether a TensorBoard serves every run's every tag to its last step; what it served whole once is not
+    asked again (no reader forgets), so a poll asks only for what is still missing."""
+
+    def __init__(self, tb: TensorBoard, size: Logdir) -> None:
+        self.tb = tb
+        self.size = size
+        self.missing = {f"tag-{t}": [f"run-{r:04d}" for r in range(size.runs)] for t in range(size.tags)}
+
+    def all(self) -> bool:
+        names = [f"run-{r:04d}" for r in range(self.size.runs)]
+        try:  # first the cheap question (every run and tag listed), so that asking does not slow the loading
+            listed = self.tb.get("/data/plugin/scalars/tags")
         except (urllib.error.URLError, OSError, json.JSONDecodeError):
             return False
-        if any(not series.get(n) or series[n][-1][1] != steps - 1 for n in names):
+        if any(len(listed.get(n, {})) < self.size.tags for n in names):
             return False
-    return True
+        for tag, runs in self.missing.items():
+            for at in range(0, len(runs), 500):  # 500 runs a request: one answer of ~20 MB of JSON at most
+                form = urllib.parse.urlencode([("tag", tag), *(("runs", n) for n in runs[at : at + 500])]).encode()
+                try:
+                    with urllib.request.urlopen(self.tb.url + "/data/plugin/scalars/scalars_multirun", data=form) as a:
+                        series = json.loads(a.read())
+                except (urllib.error.URLError, OSError, json.JSONDecodeError):
+                    return False
+                done = {n for n in runs[at : at + 500] if series.get(n) and series[n][-1][1] == self.size.steps - 1}
+                self.missing[tag] = [n for n in self.missing[tag] if n not in done]
+        return not any(self.missing.values())
 
 
 def _rss_mib(pid: int) -> float:
-    with open(f"/proc/{pid}/status") as status:
-        for line in status:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) / 1024
+    try:
+        with open(f"/proc/{pid}/status") as status:
+            for line in status:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1]) / 1024
+    except OSError:
+        pass
     return 0.0
 
 
@@ -232,73 +246,115 @@ def _query_p99(tb: TensorBoard, runs: int, tags: int) -> tuple[float, float]:
 
 @dataclass(frozen=True)
 class Logdir:
-    """The startup logdir's size, and how long a reader may take to serve it all."""
+    """The startup logdir's size, how long a reader may take to serve it all, and how much memory (MiB) it may
+    take meanwhile (the Python loader holds every event it read: stopped there, for the machine's sake)."""
 
     runs: int
     tags: int
     steps: int
     limit_s: float
+    limit_mib: float = 6144.0
 
 
-def _measure(name: str, tb: TensorBoard, started: float, daemon: Daemon | None, size: Logdir) -> list[str]:
-    """One row: `tb` (started at `started`) until every run's every tag serves its last step, then its
-    queries' p99 and the RSS of what holds the points."""
-    while not _served_all(tb, size.runs, size.tags, size.steps) and time.perf_counter() - started <= size.limit_s:
-        time.sleep(0.5)
-    loaded = time.perf_counter() - started
-    done = loaded <= size.limit_s
-    scalars_p99, tags_p99 = _query_p99(tb, size.runs, size.tags) if done else (0.0, 0.0)
+def _holder(tb: TensorBoard, daemon: Daemon | None) -> tuple[str, float]:
+    """What holds the points, and its RSS (MiB)."""
     if daemon is not None:
-        holder, rss = "daemon", _rss_mib(daemon.pid)
-    elif "--load_fast=true" in tb.flags:
-        holder, rss = "RustBoard's server", sum(_rss_mib(c) for c in _children(tb.proc.pid))
+        return "daemon", _rss_mib(daemon.pid)
+    if "--load_fast=true" in tb.flags:
+        return "RustBoard's server", sum(_rss_mib(c) for c in _children(tb.proc.pid))
+    return "TensorBoard", _rss_mib(tb.proc.pid)
+
+
+def _measure(name: str, tb: TensorBoard, started: float, daemon: Daemon | None, size: Logdir) -> list[Any]:
+    """One row: `tb` (started at `started`) until every run's every tag serves its last step, then its
+    queries' p99 and the RSS of what holds the points. The row's second item is the seconds (None: not
+    within the limits)."""
+    served = Served(tb, size)
+    peak, why = 0.0, f"not within {size.limit_s:.0f} s"
+    while not served.all():
+        holder, rss = _holder(tb, daemon)
+        peak = max(peak, rss)
+        if peak > size.limit_mib:
+            why = f"stopped at {peak / 1024:.1f} GiB after {time.perf_counter() - started:.0f} s"
+            break
+        if time.perf_counter() - started > size.limit_s:
+            break
+        time.sleep(0.5)
     else:
-        holder, rss = "TensorBoard", _rss_mib(tb.proc.pid)
-    return [
-        name,
-        f"{loaded:.1f} s" if done else f"not within {size.limit_s:.0f} s",
-        f"{scalars_p99 * 1000:.1f} ms" if done else "-",
-        f"{tags_p99 * 1000:.1f} ms" if done else "-",
-        f"{rss:.0f} MiB ({holder})",
-    ]
+        loaded = time.perf_counter() - started
+        scalars_p99, tags_p99 = _query_p99(tb, size.runs, size.tags)
+        holder, rss = _holder(tb, daemon)
+        return [name, loaded, f"{scalars_p99 * 1000:.1f} ms", f"{tags_p99 * 1000:.1f} ms", f"{rss:.0f} MiB ({holder})"]
+    return [name, None, why, "-", f"{peak:.0f} MiB ({holder})"]
 
 
-def startup(runs: int, tags: int, steps: int, limit_s: float) -> str:
+def _board_rows(workdir: Path, logdir: Path, size: Logdir) -> list[list[Any]]:
+    """The board's three rows: a daemon started on the logdir with no saved index (it reads every run), the
+    same daemon already running (what a user meets most: it indexed the points as they were written, or read
+    them when it started), and the daemon restarted (its index saved at its stop, taken up at its start)."""
+    home = workdir / "board"
+    home.mkdir()
+    state = ["--state-dir", str(home / "state")]  # not inside the cached logdir: each run starts with none
+    name = "TensorBoard on the board (--grpc_data_provider)"
+    rows: list[list[Any]] = []
+
+    def one(label: str, daemon_started: float | None, daemon: Daemon, board: str) -> list[Any]:
+        place = home / f"tb-{len(rows)}"
+        place.mkdir()
+        started = time.perf_counter() if daemon_started is None else daemon_started
+        tb = TensorBoard(["--grpc_data_provider", board], place)
+        try:
+            return _measure(f"{name}, {label}", tb, started, daemon, size)
+        finally:
+            stop_process(tb.proc, 10)
+
+    board = f"127.0.0.1:{_free_port()}"
+    started = time.perf_counter()
+    daemon = start_daemon(home, "--log-level", "info", "--board-listen", board, *state, logdir=logdir)
+    try:
+        rows.append(one("daemon started with no saved index (from its start)", started, daemon, board))
+        print(rows[-1], file=sys.stderr)
+        rows.append(one("daemon running", None, daemon, board))
+        print(rows[-1], file=sys.stderr)
+    finally:
+        stopped = time.perf_counter()
+        daemon.stop(timeout=600)
+        print(f"daemon stopped (index saved) in {time.perf_counter() - stopped:.1f} s", file=sys.stderr)
+    started = time.perf_counter()
+    daemon = start_daemon(home, "--log-level", "info", "--board-listen", board, *state, logdir=logdir)
+    try:
+        rows.append(one("daemon restarted, saved index (from its start)", started, daemon, board))
+        print(rows[-1], file=sys.stderr)
+    finally:
+        daemon.stop(timeout=600)
+    return rows
+
+
+def startup(size: Logdir) -> str:
     """The table of start → every run's scalars served, query p99 and RSS, one row per reader."""
-    rows: list[list[str]] = []
-    size = Logdir(runs, tags, steps, limit_s)
+    logdir = cached_logdir(size.runs, size.tags, size.steps)
     with tempfile.TemporaryDirectory(prefix="summaryd-board-startup-") as tmp:
         workdir = Path(tmp)
-        logdir = workdir / "logdir"
-        made = time.perf_counter()
-        make_logdir(logdir, runs, tags, steps)
-        print(f"made {runs} x {tags} x {steps} in {time.perf_counter() - made:.0f} s", file=sys.stderr)
-        for name, flags in READERS.items():
+        rows = _board_rows(workdir, logdir, size)
+        for name, flags in list(READERS.items())[1:]:
             home = workdir / f"tb-{len(rows)}"
             home.mkdir()
             started = time.perf_counter()
-            daemon = None
-            if "{board}" in flags:
-                board = f"127.0.0.1:{_free_port()}"
-                daemon = start_daemon(home, "--log-level", "warning", "--board-listen", board, logdir=logdir)
-            tb = TensorBoard([f.format(board=board if daemon else "", logdir=logdir) for f in flags], home)
+            tb = TensorBoard([f.format(logdir=logdir) for f in flags], home)
             try:
-                rows.append(_measure(name + (", from the daemon's start" if daemon else ""), tb, started, daemon, size))
-                if daemon is not None:  # a second TensorBoard on the daemon already running: what users meet
-                    (home / "again").mkdir()
-                    started = time.perf_counter()
-                    again = TensorBoard([f.format(board=board, logdir=logdir) for f in flags], home / "again")
-                    try:
-                        rows.append(_measure(name + ", daemon running", again, started, daemon, size))
-                    finally:
-                        stop_process(again.proc, 10)
+                rows.append(_measure(name, tb, started, None, size))
             finally:
                 stop_process(tb.proc, 10)
-                if daemon is not None:
-                    daemon.stop()
             print(rows[-1], file=sys.stderr)
-    headers = ["reader", "start → all served", "scalars p99", "tags p99", "RSS"]
-    return table(headers, rows, right=[False, True, True, True, True])
+    rustboard = next(r[1] for r in rows if r[0].startswith("RustBoard"))
+    for row in rows:
+        seconds = row[1]
+        row[1] = f"{seconds:.1f} s" if seconds is not None else row[2]
+        if seconds is None:
+            row[2] = "-"
+        row.insert(2, f"{rustboard / seconds:.1f}x" if seconds and rustboard else "-")
+    headers = ["reader", "start → all served", "vs RustBoard", "scalars p99", "tags p99", "RSS"]
+    return table(headers, rows, right=[False, True, True, True, True, True])
 
 
 def main() -> None:
@@ -308,13 +364,14 @@ def main() -> None:
     parser.add_argument("--tags", type=int, default=10)
     parser.add_argument("--steps", type=int, default=1000)
     parser.add_argument("--limit-s", type=float, default=900.0)
+    parser.add_argument("--limit-mib", type=float, default=6144.0, help="stop a reader holding more (MiB)")
     parser.add_argument("--points", type=int, default=200)
     parser.add_argument("--interval-ms", type=float, default=50.0)
     parser.add_argument("--poll-ms", type=float, default=10.0)
     parser.add_argument("--wait-s", type=float, default=15.0)
     args = parser.parse_args()
     if args.startup:
-        print(startup(args.runs, args.tags, args.steps, args.limit_s))
+        print(startup(Logdir(args.runs, args.tags, args.steps, args.limit_s, args.limit_mib)))
         print(
             f"\n{args.runs} runs x {args.tags} tags x {args.steps} steps on disk at start; default sampling "
             "(1,000 scalars a series); one reader at a time."

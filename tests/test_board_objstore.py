@@ -8,6 +8,7 @@ what the bucket held before the daemon started.
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 
 import pytest
@@ -16,6 +17,9 @@ from _bucket import daemon_in
 from _seaweed import SeaweedServer
 from _support import Daemon, TensorBoard, stop_process, unused_port, wait_for
 from summaryd.client import SummaryWriter
+from summaryd.server.board.follower import BucketFollower
+from summaryd.server.board.index import BoardIndex
+from summaryd.server.storage.bucket.store import Bucket
 
 pytestmark = [pytest.mark.objstore, pytest.mark.timeout(300)]
 
@@ -74,3 +78,57 @@ def test_tensorboard_without_credentials_serves_both_daemons_runs_through_one_bo
         stop_process(tb.proc, 10)
     for daemon in (a, b):
         assert daemon.terminate() == 0
+
+
+def test_the_board_lists_only_the_runs_whose_leases_move_after_the_last_key_it_read(
+    tmp_path: Path, logdir_url: str, daemons: list[Daemon]
+) -> None:
+    fast = ("--seal-secs", "0.5", "--no-watch")
+    writer_daemon = daemon_in(tmp_path / "w", logdir_url, *fast)
+    daemons.append(writer_daemon)
+    for r in range(12):
+        with SummaryWriter(f"r-{r:02d}", address=writer_daemon.address) as writer:
+            log(writer, range(20))
+    writer_daemon.stop()  # uploads every segment, then releases (writes) every lease
+
+    index = BoardIndex()
+    follower = BucketFollower(index, Bucket(logdir_url), interval=0.0, run_lease=1.0)
+
+    def points(run: str) -> int:
+        return sum(len(s.reservoir.items) for name, r in index.snapshot() if name == run for s in r.series.values())
+
+    async def follow() -> tuple[int, int, int]:
+        await follower.poll(hold=True)  # the whole prefix: every segment, every lease
+        whole = follower.listed
+        assert [points(f"r-{r:02d}") for r in range(12)] == [20] * 12
+        await asyncio.sleep(1.5)  # every lease older than run_lease: no run is being written
+        before = follower.listings, follower.listed
+        for _ in range(5):
+            await follower.poll()
+        return whole, follower.listings - before[0], follower.listed - before[1]
+
+    whole, listings, listed = asyncio.run(follow())
+    # Five polls of a quiet bucket: the leases' listing alone, 12 keys each time, where the whole prefix
+    # answered every segment and lease.
+    assert (listings, listed) == (5, 5 * 12), (listings, listed)
+    assert whole > 2 * 12, whole
+
+    # A run written again: its lease moves, and it alone is listed, from after its last key read.
+    again = daemon_in(tmp_path / "again", logdir_url, *fast)
+    daemons.append(again)
+    with SummaryWriter("r-03", address=again.address) as writer:
+        log(writer, range(20, 30))
+
+    async def catch_up() -> tuple[int, int]:
+        before = follower.listings, follower.listed
+        polls = 0
+        while points("r-03") < 30:
+            await follower.poll()
+            polls += 1
+            assert polls < 200, "the run written again was not followed"
+            await asyncio.sleep(0.1)
+        return follower.listings - before[0] - polls, follower.listed - before[1]
+
+    run_listings, listed = asyncio.run(catch_up())
+    assert points("r-03") == 30 and points("r-04") == 20
+    assert run_listings >= 1 and listed < whole, (run_listings, listed, whole)

@@ -472,7 +472,7 @@ class Server:
         await server.start()
         follower = None
         if bucket is not None:
-            follower = BucketFollower(index, bucket, config.board_runs)
+            follower = BucketFollower(index, bucket, config.board_runs, run_lease=config.bucket.run_lease)
             resources.push_async_callback(_cancelled, asyncio.create_task(follower.follow()))
         else:
             saved = SavedIndex(os.path.join(config.state_path, SAVED_NAME), config.samples)

@@ -190,13 +190,14 @@ class Bucket:
             raise BucketError(f"{self.url}/{key}: reading its size failed: {_reason(exc)}") from exc
         return int(result["size"])
 
-    async def list(self, prefix: str) -> list[ObjectInfo]:
-        """Every object whose key starts with the directory `prefix` (recursively), sorted by key."""
+    async def list(self, prefix: str, after: str = "") -> list[ObjectInfo]:
+        """Every object whose key starts with the directory `prefix` (recursively), sorted by key; with `after`,
+        only those whose key sorts after it (the store's start-after: the objects before are not sent)."""
         import obstore
 
         found: list[ObjectInfo] = []
         try:
-            async for batch in obstore.list(self._store, prefix or None):
+            async for batch in obstore.list(self._store, prefix or None, offset=after or None):
                 found += [
                     ObjectInfo(meta["path"], meta["size"], meta["e_tag"] or "", meta["last_modified"].timestamp())
                     for meta in batch
