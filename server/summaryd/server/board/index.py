@@ -580,6 +580,12 @@ class BoardIndex:
             runs = sorted(self._runs.items())
         return iter(runs)
 
+    def named(self, names: Iterable[str]) -> list[tuple[str, RunIndex]]:
+        """The runs of `names` there are, by name (a query naming its runs sorts those, not every run)."""
+        with self._lock:
+            found = [(name, self._runs[name]) for name in set(names) if name in self._runs]
+        return sorted(found)
+
     def awaited(self) -> list[str]:
         """The held runs that live batches wait for, those written to first first."""
         with self._lock:

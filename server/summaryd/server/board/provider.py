@@ -79,11 +79,10 @@ class BoardService(dp_grpc.TensorBoardDataProviderServicer):  # type: ignore[mis
     def _runs(self, names: set[str] | None) -> Iterator[tuple[str, Any]]:
         if names is not None:
             self._index.asked(names)
-        for name, run in self._index.snapshot():
+        for name, run in self._index.snapshot() if names is None else self._index.named(names):
             if self._prefix and not (name == self._prefix or name.startswith(self._prefix + "/")):
                 continue
-            if names is None or name in names:
-                yield name, run
+            yield name, run
 
     def _series(self, request: Any, data_class: int) -> Iterator[tuple[str, Iterator[tuple[str, Series]]]]:
         """The (run, its matching series) pairs a List/Read request selects."""
