@@ -9,14 +9,24 @@ its `/data/plugin/scalars/scalars` every `poll_ms`. A point's latency is from it
 TensorBoard first answers with it; a point not served `wait_s` after the last was logged counts as unseen.
 
     python -m benchmarks.board [--points 200] [--interval-ms 50] [--poll-ms 10] [--wait-s 15]
-    python -m benchmarks.board --startup [--runs 200] [--tags 10] [--steps 1000]
+    python -m benchmarks.board --startup [--runs 200] [--tags 10] [--steps 1000] [--limit-s 900] [--limit-mib 6144]
+    python -m benchmarks.board --bucket [--runs 200] [--tags 10] [--steps 1000]      (needs boto3)
 
-`--startup`: a logdir of `runs` x `tags` x `steps` scalars (one `simple_value` an event, as `add_scalar` writes)
-is made first; then, one after another, each reader is started on it and timed until every run's every tag
-serves its last step (`/data/plugin/scalars/scalars_multirun`, a tag at a time): the board from the daemon's
-start (it reads the runs in the background), the others from TensorBoard's start. Then 200 random
-`/data/plugin/scalars/scalars` and 20 `/data/plugin/scalars/tags` queries (p99), and the RSS of what holds the
-points: the daemon, RustBoard's data server, the Python loader's TensorBoard.
+`--startup`: a logdir of `runs` x `tags` x `steps` scalars (one `simple_value` an event, as `add_scalar` writes;
+made from bytes and kept under `CACHE` by size, since a big one takes minutes) is read by each reader in turn,
+timed until every run lists every tag and serves its last point (`Served`). The board three times: a daemon
+started on the logdir with no saved index, timed from its start (it reads every run); the same daemon already
+running, timed from TensorBoard's start (what a user meets: the daemon indexed the points as they were written,
+or read them when it started); and the daemon stopped (saving its index) and started again, timed from its
+start. Then RustBoard (`--load_fast=true`) and the Python loader (`--load_fast=false`), from TensorBoard's
+start; a reader holding more than `--limit-mib` is stopped there (the Python loader keeps every event it read).
+Each row: then 200 random `/data/plugin/scalars/scalars` queries, 200 Time Series `timeSeries` ones (one run's
+tag) and 20 `/data/plugin/scalars/tags` (p99), and the RSS of what holds the points (the daemon, RustBoard's
+data server, the Python loader's TensorBoard).
+
+`--bucket`: two daemons on a SeaweedFS bucket each write half of `runs` runs; TensorBoard on one daemon's board
+(no bucket credentials) and TensorBoard's Python loader on `s3://` (boto3: RustBoard refuses `s3://`), each
+timed from its start until every run is served, as above.
 
 The figures depend on the machine's load (2 cores shared here): quote them with the command and the date.
 """
@@ -25,6 +35,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import random
 import shutil
 import socket
@@ -185,13 +196,16 @@ def cached_logdir(runs: int, tags: int, steps: int) -> Path:
 
 
 class Served:
-    """Whether a TensorBoard serves every run's every tag to its last step; what it served whole once is not
-    asked again (no reader forgets), so a poll asks only for what is still missing."""
+    """Whether a TensorBoard serves every run's every tag to its last step: every run lists every tag, and
+    every run serves its last tag to the last step. That point is the last record of the run's events (steps
+    in order, a step's tags in order), and every reader reads a run's records in order, so it is served only
+    once everything before it is; asking for the other tags too would make the asking (about 20 MB of JSON
+    per 500 runs and tag) outweigh the loading. A run served once is not asked again (no reader forgets)."""
 
     def __init__(self, tb: TensorBoard, size: Logdir) -> None:
         self.tb = tb
         self.size = size
-        self.missing = {f"tag-{t}": [f"run-{r:04d}" for r in range(size.runs)] for t in range(size.tags)}
+        self.missing = {f"tag-{size.tags - 1}": [f"run-{r:04d}" for r in range(size.runs)]}
 
     def all(self) -> bool:
         names = [f"run-{r:04d}" for r in range(self.size.runs)]
@@ -366,9 +380,75 @@ def startup(size: Logdir) -> str:
     return table(headers, rows, right=[False, True, True, True, True, True, True])
 
 
+SETTLE_S = 10.0
+"""After the bucket's runs are written, before a reader starts: a few seal (1 s) and follow (2 s) intervals."""
+
+
+def bucket(runs: int, tags: int, steps: int, limit_s: float) -> str:
+    """The table of TensorBoard start → every run of a bucket served: two daemons on SeaweedFS, each writing
+    half the runs; TensorBoard on one daemon's board (no bucket credentials) against TensorBoard's Python
+    loader on `s3://` (boto3; RustBoard refuses `s3://`)."""
+    from _bucket import daemon_in
+    from _seaweed import create_bucket, start_seaweed
+
+    size = Logdir(runs, tags, steps, limit_s)
+    rows: list[list[Any]] = []
+    with tempfile.TemporaryDirectory(prefix="summaryd-board-bucket-") as tmp:
+        workdir = Path(tmp)
+        seaweed = start_seaweed(workdir / "seaweed")
+        daemons: list[Daemon] = []
+        try:
+            create_bucket(seaweed, "board")
+            os.environ.update(seaweed.environment())
+            url = "s3://board/logdir"
+            board = f"127.0.0.1:{_free_port()}"
+            fast = ("--seal-secs", "1", "--no-watch", "--log-level", "warning")
+            daemons.append(daemon_in(workdir / "a", url, *fast, "--board-listen", board))
+            daemons.append(daemon_in(workdir / "b", url, *fast))
+            written = time.perf_counter()
+            for r in range(runs):  # half through each daemon: the board's daemon follows the other's segments
+                with SummaryWriter(f"run-{r:04d}", address=daemons[r % 2].address) as writer:
+                    for step in range(steps):
+                        for t in range(tags):
+                            writer.add_scalar(f"tag-{t}", step / (t + 1), step)
+            print(f"wrote {runs} runs in {time.perf_counter() - written:.0f} s", file=sys.stderr)
+            time.sleep(SETTLE_S)  # the last segments sealed and uploaded, and followed: the bucket holds it all
+            readers = {
+                "TensorBoard on one daemon's board (--grpc_data_provider), both daemons running": [
+                    "--grpc_data_provider",
+                    board,
+                ],
+                "Python loader (--logdir s3://, boto3)": ["--logdir", url, "--load_fast=false"],
+            }
+            for name, flags in readers.items():
+                home = workdir / f"tb-{len(rows)}"
+                home.mkdir()
+                started = time.perf_counter()
+                tb = TensorBoard(flags, home)
+                try:
+                    rows.append(
+                        _measure(name, tb, started, daemons[0] if "--grpc_data_provider" in flags else None, size)
+                    )
+                finally:
+                    stop_process(tb.proc, 10)
+                print(rows[-1], file=sys.stderr)
+        finally:
+            for daemon in daemons:
+                daemon.stop()
+            seaweed.stop()
+    loader = rows[-1][1]
+    for row in rows:
+        seconds = row[1]
+        row[1] = f"{seconds:.1f} s" if seconds is not None else row[2]
+        row.insert(2, f"{loader / seconds:.1f}x" if seconds and loader else "-")
+    headers = ["reader", "start → all served", "vs Python loader", "scalars p99", "time series p99", "tags p99", "RSS"]
+    return table(headers, rows, right=[False, True, True, True, True, True, True])
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--startup", action="store_true", help="a logdir on disk at start instead of live points")
+    parser.add_argument("--bucket", action="store_true", help="a bucket logdir of two daemons (needs boto3)")
     parser.add_argument("--runs", type=int, default=200)
     parser.add_argument("--tags", type=int, default=10)
     parser.add_argument("--steps", type=int, default=1000)
@@ -379,6 +459,13 @@ def main() -> None:
     parser.add_argument("--poll-ms", type=float, default=10.0)
     parser.add_argument("--wait-s", type=float, default=15.0)
     args = parser.parse_args()
+    if args.bucket:
+        print(bucket(args.runs, args.tags, args.steps, args.limit_s))
+        print(
+            f"\n{args.runs} runs x {args.tags} tags x {args.steps} steps in a SeaweedFS bucket, written through two "
+            "daemons (half each); one reader at a time."
+        )
+        return
     if args.startup:
         print(startup(Logdir(args.runs, args.tags, args.steps, args.limit_s, args.limit_mib)))
         print(
