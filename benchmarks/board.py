@@ -388,8 +388,11 @@ def bucket(runs: int, tags: int, steps: int, limit_s: float) -> str:
     """The table of TensorBoard start → every run of a bucket served: two daemons on SeaweedFS, each writing
     half the runs; TensorBoard on one daemon's board (no bucket credentials) against TensorBoard's Python
     loader on `s3://` (boto3; RustBoard refuses `s3://`)."""
-    from _bucket import daemon_in
     from _seaweed import create_bucket, start_seaweed
+
+    def daemon_in(home: Path, url: str, *flags: str) -> Daemon:
+        home.mkdir()
+        return start_daemon(home, "--logdir", url, "--state-dir", str(home / "state"), *flags)
 
     size = Logdir(runs, tags, steps, limit_s)
     rows: list[list[Any]] = []
