@@ -291,10 +291,7 @@ class RunAggregator:
     def _complete_taken(self) -> None:
         self._completing = None
         if self.live:
-            try:
-                self._finish(self.table.complete())
-            except Exception:
-                self._failed("the batches just taken")
+            self._finalising(self.table.complete, "the batches just taken")
 
     def departed(self, worker: str) -> None:
         if self.live:
@@ -315,6 +312,13 @@ class RunAggregator:
                 self._failed("its overdue steps")
             if self.sessions == 0 and self.idle_since is not None and now - self.idle_since >= straggler:
                 idle(self)
+
+    def _finalising(self, finalise: Callable[[], list[Reduction]], what: str) -> None:
+        """Write what `finalise` finalises; one that raises is logged (the aggregator goes on)."""
+        try:
+            self._finish(finalise())
+        except Exception:
+            self._failed(what)
 
     def _failed(self, what: str) -> None:
         self.failures += 1
@@ -400,10 +404,7 @@ class RunAggregator:
             self._completing.cancel()
             self._completing = None
         if self.live:
-            try:
-                self._finish(self.table.drain())
-            except Exception:
-                self._failed("its pending steps")
+            self._finalising(self.table.drain, "its pending steps")
         while self._writing is not None and not self._writing.done():
             await self._writing
         self._final = self.written()
