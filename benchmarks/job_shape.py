@@ -126,8 +126,7 @@ def _target(kind: str, workdir: Path) -> Iterator[tuple[str, int]]:
     flags = ["--no-aggregate"] if kind == OFF else ["--aggregate"]
     if kind == UNPACED:
         flags += ["--pace-messages", "0"]  # a batch per step, as before pacing: the cost of each message
-    # Its defaults but the run count: 1,024 workers' runs and the 5 aggregate runs are over --max-open-runs.
-    with running_daemon(workdir, *flags, "--max-open-runs", "4096") as daemon:
+    with running_daemon(workdir, *flags) as daemon:  # its defaults: they carry 1,024 ranks from one address
         yield daemon.address, daemon.pid
 
 

@@ -30,7 +30,7 @@ from summaryd.server.board.saved import SavedIndex
 from summaryd.server.config import Config
 from summaryd.server.io_threads import io_executor
 from summaryd.server.operations.metrics import Metrics, MetricsInterceptor
-from summaryd.server.security.auth import AuthInterceptor, TokenTable, current_caller
+from summaryd.server.security.auth import AuthInterceptor, TokenTable
 from summaryd.server.security.refusals import RefusalInterceptor
 from summaryd.server.service import SummariesService
 from summaryd.server.sessions.lifecycle import SessionCollector, SessionLifecycle
@@ -222,7 +222,7 @@ class Server:
             store = shipper.bucket if shipper is not None else None
             board_status = await self._serve_board(board, registry, store, resources)
         pacer = Pacer(config.pace_messages, config.pace_max_linger)
-        service = SummariesService(lifecycle, watch, pacer, board_status)
+        service = SummariesService(lifecycle, watch, pacer, board_status, self.metrics)
         self.metrics.registry.register(SessionCollector(lifecycle))
         if self.auth is not None:
             log.info("clients need a bearer token (%d in %s)", len(self.auth.tokens), config.token_file)
@@ -370,7 +370,7 @@ class Server:
     def _bind(self, health_servicer: health_aio.HealthServicer) -> aio.Server:
         config = self.config
         # Outermost first: the refusal interceptor parses requests for all the others (see `refusals`).
-        interceptors: list[Any] = [RefusalInterceptor(), MetricsInterceptor(self.metrics, self._run_of)]
+        interceptors: list[Any] = [RefusalInterceptor(), MetricsInterceptor(self.metrics)]
         if config.tokens is not None:  # read and checked with the other settings
             self.auth = AuthInterceptor(config.tokens)
             interceptors.append(self.auth)
@@ -511,18 +511,6 @@ class Server:
                 self.config.metrics_listen,
             )
         return stop
-
-    def _run_of(self, session_id: str) -> str | None:
-        """The run of a live session, for the metrics' labels."""
-        session = self._serving.lifecycle.sessions.get(session_id) if self._serving is not None else None
-        if session is None:
-            return None
-        # Counted before the service refuses a caller: what a token may not write is not counted as its run's.
-        caller = current_caller()
-        grant = caller.grant() if caller is not None else None
-        if caller is not None and (grant is None or not grant.allows(session.run.run_dir)):
-            return None
-        return session.run.run_dir
 
 
 class _Listener:

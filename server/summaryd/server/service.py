@@ -34,8 +34,10 @@ from summaryd.server.errors import (
     SessionUnknownError,
     StorageError,
 )
+from summaryd.server.operations.metrics import Metrics, WriteCounts
 from summaryd.server.records.scalar_records import ScalarRecords
 from summaryd.server.security.auth import Grant, current_caller
+from summaryd.server.security.refusals import WRITE_METHOD, Unparsed, unparsed_problem
 from summaryd.server.security.request_checks import batch_count, open_problem, session_id_problem, write_problem
 from summaryd.server.sessions.lifecycle import SessionLifecycle
 from summaryd.server.sessions.live import Session
@@ -125,6 +127,7 @@ class SummariesService(pb_grpc.SummariesServicer):
         watch: Watch | None = None,
         pacer: Pacer | None = None,
         board_status: Callable[[], pb.BoardStatus] | None = None,
+        metrics: Metrics | None = None,
     ) -> None:
         self.lifecycle = lifecycle
         self.watch = watch
@@ -132,6 +135,7 @@ class SummariesService(pb_grpc.SummariesServicer):
         self.pacer = pacer or Pacer()
         self._draining = False
         self.board_status = board_status  # with --board-listen: what `summaryd status` shows of the board
+        self.metrics = metrics
         # Write handlers waiting for their client's next message: cancelled at once when draining.
         self._idle_streams: set[asyncio.Task[object]] = set()
 
@@ -192,6 +196,9 @@ class SummariesService(pb_grpc.SummariesServicer):
         pacer = self.pacer
         pacer.opened()
         told = -1  # the pacing version this stream's client was told: the first ack tells it
+        # The per-message work of the layers around the stream is done here, in its loop: the request that did not
+        # parse (`refusals`), the counts (`WriteCounts`); a layer of its own would cost a generator step per message.
+        counts = WriteCounts(self.metrics)
         try:
             async with _answered(context):
                 try:
@@ -207,6 +214,11 @@ class SummariesService(pb_grpc.SummariesServicer):
                                 self._idle_streams.discard(task)
                             if request is None:
                                 return
+                            if isinstance(request, Unparsed):
+                                await context.abort(
+                                    grpc.StatusCode.INVALID_ARGUMENT,
+                                    unparsed_problem(request, WRITE_METHOD, "summaryd.v1.WriteRequest"),
+                                )
                             if session is None:
                                 await self._authorize_session(request.session_id, context)
                                 session = await self._live_session(request.session_id, context)
@@ -219,6 +231,7 @@ class SummariesService(pb_grpc.SummariesServicer):
                                     )
                                 # Every batch: a token removed or narrowed by a re-read token file stops here.
                                 await self._authorize_run(session.run.run_dir, context)
+                            counts.received(request, session.run.run_dir)
                             await self._check_batch(request, context)
                             acked = await self.lifecycle.write(session, request.first_sequence, _batch_events(request))
                             pacer.took()
@@ -228,6 +241,7 @@ class SummariesService(pb_grpc.SummariesServicer):
                             if told != pacer.version:
                                 told = pacer.version
                                 ack.pacing.CopyFrom(pacer.pacing)
+                            counts.acked()
                             yield ack
                             if self._draining:
                                 return
@@ -239,6 +253,9 @@ class SummariesService(pb_grpc.SummariesServicer):
                         f"the write stream sent nothing for {limit:g}s, the limit (--stream-idle-timeout); send "
                         "heartbeats (empty batches) or reconnect",
                     )
+        except BaseException:
+            counts.failed(context)
+            raise
         finally:
             pacer.closed()
             log.debug("write stream of session %s ended", session.session_id if session else "?")

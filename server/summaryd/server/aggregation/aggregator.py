@@ -241,6 +241,7 @@ class RunAggregator:
         self._lag_step: int | None = None
         self._told = (0, 0, 0)  # the table's refused points, held and dropped steps when last logged
         self._final: WrittenThrough | None = None  # what it wrote through, once stopped (its table freed)
+        self._completing: asyncio.Handle | None = None  # the finalising of the batches taken this loop iteration
 
     @property
     def live(self) -> bool:
@@ -280,9 +281,17 @@ class RunAggregator:
             return
         try:
             self.table.add_all(worker, points(events), wanted, time.monotonic())
-            self._finish(self.table.complete())
         except Exception:  # aggregation never fails the worker's batch
             self._failed(f"a batch of worker {worker}")
+        # Finalised once for all the batches taken in this iteration of the event loop (a group commit's
+        # batches are answered in one), not once a batch: each finalising looks at every tag it touched.
+        if self._completing is None:
+            self._completing = asyncio.get_running_loop().call_soon(self._complete_taken)
+
+    def _complete_taken(self) -> None:
+        self._completing = None
+        if self.live:
+            self._finalising(self.table.complete, "the batches just taken")
 
     def departed(self, worker: str) -> None:
         if self.live:
@@ -303,6 +312,13 @@ class RunAggregator:
                 self._failed("its overdue steps")
             if self.sessions == 0 and self.idle_since is not None and now - self.idle_since >= straggler:
                 idle(self)
+
+    def _finalising(self, finalise: Callable[[], list[Reduction]], what: str) -> None:
+        """Write what `finalise` finalises; one that raises is logged (the aggregator goes on)."""
+        try:
+            self._finish(finalise())
+        except Exception:
+            self._failed(what)
 
     def _failed(self, what: str) -> None:
         self.failures += 1
@@ -384,11 +400,11 @@ class RunAggregator:
             self._ticker.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._ticker
+        if self._completing is not None:  # `drain` finalises what it would have
+            self._completing.cancel()
+            self._completing = None
         if self.live:
-            try:
-                self._finish(self.table.drain())
-            except Exception:
-                self._failed("its pending steps")
+            self._finalising(self.table.drain, "its pending steps")
         while self._writing is not None and not self._writing.done():
             await self._writing
         self._final = self.written()

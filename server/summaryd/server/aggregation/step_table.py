@@ -305,15 +305,17 @@ class StepTable:
         done: list[Reduction] = []
         touched, self._touched = self._touched, set()
         frontier: int | None = None
+        tags = self._tags
         for tag in touched:
-            state = self._tags[tag]
+            state = tags[tag]
             if not state.pending:
                 continue
-            through = self._watermark(state)
+            through = state.mark if state.mark_known else self._watermark(state)  # the kept one: no call
             if through is None and self._every_worker_left(state):
                 frontier = self.frontier() if frontier is None else frontier
                 through = frontier
-            if through is not None:
+            # Most batches move no tag's watermark: a look at the lowest pending step, not a sort of them all.
+            if through is not None and min(state.pending) <= through:
                 done += self._finalise(tag, state, through)
         if self._pending > self.max_pending:
             frontier = self.frontier()

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import grpc
@@ -88,69 +88,64 @@ class Metrics:
         return stop
 
 
-class MetricsInterceptor(aio.ServerInterceptor):  # type: ignore[type-arg]
-    """Counts what crosses the wire: batches and events received (per run), acks, and errors by status."""
+class WriteCounts:
+    """What one write stream counts, in the servicer's own loop (`SummariesService.Write`): batches, their events
+    and bytes received (its run's counters looked up once: `labels` takes a lock and builds a key), acks, and the
+    status it ends with. Counted there, not by a layer of its own around the stream: a layer is an async
+    generator that every request and every ack passes through, a cost per message."""
 
-    def __init__(self, metrics: Metrics, run_of: Callable[[str], str | None]) -> None:
+    def __init__(self, metrics: Metrics | None) -> None:
         self._metrics = metrics
-        self._run_of = run_of
+        self._run: tuple[Any, Any] | None = None
+
+    def received(self, request: Any, run_dir: str) -> None:
+        metrics = self._metrics
+        if metrics is None:
+            return
+        metrics.batches.inc()
+        counters = self._run
+        if counters is None:  # a stream carries one session, so one run
+            counters = self._run = metrics.events_received.labels(run_dir), metrics.bytes_received.labels(run_dir)
+        counters[0].inc(len(request.events) + len(request.scalars.step))
+        # The message's size, computed in C: summing the events' sizes would copy each one out.
+        counters[1].inc(request.ByteSize())
+
+    def acked(self) -> None:
+        if self._metrics is not None:
+            self._metrics.acks.inc()
+
+    def failed(self, context: Any) -> None:
+        if self._metrics is not None:
+            count_error(self._metrics, context)
+
+
+def count_error(metrics: Metrics, context: Any) -> None:
+    """Count a call answered with an error, by its status."""
+    code = context.code()
+    name = code.name if isinstance(code, grpc.StatusCode) else "CANCELLED" if code is None else str(code)
+    metrics.errors.labels(name).inc()
+
+
+class MetricsInterceptor(aio.ServerInterceptor):  # type: ignore[type-arg]
+    """Counts the errors of the unary calls by status; the write stream counts itself (`WriteCounts`)."""
+
+    def __init__(self, metrics: Metrics) -> None:
+        self._metrics = metrics
 
     async def intercept_service(self, continuation: Callable[[Any], Awaitable[Any]], details: Any) -> Any:
         handler = await continuation(details)
-        if handler is None or not details.method.startswith("/summaryd.v1.Summaries/"):
+        if handler is None or not details.method.startswith("/summaryd.v1.Summaries/") or not handler.unary_unary:
             return handler
         metrics = self._metrics
-        kwargs = {
-            "request_deserializer": handler.request_deserializer,
-            "response_serializer": handler.response_serializer,
-        }
-        if handler.stream_stream:
-            inner_stream = handler.stream_stream
-
-            async def write(requests: AsyncIterator[Any], context: Any) -> AsyncIterator[Any]:
-                async def counted() -> AsyncIterator[Any]:
-                    # A stream carries one session, so one run: its counters are looked up once it is known
-                    # (`labels` takes a lock and builds a key: a cost per batch otherwise).
-                    run: str | None = None
-                    known: tuple[Any, Any] | None = None
-                    async for request in requests:
-                        metrics.batches.inc()
-                        counters = known
-                        if counters is None:
-                            if request.session_id:
-                                run = self._run_of(request.session_id)
-                            counters = (
-                                metrics.events_received.labels(run or "?"),
-                                metrics.bytes_received.labels(run or "?"),
-                            )
-                            if run is not None:
-                                known = counters
-                        counters[0].inc(len(request.events) + len(request.scalars.step))
-                        # The message's size, computed in C: summing the events' sizes would copy each one out.
-                        counters[1].inc(request.ByteSize())
-                        yield request
-
-                try:
-                    async for answer in inner_stream(counted(), context):
-                        metrics.acks.inc()
-                        yield answer
-                except BaseException:
-                    self._count_error(context)
-                    raise
-
-            return grpc.stream_stream_rpc_method_handler(write, **kwargs)
         inner = handler.unary_unary
 
         async def unary(request: Any, context: Any) -> Any:
             try:
                 return await inner(request, context)
             except BaseException:
-                self._count_error(context)
+                count_error(metrics, context)
                 raise
 
-        return grpc.unary_unary_rpc_method_handler(unary, **kwargs)
-
-    def _count_error(self, context: Any) -> None:
-        code = context.code()
-        name = code.name if isinstance(code, grpc.StatusCode) else "CANCELLED" if code is None else str(code)
-        self._metrics.errors.labels(name).inc()
+        return grpc.unary_unary_rpc_method_handler(
+            unary, request_deserializer=handler.request_deserializer, response_serializer=handler.response_serializer
+        )

@@ -33,7 +33,9 @@ class Limits:
     max_run_depth: int = option(MAX_DEPTH, "most directories a run path may have", "N")
     max_sessions: int = option(4096, "most live sessions, over all clients", "N")
     max_sessions_per_peer: int = option(1024, "most live sessions opened from one client address (host)", "N")
-    max_open_runs: int = option(1024, "most runs with an open event file at once", "N")
+    # As many as sessions: every rank of a job writes a run of its own (`<run>/<worker>`), so a run per session,
+    # and its aggregate runs beside. 1,024 refused the last ranks of a 1,024-rank job.
+    max_open_runs: int = option(4096, "most runs with an open event file at once", "N")
     stream_idle_timeout: float = option(
         120.0,
         "seconds a write stream may send nothing before it is ended (clients send heartbeats at a third of the "

@@ -32,7 +32,7 @@ import os
 import re
 import stat
 import uuid
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -263,6 +263,10 @@ class FileJournal:
     def batch(self, session_id: str, last: int, end: int) -> None:
         """Record that a batch of `session_id` through sequence `last` is whole in the file, which ends at `end`."""
         self._journal.append({"s": session_id, "q": last, "e": end})
+
+    def batches(self, ends: Sequence[tuple[str, int, int]]) -> None:
+        """`batch` for each (session id, last sequence, end) of a group commit, in one append."""
+        self._journal.append(*({"s": session_id, "q": last, "e": end} for session_id, last, end in ends))
 
     def sync(self) -> None:
         self._journal.sync()

@@ -1,9 +1,16 @@
-"""The run registry: one writer and one active event file per run directory, shared by its sessions."""
+"""The run registry: one writer and one active event file per run directory, shared by its sessions.
+
+Batches are written by group commit (`GroupCommit`): what arrives while the previous commit is under way is
+written together, in one hop to an I/O thread, with one write of each run's file and one journal append per
+run, however many batches and runs it holds. A big job's daemon takes a batch from every rank each step, one
+per run (a rank writes `<run>/<worker>`): a hop per batch cost more than the batch's own write.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import os
 import time
@@ -12,6 +19,7 @@ from concurrent.futures import Executor
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from summaryd.server.errors import EventError
 from summaryd.server.io_threads import run_to_completion
 from summaryd.server.operations.metrics import Metrics
 from summaryd.server.records.event_check import check_and_frame
@@ -69,21 +77,29 @@ class RunWriter:
     limits: Limits = DEFAULT
     sink: EventSink | None = None
     observers: Sequence[WriteObserver] = ()
+    commit: GroupCommit | None = None
+    # Opening the next file (`open_file`), and whether the last attempt failed (the commit then tries again
+    # itself and fails the batches, which their sessions answer).
+    opening: asyncio.Future[None] | None = None
+    open_failed: bool = False
     _counters: tuple[Any, Any] | None = field(default=None, init=False, repr=False)
 
     async def write(self, session_id: str, last: int, events: Sequence[bytes]) -> None:
         """Check, frame and append one batch of `session_id` ending at sequence `last`; returns when the batch
-        and its journal line are in the page cache."""
+        and its journal line are in the page cache (written with whatever else arrived meanwhile, `GroupCommit`).
+
+        Raises:
+            EventError: an event of the batch is refused; nothing of the batch was written.
+            OSError: the file or its journal could not be written; nothing of the batch was written.
+        """
+        if self.commit is None:
+            self.commit = GroupCommit(self.executor)
         metrics = self.metrics
         if metrics is not None:
             metrics.write_queue.inc()
+        started = time.perf_counter()
         try:
-            async with self.lock:
-                started = time.perf_counter()
-                size_before = self.bytes_written
-                await run_to_completion(self.executor, lambda: self._write_blocking(session_id, last, events))
-                if self.sink is not None and self.file is not None:
-                    self.sink.appended(self.run_dir, self.file.name, self.file.size, (session_id, last))
+            framed_bytes = await self.commit.write(self, session_id, last, events)
         finally:
             if metrics is not None:
                 metrics.write_queue.dec()
@@ -95,7 +111,7 @@ class RunWriter:
             if self._counters is None:  # looked up once per run: `labels` costs a lock and a key per batch
                 self._counters = metrics.events_written.labels(self.run_dir), metrics.bytes_written.labels(self.run_dir)
             self._counters[0].inc(len(events))
-            self._counters[1].inc(self.bytes_written - size_before)
+            self._counters[1].inc(framed_bytes)
 
     @property
     def end(self) -> FileEnd | None:
@@ -103,26 +119,71 @@ class RunWriter:
         waits to see uploaded on a bucket logdir."""
         return (self.run_dir, self.file.name, self.file.size) if self.file is not None else None
 
-    def _write_blocking(self, session_id: str, last: int, events: Sequence[bytes]) -> None:
-        blob = events.framed(self.limits) if isinstance(events, ScalarRecords) else check_and_frame(events, self.limits)
-        if self.file is None:
-            self._open_file()
-        assert self.file is not None and self.journal is not None
-        before = self.file.size
-        self.file.append(blob)
+    def _write_group(self, entries: Sequence[_Pending]) -> None:
+        """Blocking, on an I/O thread, holding `lock`: check and frame each batch of `entries` (in order; one
+        refused gets its error, the others go on), append them in one write and journal them in one append.
+        A failed write or journal append fails every batch of the group (nothing of them stays in the file)."""
+        self._frame(entries)
+        good = [entry for entry in entries if entry.error is None]
+        if not good:
+            return
         try:
-            self.journal.batch(session_id, last, self.file.size)
-        except OSError:
-            # Not journaled means not acknowledged: take the records back out so that file and journal agree.
-            self.file.truncate(before)
-            raise
-        if session_id:  # the daemon's own records (aggregates) are written without a session
-            self.marks[session_id] = last
-        self.bytes_written += len(blob)
+            if self.file is None:
+                self._open_file()
+                self.open_failed = False
+            assert self.file is not None and self.journal is not None
+            before = end = self.file.size
+            for entry in good:
+                end += len(entry.blob)
+                entry.end = end
+            self.file.append(b"".join(entry.blob for entry in good) if len(good) > 1 else good[0].blob)
+            try:
+                self.journal.batches([(entry.session_id, entry.last, entry.end) for entry in good])
+            except OSError:
+                # Not journaled means not acknowledged: take the records back out so that file and journal agree.
+                self.file.truncate(before)
+                raise
+        except OSError as exc:
+            for entry in good:
+                entry.error = exc
+            return
+        for entry in good:
+            if entry.session_id:  # the daemon's own records (aggregates) are written without a session
+                self.marks[entry.session_id] = entry.last
+        self.bytes_written += end - before
         try:
             self.journal.compact_if_large(self.marks, self.file.size)
         except OSError:
             log.exception("run %s: compacting the journal failed; it keeps growing", self.run_dir)
+
+    async def open_file(self, first: _Pending) -> None:
+        """Check and frame `first`, the batch that finds no file open, and, unless it is refused (a refused batch
+        leaves no file behind), open the run's next event file and its journal before a commit writes to it
+        (never raises: what fails is the batch's error, or the commit's own attempt to open)."""
+        async with self.lock:
+            await run_to_completion(self.executor, lambda: self._frame([first]))
+            if self.file is not None or first.error is not None:
+                return
+            try:
+                await run_to_completion(self.executor, self._open_file)
+                self.open_failed = False
+            except OSError:  # the commit's own attempt raises it to the batches
+                self.open_failed = True
+
+    def _frame(self, entries: Sequence[_Pending]) -> None:
+        """Check and frame each batch of `entries` not framed yet; a refused one gets its error."""
+        for entry in entries:
+            if entry.framed:
+                continue
+            entry.framed = True
+            events = entry.events
+            try:
+                if isinstance(events, ScalarRecords):
+                    entry.blob = events.framed(self.limits)
+                else:
+                    entry.blob = check_and_frame(events, self.limits)
+            except EventError as exc:
+                entry.error = exc
 
     def _open_file(self) -> None:
         if self.dir_fd < 0:
@@ -193,6 +254,129 @@ class RunWriter:
         return ClosedFile(self.run_dir, file.name, dict(self.marks), journal)
 
 
+@dataclass(eq=False)
+class _Pending:
+    """One batch waiting for its commit, and what the commit made of it."""
+
+    writer: RunWriter
+    session_id: str
+    last: int
+    events: Sequence[bytes]
+    done: asyncio.Future[int]
+    """Its result is the framed size, never the entry: an entry holding its future holding the entry is a cycle,
+    freed by the cyclic collector only, with the batch in it."""
+    blob: bytes = b""
+    end: int = 0
+    """The file's size after the batch."""
+    error: BaseException | None = None
+    framed: bool = False
+
+
+class GroupCommit:
+    """Writes the batches of every run of one registry: while a commit is under way on an I/O thread, the
+    batches that arrive wait, and the next commit takes all of them at once (so the groups grow with the load,
+    and a lone batch goes at once). One commit is under way at a time; each run's batches keep their order.
+
+    A commit holds the lock of each run it writes (a sync or a close of the run waits for it, as before); a run
+    whose lock is held meanwhile (its fsync, its close) waits for a later commit, without holding up the others.
+    """
+
+    def __init__(self, executor: Executor) -> None:
+        self._executor = executor
+        self._queue: list[_Pending] = []
+        self._task: asyncio.Task[None] | None = None
+
+    def write(self, writer: RunWriter, session_id: str, last: int, events: Sequence[bytes]) -> asyncio.Future[int]:
+        """Queue a batch; the future is done once it is written and journaled (or raises why not)."""
+        entry = _Pending(writer, session_id, last, events, asyncio.get_running_loop().create_future())
+        entry.done.add_done_callback(_retrieved)  # a caller cancelled meanwhile no longer looks at the outcome
+        self._queue.append(entry)
+        if self._task is None or self._task.done():
+            self._task = asyncio.ensure_future(self._commit_all())
+        # Written whatever becomes of the caller (a cancelled caller cancels only its wait): `Session.apply`, whose
+        # count must follow the file, runs to its end anyway (`SessionLifecycle._complete`).
+        return entry.done
+
+    async def _commit_all(self) -> None:
+        while self._queue:
+            queued, self._queue = self._queue, []
+            groups: dict[RunWriter, list[_Pending]] = {}
+            waiting: set[RunWriter] = set()
+            later: list[_Pending] = []
+            for entry in queued:
+                writer = entry.writer
+                group = groups.get(writer)
+                if group is not None:
+                    group.append(entry)
+                elif writer in waiting or writer.lock.locked():
+                    waiting.add(writer)  # its fsync, its close or its file's opening is under way: a later commit
+                    later.append(entry)
+                elif writer.file is None and not writer.open_failed and not entry.framed:
+                    # A new file and journal are made and synced apart, on a thread of their own, in parallel
+                    # with other runs': inside the commit, a job's thousand first writes would queue one by one.
+                    waiting.add(writer)
+                    later.append(entry)
+                    writer.opening = asyncio.ensure_future(writer.open_file(entry))
+                else:
+                    await writer.lock.acquire()  # free: no wait
+                    groups[writer] = [entry]
+            self._queue[:0] = later
+            if not groups:  # every batch waits for a run's fsync, close or opening: the first of those, again
+                first = later[0].writer
+                if first.opening is not None:
+                    await asyncio.shield(first.opening)
+                async with first.lock:
+                    pass
+                continue
+            failed: BaseException | None = None
+            try:
+                await run_to_completion(self._executor, functools.partial(_write_groups, groups))
+            except BaseException as exc:  # not a batch's own error (those are set on it): cancelled, or a bug
+                failed = exc
+            for writer, group in groups.items():
+                _settle(writer, group, failed)
+                writer.lock.release()
+            if isinstance(failed, asyncio.CancelledError):
+                raise failed
+
+
+def _settle(writer: RunWriter, group: list[_Pending], failed: BaseException | None) -> None:
+    """After a commit, on the event loop: hand each batch of `writer` written on to the sink, and answer it."""
+    sink, file = writer.sink, writer.file
+    for entry in group:
+        error = failed
+        if entry.error is not None:
+            error, entry.error = _bare(entry.error), None
+        if error is None and sink is not None and file is not None:
+            sink.appended(writer.run_dir, file.name, entry.end, (entry.session_id, entry.last))
+        if not entry.done.cancelled():
+            if error is None:
+                entry.done.set_result(len(entry.blob))
+            else:
+                entry.done.set_exception(error)
+        # The batch's bytes go now, whatever still holds the entry: left to the cyclic collector, a flood's
+        # batches stayed for a hundred batches (`test_faults_flood`).
+        entry.events, entry.blob = (), b""
+
+
+def _bare(error: BaseException) -> BaseException:
+    """A batch's own error without its traceback and the error it was raised from: it is told by its message,
+    and those would hold the I/O thread's frames, which hold the entry, which holds the error (a cycle, with the
+    batch in it)."""
+    error.__cause__ = error.__context__ = None
+    return error.with_traceback(None)
+
+
+def _retrieved(done: asyncio.Future[int]) -> None:
+    if not done.cancelled():
+        done.exception()
+
+
+def _write_groups(groups: dict[RunWriter, list[_Pending]]) -> None:
+    for writer, group in groups.items():
+        writer._write_group(group)
+
+
 @dataclass(frozen=True)
 class ClosedFile:
     """An event file closed and synced whose journal still holds its sessions' sequence numbers."""
@@ -242,6 +426,7 @@ class RunRegistry:
         self._executor = executor
         self._journal_dir_fd = journal_dir_fd
         self._runs: dict[str, RunWriter] = {}
+        self._commit = GroupCommit(executor)
         self._lock = asyncio.Lock()
         # Told of every batch written to any run, the daemon's own records too; shared with every writer.
         self._observers: list[WriteObserver] = []
@@ -289,6 +474,7 @@ class RunRegistry:
                     limits=limits,
                     sink=self.sink,
                     observers=self._observers,
+                    commit=self._commit,
                 )
                 self._runs[run_dir] = writer
             writer.sessions += 1
