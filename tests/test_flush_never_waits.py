@@ -15,13 +15,15 @@ import sys
 import textwrap
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 
 from _support import Daemon, steps_in, unused_port, wait_for
 from summaryd.client import SummaryWriter
+from summaryd.client._sender._loop import SenderLoop
+from summaryd.client._spool import Spool
 
 # Long enough that a flush() waiting for the stopped or absent daemon would outlast the test's own timeout.
 NEVER = 3600.0
@@ -61,6 +63,53 @@ def test_flush_returns_with_no_daemon_and_close_spools_what_it_holds(tmp_path: P
         assert writer.flush().undelivered == step + 1
     report = writer.close(timeout=1.0)
     assert report.spooled == 3 and report.spool_path is not None
+
+
+class Calls:
+    """Counts the calls of one method (every instance), calling it as before: a probe, not a fake."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch, cls: type, name: str) -> None:
+        self.count = 0
+        original: Callable[..., object] = getattr(cls, name)
+
+        def counted(*args: object, **kwargs: object) -> object:
+            self.count += 1
+            return original(*args, **kwargs)
+
+        monkeypatch.setattr(cls, name, counted)
+
+
+@pytest.mark.parametrize("away", ["absent", "stopped"])
+def test_a_loop_flushing_every_step_while_the_daemon_is_away_writes_the_spool_once_per_gap(
+    away: str, stopped: Daemon, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Past `spool_after` the queue goes to disk in batches: a flush() per step is not a spool write and a
+    wake-up of the sender thread per step (it was: about 800 of each a second for a loop of 1,000 steps a
+    second), with no daemon there and with a stopped one whose stream is open."""
+    spool_after = 0.3  # the gap is then 0.3 s too (SPILL_GAP_SECS is at most spool_after)
+    address = stopped.address if away == "stopped" else f"127.0.0.1:{unused_port()}"
+    writer = SummaryWriter("away", address=address, rpc_timeout=NEVER, spool_after=spool_after, spool_dir=tmp_path)
+    if away == "stopped":
+        writer.add_scalar("loss", 0.0, 0)
+        assert writer.flush(timeout=30).delivered == 1  # streaming
+        os.kill(stopped.pid, signal.SIGSTOP)
+    writes, wakeups = Calls(monkeypatch, Spool, "append"), Calls(monkeypatch, SenderLoop, "_next_wakeup")
+    started, step = time.monotonic(), 1
+    while time.monotonic() - started < 2.0:
+        writer.add_scalar("loss", float(step), step)
+        writer.flush()  # as Lightning's logger.save() after every step
+        step += 1
+        time.sleep(0.001)
+    assert step > 200, "the loop ran"
+    # About one write per gap over the 1.7 s past spool_after, and the in-flight batches of the stopped stream.
+    assert writes.count <= 30, f"{writes.count} spool writes for {step} flushes"
+    # The stopped stream's tick (10 a second), the reconnect schedule, one per gap: not one per flush.
+    assert wakeups.count <= 80, f"{wakeups.count} wake-ups of the sender thread for {step} flushes"
+    if away == "stopped":
+        os.kill(stopped.pid, signal.SIGCONT)
+        assert writer.close(timeout=30).delivered == step
+    else:
+        assert writer.close(timeout=1.0).spooled == step - 1
 
 
 def _sender_threads(before: set[threading.Thread]) -> list[str]:

@@ -301,6 +301,8 @@ class SenderLoop(SenderPart):
                 spill_in = self._options.spool_after - (now - self._batches.progress_at)
                 if spill_in > 0:
                     waits.append(spill_in)
+                elif self._queue and self._spiller.must_spill():
+                    waits.append(self._spiller.queue_spill_in(now))  # the queue's next spool write
                 if connection.streaming:
                     waits.append(0.1)  # acks, overdue batches and the in-flight window
         return max(0.001, min(waits))

@@ -10,6 +10,12 @@ from summaryd.client._sender._items import Batch
 from summaryd.client._sender._status import log
 from summaryd.client._spool import Spool, outbox_root
 
+SPILL_GAP_SECS = 1.0
+"""While the daemon is away (past `spool_after`), the queue goes to the spool once it holds a full batch or its
+oldest event waited this long (never longer than `spool_after`): one write per gap, not one per `flush()`. A
+framework flushing after every step would otherwise have the sender thread wake and write one event each time
+(800 writes and wake-ups a second for a loop of 1,000 steps a second)."""
+
 
 class Spiller(SenderPart):
     """Spills the batch log (and the queue) to the session's spool when the daemon is away, memory is over its
@@ -44,7 +50,8 @@ class Spiller(SenderPart):
 
     def spill(self, *, everything: bool, number: Callable[[], Batch | None]) -> None:
         """Move every in-memory batch of the log to the spool, then number (`number`) and spill the queue too,
-        when spilling is due (or `everything` is asked for, at close)."""
+        when spilling is due (or `everything` is asked for, at close); the queue in whole batches, or once it
+        lingered `SPILL_GAP_SECS` (`queue_spill_in`)."""
         with self._lock:
             if not (everything or self.must_spill()) or not self.can_spool():
                 return
@@ -56,9 +63,24 @@ class Spiller(SenderPart):
             with self._lock:
                 if not self._queue or not (everything or self.must_spill()):
                     return
+                if not everything and self.queue_spill_in(time.monotonic()) > 0:
+                    return
             taken = number()
             if taken is None or not self.spill_batch(taken):
                 return
+
+    def queue_spill_in(self, now: float) -> float:
+        """Holding the lock, spilling due: seconds until the queue goes to the spool (0: now). At once when it
+        holds a full batch, memory is over its bound, or everything must go (closing, told to stop, a forked
+        child's outbox); else once its oldest event waited the gap."""
+        options, queue = self._options, self._queue
+        if self._status.spill_all or self._abandon.is_set() or self._outbox_pid is not None:
+            return 0.0
+        if options.overflow == "spill" and self._budget.over():
+            return 0.0
+        if len(queue) >= options.max_batch_events or not queue.under(options.max_batch_bytes):
+            return 0.0
+        return max(0.0, queue.queued_at + min(SPILL_GAP_SECS, options.spool_after) - now)
 
     def spill_batch(self, batch: Batch) -> bool:
         """Write one in-memory batch to the spool and free its memory; False when the spool failed."""
