@@ -155,6 +155,8 @@ class Server:
 
     async def _start(self, resources: contextlib.AsyncExitStack) -> _Serving:
         config = self.config
+        if config.upstream_addresses:
+            raise StartupError("--upstream: this build has no relay yet; run the daemon without it")
         health = health_aio.HealthServicer()
         # Bind first: a port in use (or a TLS file it cannot use) stops start-up before anything is made on disk.
         server = self._bind(health)
