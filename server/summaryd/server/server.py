@@ -28,6 +28,7 @@ from summaryd.server.board.provider import Backfill, BoardService, runs_on_disk
 from summaryd.server.config import Config
 from summaryd.server.io_threads import io_executor
 from summaryd.server.operations.metrics import Metrics, MetricsInterceptor
+from summaryd.server.relay import RelayService, Upstreams
 from summaryd.server.security.auth import AuthInterceptor, TokenTable, current_caller
 from summaryd.server.security.refusals import RefusalInterceptor
 from summaryd.server.service import SummariesService
@@ -133,11 +134,44 @@ class Server:
             StartupError: the daemon cannot start; whatever start-up had taken is released, and nothing was
                 created on disk when it could not bind.
         """
+        if self.config.upstream_addresses:
+            await self._relay()
+            return
         await self.startup()
         try:
             await self.main_loop()
         finally:
             await self.shutdown()
+
+    async def _relay(self) -> None:
+        """Serve as a node relay (`--upstream`): no logdir, no state; every call goes on to the upstream daemons.
+        Shutdown: refuse new sessions, end the write streams once their batches are answered, stop."""
+        config = self.config
+        health = health_aio.HealthServicer()
+        server = self._bind(health)
+        upstreams = Upstreams(config.upstream_addresses)
+        service = RelayService(upstreams)
+        pb_grpc.add_SummariesServicer_to_server(service, server)
+        if config.port_file:
+            try:
+                with open(config.port_file, "w") as f:
+                    f.write(f"{self.port}\n")
+            except OSError as exc:
+                await _Listener(server).close()
+                raise StartupError(f"cannot write --port-file {config.port_file}: {_reason(exc)}") from None
+        for name in ("", SERVICE_NAME):
+            await health.set(name, health_pb2.HealthCheckResponse.SERVING)
+        await server.start()
+        self._started.set()
+        log.info("summaryd relaying %s to %s", config.listen, ", ".join(config.upstream_addresses))
+        try:
+            await self._stop.wait()
+        finally:
+            await health.enter_graceful_shutdown()
+            service.start_draining()
+            await server.stop(grace=config.shutdown_timeout / 2)
+            await upstreams.close()
+            log.info("stopped")
 
     async def startup(self) -> None:
         """Bind, serve metrics, lock the state directory, open the logdir, recover, then serve.
@@ -155,8 +189,6 @@ class Server:
 
     async def _start(self, resources: contextlib.AsyncExitStack) -> _Serving:
         config = self.config
-        if config.upstream_addresses:
-            raise StartupError("--upstream: this build has no relay yet; run the daemon without it")
         health = health_aio.HealthServicer()
         # Bind first: a port in use (or a TLS file it cannot use) stops start-up before anything is made on disk.
         server = self._bind(health)
