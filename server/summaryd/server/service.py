@@ -287,7 +287,8 @@ class SummariesService(pb_grpc.SummariesServicer):
     async def _relayed(
         self, batches: list[pb.RelayBatch], context: Context, callers: RelayCallers, told: dict[str, int]
     ) -> list[pb.RelaySessionAck]:
-        """One session's batches of a relay message, in order; a refusal answers the rest of them too."""
+        """One session's batches of a relay message, in order; a refusal ends them there (the rest go
+        unanswered: the session has left the stream)."""
         session_id = batches[0].write.session_id
         relayed = cast(Context, _RelayedContext(context))
         acks = []
