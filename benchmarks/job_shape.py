@@ -1,6 +1,7 @@
 """The job-shape benchmark: one run of N workers against one daemon, beside the bare servicer's floor.
 
 `python -m benchmarks.job_shape [--workers 64,256,1024] [--seconds 20] [--targets floor,on,off] [--short]`
+`python -m benchmarks.job_shape --workers 4096 --targets relayed --relays 4 --generators 4`
 
 Each worker logs `--tags` scalars a step at `--steps-per-second`, one batch of scalar columns per step unless
 the daemon's pacing makes it linger (`_job_load`, many workers per generator process). Each row is one target
@@ -9,6 +10,10 @@ the daemon with its defaults, aggregation on (`--aggregate`) and off (`--no-aggr
 measured window (after a warm-up): acknowledged/offered scalars, backlog growth (queued and unacknowledged
 scalars, in seconds of the offered load), the target's cores and its CPU per message and per scalar, each
 step's visibility (queued to acknowledged) p50/p99, the target's RSS at the end, and the generators' CPU.
+
+The `relayed` target is a job's topology for thousands of ranks: `--relays` relay processes (`summaryd serve
+--upstream`, a node's relay each) in front of one owner daemon (aggregation on), each generator's workers on one
+relay; the target's figures are the owner's, the relays' cores beside them.
 """
 
 from __future__ import annotations
@@ -34,12 +39,13 @@ from benchmarks._report import table
 from benchmarks._run import running_daemon
 from benchmarks.aggregation import daemon_cpu
 
-FLOOR, ON, OFF, UNPACED = "floor", "on", "off", "unpaced"
+FLOOR, ON, OFF, UNPACED, RELAYED = "floor", "on", "off", "unpaced", "relayed"
 TARGET_LABELS = {
     FLOOR: "bare servicer (floor)",
     ON: "daemon, aggregation on",
     OFF: "daemon, aggregation off",
     UNPACED: "daemon, aggregation on, no pacing",
+    RELAYED: "one owner through relays, aggregation on",
 }
 _PAGE = os.sysconf("SC_PAGE_SIZE")
 
@@ -52,6 +58,7 @@ class Shape:
     warmup: float = 5.0
     seconds: float = 20.0
     generators: int = 2
+    relays: int = 4
 
     @property
     def offered_per_second(self) -> float:
@@ -77,6 +84,8 @@ class Row:
     in_flight: int
     cpu_wait: float
     """Seconds a second the target's threads waited, runnable, for a CPU (others on the machine took it)."""
+    relay_cores: float = 0.0
+    """The relays' cores together (the `relayed` target)."""
 
     @property
     def acknowledged(self) -> float:
@@ -117,29 +126,48 @@ def _floor(workdir: Path) -> Iterator[tuple[str, int]]:
         stop_process(proc)
 
 
+@dataclass(frozen=True)
+class _Target:
+    """What the generators dial (generator `i` the address `i % len`), the measured process, and its relays."""
+
+    addresses: list[str]
+    pid: int
+    relays: list[int]
+
+
 @contextlib.contextmanager
-def _target(kind: str, workdir: Path) -> Iterator[tuple[str, int]]:
+def _target(kind: str, workdir: Path, shape: Shape) -> Iterator[_Target]:
     if kind == FLOOR:
-        with _floor(workdir) as found:
-            yield found
+        with _floor(workdir) as (address, pid):
+            yield _Target([address], pid, [])
         return
     flags = ["--no-aggregate"] if kind == OFF else ["--aggregate"]
     if kind == UNPACED:
         flags += ["--pace-messages", "0"]  # a batch per step, as before pacing: the cost of each message
-    with running_daemon(workdir, *flags) as daemon:  # its defaults: they carry 1,024 ranks from one address
-        yield daemon.address, daemon.pid
+    # Its defaults but the run count: 1,024 workers' runs and the 5 aggregate runs are over --max-open-runs.
+    with running_daemon(workdir, *flags, "--max-open-runs", str(max(4096, shape.workers + 64))) as daemon:
+        if kind != RELAYED:
+            yield _Target([daemon.address], daemon.pid, [])
+            return
+        with contextlib.ExitStack() as relays:
+            started = [
+                relays.enter_context(running_daemon(workdir, "--upstream", daemon.address))
+                for _ in range(shape.relays)
+            ]
+            yield _Target([r.address for r in started], daemon.pid, [r.pid for r in started])
 
 
 def measure(kind: str, shape: Shape, workdir: Path, profile: Path | None = None) -> Row:
     """Feed one target with `shape` and measure it; with `profile`, py-spy samples it over the window into
     `profile/<target>-<workers>.txt` (collapsed stacks)."""
-    with _target(kind, workdir) as (address, pid):
+    with _target(kind, workdir, shape) as target:
+        pid = target.pid
         run = f"job-{uuid.uuid4().hex[:8]}"
         per = -(-shape.workers // shape.generators)
         procs = []
         for first in range(0, shape.workers, per):
             params = LoadParams(
-                address,
+                target.addresses[len(procs) % len(target.addresses)],
                 run,
                 shape.workers,
                 first,
@@ -165,8 +193,10 @@ def measure(kind: str, shape: Shape, workdir: Path, profile: Path | None = None)
             time.sleep(max(0.0, start + shape.warmup - time.time()))
             spy = _profiler(pid, shape, profile / f"{kind}-{shape.workers}.txt") if profile else None
             cpu_before, wait_before = daemon_cpu(pid), run_queue_wait(pid)
+            relays_before = sum(daemon_cpu(p) for p in target.relays)
             time.sleep(max(0.0, start + shape.warmup + shape.seconds - time.time()))
             cpu, waited = daemon_cpu(pid) - cpu_before, run_queue_wait(pid) - wait_before
+            relay_cpu = sum(daemon_cpu(p) for p in target.relays) - relays_before
             rss = rss_mib(pid)
             if spy is not None:
                 spy.wait(60)
@@ -177,7 +207,7 @@ def measure(kind: str, shape: Shape, workdir: Path, profile: Path | None = None)
         finally:
             for proc in procs:
                 stop_process(proc)  # type: ignore[arg-type]  # a text-mode pipe; only its pid is used
-    return _row(kind, shape, results, cpu, rss, waited)
+    return _row(kind, shape, results, cpu, rss, waited, relay_cpu)
 
 
 def _profiler(pid: int, shape: Shape, out: Path) -> subprocess.Popen[bytes]:
@@ -187,7 +217,9 @@ def _profiler(pid: int, shape: Shape, out: Path) -> subprocess.Popen[bytes]:
     return subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 
-def _row(kind: str, shape: Shape, results: Sequence[dict[str, Any]], cpu: float, rss: float, waited: float) -> Row:
+def _row(
+    kind: str, shape: Shape, results: Sequence[dict[str, Any]], cpu: float, rss: float, waited: float, relay_cpu: float
+) -> Row:
     offered = sum(r["offered"] for r in results)
     acked = sum(r["acked"] for r in results)
     messages = sum(r["messages"] for r in results)
@@ -214,6 +246,7 @@ def _row(kind: str, shape: Shape, results: Sequence[dict[str, Any]], cpu: float,
         max(r["linger_s"] for r in results),
         min(r["in_flight"] for r in results),
         waited / shape.seconds,
+        relay_cpu / shape.seconds,
     )
 
 
@@ -233,6 +266,7 @@ def report(rows: Sequence[Row]) -> str:
         "RSS",
         "linger, in flight",
         "generators",
+        "relays",
     ]
     body = [
         [
@@ -250,6 +284,7 @@ def report(rows: Sequence[Row]) -> str:
             f"{r.rss_mib:.0f} MiB",
             f"{r.linger_s * 1e3:.0f} ms, {r.in_flight}",
             f"{r.generator_cores:.2f} cores",
+            f"{r.shape.relays}: {r.relay_cores:.2f} cores" if r.target == TARGET_LABELS[RELAYED] else "—",
         ]
         for r in rows
     ]
@@ -271,6 +306,12 @@ def targets_met(rows: Sequence[Row]) -> list[str]:
                 f"- visibility p50 under it: {r.visibility_p50_s:.2f} s (target ≤ 2 s): "
                 f"{'met' if r.visibility_p50_s <= 2.0 else 'NOT met'}"
             )
+        if r.shape.workers == 4096 and r.target == TARGET_LABELS[RELAYED]:
+            ok = r.acknowledged >= 0.99 and r.cores <= 1.0
+            lines.append(
+                f"- 4,096 workers through {r.shape.relays} relays, one owner: {r.acknowledged:.3f}x acknowledged, "
+                f"owner {r.cores:.2f} cores (target ≥ 0.99x, ≤ 1 core): {'met' if ok else 'NOT met'}"
+            )
     return lines
 
 
@@ -285,6 +326,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     # batches the daemon drains for some seconds: the window is the steady state after it.
     parser.add_argument("--warmup", type=float, default=15.0)
     parser.add_argument("--generators", type=int, default=2)
+    parser.add_argument("--relays", type=int, default=4, help="relay processes of the relayed target")
     parser.add_argument("--short", action="store_true", help="8 workers, 2 s: a check that it runs, no figures")
     parser.add_argument("--profile", type=Path, help="sample each target with py-spy into this directory")
     args = parser.parse_args(argv)
@@ -293,7 +335,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     rows = []
     with tempfile.TemporaryDirectory(prefix="summaryd-jobshape-") as tmp:
         for workers in counts:
-            shape = Shape(workers, args.tags, args.steps_per_second, warmup, seconds, args.generators)
+            shape = Shape(workers, args.tags, args.steps_per_second, warmup, seconds, args.generators, args.relays)
             for kind in args.targets.split(","):
                 print(f"job shape: {workers} workers, {TARGET_LABELS[kind]} (load {load_average()})", file=sys.stderr)
                 rows.append(measure(kind, shape, Path(tmp), args.profile))

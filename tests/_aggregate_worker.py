@@ -3,8 +3,9 @@
 SPEC is JSON: `address`, `run`, `rank`, `world`, `steps` ([start, stop]), `barrier` (a directory: the worker
 says it is ready there and waits until all `world` workers are), optional `stall` ({"at": step, "go": file}:
 flush, say so in the barrier directory, and wait for `go` before logging that step), `summary` (log through
-`add_summary` as serialized `Summary` protos instead of `add_scalar`'s columns) and `scalars_steps` (that many
-steps of `add_scalars("parts", {"a": v, "b": -v})` too).
+`add_summary` as serialized `Summary` protos instead of `add_scalar`'s columns), `scalars_steps` (that many
+steps of `add_scalars("parts", {"a": v, "b": -v})` too) and `pause` (seconds to sleep every 100 steps, so that
+a job lasts long enough for a fault to strike it mid-run).
 """
 
 from __future__ import annotations
@@ -32,7 +33,9 @@ def _wait(path: Path, count: int = 1, pattern: str = "") -> None:
 def main() -> None:
     spec = json.loads(sys.argv[1])
     rank, world, barrier = spec["rank"], spec["world"], Path(spec["barrier"])
-    writer = SummaryWriter(spec["run"], address=spec["address"], worker=f"rank-{rank}", world_size=world)
+    writer = SummaryWriter(
+        spec["run"], address=spec["address"], worker=f"rank-{rank}", world_size=world, backoff_secs=(0.05, 0.5)
+    )
     (barrier / f"ready-{rank}").touch()
     _wait(barrier, world, "ready-*")
     stall = spec.get("stall")
@@ -41,6 +44,8 @@ def main() -> None:
             writer.flush(timeout=10)
             (barrier / f"stalled-{rank}").touch()
             _wait(Path(stall["go"]))
+        if step % 100 == 0 and spec.get("pause"):
+            time.sleep(spec["pause"])
         v = value(rank, step)
         if spec.get("summary"):
             writer.add_summary(Summary(value=[Summary.Value(tag="loss", simple_value=v)]), step)

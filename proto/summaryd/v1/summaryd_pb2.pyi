@@ -263,3 +263,37 @@ class PutFileRequest(_message.Message):
 class PutFileResponse(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...
+
+class RelayRequest(_message.Message):
+    __slots__ = ("batches",)
+    BATCHES_FIELD_NUMBER: _ClassVar[int]
+    batches: _containers.RepeatedCompositeFieldContainer[RelayBatch]
+    def __init__(self, batches: _Optional[_Iterable[_Union[RelayBatch, _Mapping]]] = ...) -> None: ...
+
+class RelayBatch(_message.Message):
+    __slots__ = ("write", "authorization")
+    WRITE_FIELD_NUMBER: _ClassVar[int]
+    AUTHORIZATION_FIELD_NUMBER: _ClassVar[int]
+    write: WriteRequest
+    authorization: str
+    def __init__(self, write: _Optional[_Union[WriteRequest, _Mapping]] = ..., authorization: _Optional[str] = ...) -> None: ...
+
+class RelayAck(_message.Message):
+    __slots__ = ("acks",)
+    ACKS_FIELD_NUMBER: _ClassVar[int]
+    acks: _containers.RepeatedCompositeFieldContainer[RelaySessionAck]
+    def __init__(self, acks: _Optional[_Iterable[_Union[RelaySessionAck, _Mapping]]] = ...) -> None: ...
+
+class RelaySessionAck(_message.Message):
+    __slots__ = ("session_id", "ack", "code", "message", "refused_sequence")
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    ACK_FIELD_NUMBER: _ClassVar[int]
+    CODE_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    REFUSED_SEQUENCE_FIELD_NUMBER: _ClassVar[int]
+    session_id: str
+    ack: WriteAck
+    code: int
+    message: str
+    refused_sequence: int
+    def __init__(self, session_id: _Optional[str] = ..., ack: _Optional[_Union[WriteAck, _Mapping]] = ..., code: _Optional[int] = ..., message: _Optional[str] = ..., refused_sequence: _Optional[int] = ...) -> None: ...

@@ -64,6 +64,11 @@ class SummariesStub:
                 request_serializer=summaryd_dot_v1_dot_summaryd__pb2.PutFileRequest.SerializeToString,
                 response_deserializer=summaryd_dot_v1_dot_summaryd__pb2.PutFileResponse.FromString,
                 _registered_method=True)
+        self.Relay = channel.stream_stream(
+                '/summaryd.v1.Summaries/Relay',
+                request_serializer=summaryd_dot_v1_dot_summaryd__pb2.RelayRequest.SerializeToString,
+                response_deserializer=summaryd_dot_v1_dot_summaryd__pb2.RelayAck.FromString,
+                _registered_method=True)
 
 
 class SummariesServicer:
@@ -115,6 +120,17 @@ class SummariesServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Relay(self, request_iterator, context):
+        """A node relay's (`summaryd serve --upstream`) write streams of many sessions carried as one: each message
+        holds batches of several sessions, each answered in a `RelayAck` as `Write` answers it. A session is opened
+        with `OpenSession` first (the relay forwards its client's call and token); its first batch on a relay stream
+        carries that token again, checked as a `Write` stream's is. A batch the daemon refuses ends only its
+        session on the stream (`RelaySessionAck.code`); the stream and the other sessions go on.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_SummariesServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -147,6 +163,11 @@ def add_SummariesServicer_to_server(servicer, server):
                     servicer.PutFile,
                     request_deserializer=summaryd_dot_v1_dot_summaryd__pb2.PutFileRequest.FromString,
                     response_serializer=summaryd_dot_v1_dot_summaryd__pb2.PutFileResponse.SerializeToString,
+            ),
+            'Relay': grpc.stream_stream_rpc_method_handler(
+                    servicer.Relay,
+                    request_deserializer=summaryd_dot_v1_dot_summaryd__pb2.RelayRequest.FromString,
+                    response_serializer=summaryd_dot_v1_dot_summaryd__pb2.RelayAck.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -311,6 +332,33 @@ class Summaries:
             '/summaryd.v1.Summaries/PutFile',
             summaryd_dot_v1_dot_summaryd__pb2.PutFileRequest.SerializeToString,
             summaryd_dot_v1_dot_summaryd__pb2.PutFileResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Relay(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_stream(
+            request_iterator,
+            target,
+            '/summaryd.v1.Summaries/Relay',
+            summaryd_dot_v1_dot_summaryd__pb2.RelayRequest.SerializeToString,
+            summaryd_dot_v1_dot_summaryd__pb2.RelayAck.FromString,
             options,
             channel_credentials,
             insecure,

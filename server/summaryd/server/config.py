@@ -147,6 +147,13 @@ class Config:
         "DIR",
     )
     listen: str = option(f"127.0.0.1:{DEFAULT_PORT}", "address to serve gRPC on; port 0 picks a free port", "HOST:PORT")
+    upstream: str = option(
+        "",
+        "run as a node relay: forward the sessions of the clients here, many in one message, to the daemons at "
+        "these addresses (comma-separated, HOST:PORT or unix:PATH), each to the one that holds its run, following "
+        "a redirect only to one of them; a relay keeps nothing and writes no --logdir",
+        "ADDR[,ADDR...]",
+    )
     shutdown_timeout: float = option(
         10.0, "seconds a SIGTERM/SIGINT may take to drain streams and sync files before exiting", "SECS"
     )
@@ -225,6 +232,11 @@ class Config:
         return settings.build(cls, values)
 
     @property
+    def upstream_addresses(self) -> tuple[str, ...]:
+        """The daemons of `--upstream` (empty: this daemon writes its own logdir, it is no relay)."""
+        return tuple(a.strip() for a in self.upstream.split(",") if a.strip())
+
+    @property
     def host(self) -> str:
         return _host(self.listen)
 
@@ -241,6 +253,11 @@ class Config:
             raise ValueError(f"--listen {self.listen!r}: the port is not a number") from None
         if not 0 <= port <= 65535:
             raise ValueError(f"--listen {self.listen!r}: the port must be 0..65535")
+        for address in self.upstream_addresses:
+            if not (_is_host_port(address) or (address.startswith("unix:") and len(address) > len("unix:"))):
+                raise ValueError(
+                    f"--upstream: {address!r} needs HOST:PORT or unix:PATH, e.g. owner-0.example:{DEFAULT_PORT}"
+                )
         if self.shutdown_timeout <= 0:
             raise ValueError("--shutdown-timeout must be positive")
         if self.stream_window_bytes < MIN_STREAM_WINDOW_BYTES:

@@ -30,6 +30,7 @@ from summaryd.server.board.saved import SavedIndex
 from summaryd.server.config import Config
 from summaryd.server.io_threads import io_executor
 from summaryd.server.operations.metrics import Metrics, MetricsInterceptor
+from summaryd.server.relay import RelayService, Upstreams
 from summaryd.server.security.auth import AuthInterceptor, TokenTable
 from summaryd.server.security.refusals import RefusalInterceptor
 from summaryd.server.service import SummariesService
@@ -135,11 +136,44 @@ class Server:
             StartupError: the daemon cannot start; whatever start-up had taken is released, and nothing was
                 created on disk when it could not bind.
         """
+        if self.config.upstream_addresses:
+            await self._relay()
+            return
         await self.startup()
         try:
             await self.main_loop()
         finally:
             await self.shutdown()
+
+    async def _relay(self) -> None:
+        """Serve as a node relay (`--upstream`): no logdir, no state; every call goes on to the upstream daemons.
+        Shutdown: refuse new sessions, end the write streams once their batches are answered, stop."""
+        config = self.config
+        health = health_aio.HealthServicer()
+        server = self._bind(health)
+        upstreams = Upstreams(config.upstream_addresses)
+        service = RelayService(upstreams)
+        pb_grpc.add_SummariesServicer_to_server(service, server)
+        if config.port_file:
+            try:
+                with open(config.port_file, "w") as f:
+                    f.write(f"{self.port}\n")
+            except OSError as exc:
+                await _Listener(server).close()
+                raise StartupError(f"cannot write --port-file {config.port_file}: {_reason(exc)}") from None
+        for name in ("", SERVICE_NAME):
+            await health.set(name, health_pb2.HealthCheckResponse.SERVING)
+        await server.start()
+        self._started.set()
+        log.info("summaryd relaying %s to %s", config.listen, ", ".join(config.upstream_addresses))
+        try:
+            await self._stop.wait()
+        finally:
+            await health.enter_graceful_shutdown()
+            service.start_draining()
+            await server.stop(grace=config.shutdown_timeout / 2)
+            await upstreams.close()
+            log.info("stopped")
 
     async def startup(self) -> None:
         """Bind, serve metrics, lock the state directory, open the logdir, recover, then serve.

@@ -14,7 +14,7 @@ import logging
 import time
 import urllib.parse
 from collections.abc import AsyncIterator, Callable, Sequence
-from typing import Any
+from typing import Any, cast
 
 import grpc
 from grpc import aio
@@ -36,7 +36,7 @@ from summaryd.server.errors import (
 )
 from summaryd.server.operations.metrics import Metrics, WriteCounts
 from summaryd.server.records.scalar_records import ScalarRecords
-from summaryd.server.security.auth import Grant, current_caller
+from summaryd.server.security.auth import UNAUTHENTICATED_MESSAGE, Grant, RelayCallers, current_caller
 from summaryd.server.security.refusals import WRITE_METHOD, Unparsed, unparsed_problem
 from summaryd.server.security.request_checks import batch_count, open_problem, session_id_problem, write_problem
 from summaryd.server.sessions.lifecycle import SessionLifecycle
@@ -47,7 +47,7 @@ from summaryd.server.storage.runpath import run_dir_parts
 from summaryd.server.watch import Watch
 from summaryd.v1 import summaryd_pb2 as pb
 from summaryd.v1 import summaryd_pb2_grpc as pb_grpc
-from summaryd.v1.wire import VERSION
+from summaryd.v1.wire import REFUSED_SEQUENCE_KEY, VERSION
 
 log = logging.getLogger(__name__)
 
@@ -262,6 +262,77 @@ class SummariesService(pb_grpc.SummariesServicer):
             if session is not None:
                 session.detach(task)
 
+    # ---- Relay -----------------------------------------------------------------------------------------
+
+    async def Relay(
+        self, request_iterator: AsyncIterator[pb.RelayRequest], context: Context
+    ) -> AsyncIterator[pb.RelayAck]:
+        """A node relay's sessions on one stream: each batch is checked and written as `Write` would, each
+        session refused alone (`_SessionRefusedError`); the sessions of a message are written side by side, each
+        session's batches in order, and the message answered with one `RelayAck`."""
+        task = asyncio.current_task()
+        assert task is not None
+        callers = RelayCallers()
+        told: dict[str, int] = {}  # the pacing version each session's client was told
+        requests = aiter(request_iterator)
+        pacer = self.pacer
+        pacer.opened()
+        try:
+            while True:
+                self._idle_streams.add(task)
+                try:
+                    request = await anext(requests, None)
+                finally:
+                    self._idle_streams.discard(task)
+                if request is None:
+                    return
+                by_session: dict[str, list[pb.RelayBatch]] = {}
+                for batch in request.batches:
+                    by_session.setdefault(batch.write.session_id, []).append(batch)
+                answer = pb.RelayAck()
+                for acks in await asyncio.gather(
+                    *(self._relayed(batches, context, callers, told) for batches in by_session.values())
+                ):
+                    answer.acks.extend(acks)
+                pacer.took()
+                yield answer
+                if self._draining:
+                    return
+        finally:
+            pacer.closed()
+
+    async def _relayed(
+        self, batches: list[pb.RelayBatch], context: Context, callers: RelayCallers, told: dict[str, int]
+    ) -> list[pb.RelaySessionAck]:
+        """One session's batches of a relay message, in order; a refusal ends them there (the rest go
+        unanswered: the session has left the stream)."""
+        session_id = batches[0].write.session_id
+        relayed = cast(Context, _RelayedContext(context))
+        acks = []
+        try:
+            for batch in batches:
+                request = batch.write
+                if not callers.serve_as(session_id, batch.authorization):
+                    raise _SessionRefusedError(grpc.StatusCode.UNAUTHENTICATED, UNAUTHENTICATED_MESSAGE)
+                await self._authorize_session(session_id, relayed)
+                async with _answered(relayed):
+                    session = await self._live_session(session_id, relayed)
+                    await self._authorize_run(session.run.run_dir, relayed)
+                    await self._check_batch(request, relayed)
+                    acked = await self.lifecycle.write(session, request.first_sequence, _batch_events(request))
+                ack = pb.RelaySessionAck(session_id=session_id)
+                ack.ack.acked_sequence = acked
+                ack.ack.durable_sequence = self.lifecycle.durable(session_id)
+                if told.get(session_id) != self.pacer.version:
+                    told[session_id] = self.pacer.version
+                    ack.ack.pacing.CopyFrom(self.pacer.pacing)
+                acks.append(ack)
+        except _SessionRefusedError as refused:
+            callers.forget(session_id)
+            told.pop(session_id, None)
+            acks.append(refused.ack(session_id))
+        return acks
+
     async def _check_batch(self, request: pb.WriteRequest, context: Context) -> None:
         problem = write_problem(request)
         if problem is not None:
@@ -435,3 +506,38 @@ class SummariesService(pb_grpc.SummariesServicer):
         if problem is not None:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, problem)
         return self.lifecycle.live(session_id)
+
+
+class _SessionRefusedError(Exception):
+    """A batch of a relay stream refused: it ends that session on the stream, not the stream."""
+
+    def __init__(self, code: grpc.StatusCode, message: str, metadata: Sequence[tuple[str, str]] = ()) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+        self.metadata = metadata
+
+    def ack(self, session_id: str) -> pb.RelaySessionAck:
+        refused = dict(self.metadata).get(REFUSED_SEQUENCE_KEY)
+        return pb.RelaySessionAck(
+            session_id=session_id,
+            code=self.code.value[0],
+            message=self.message,
+            refused_sequence=int(refused) if refused else 0,
+        )
+
+
+class _RelayedContext:
+    """The context the checks of one session of a relay stream abort through: what would end a `Write`
+    stream raises `_SessionRefusedError` instead."""
+
+    def __init__(self, context: Context) -> None:
+        self._context = context
+
+    def peer(self) -> str:
+        return str(self._context.peer())
+
+    async def abort(
+        self, code: grpc.StatusCode, details: str = "", trailing_metadata: Sequence[tuple[str, str]] = ()
+    ) -> None:
+        raise _SessionRefusedError(code, details, trailing_metadata)

@@ -128,6 +128,7 @@ _UNAUTHENTICATED = (
     "missing or unknown token: send metadata 'authorization: Bearer <token>' "
     "(the client reads it from token= or SUMMARYD_TOKEN)"
 )
+UNAUTHENTICATED_MESSAGE = _UNAUTHENTICATED
 
 
 class Caller:
@@ -159,6 +160,39 @@ _CALLER: ContextVar[Caller | None] = ContextVar("summaryd_caller", default=None)
 def current_caller() -> Caller | None:
     """The caller of the RPC being served, or None when the daemon has no token file (every caller may do all)."""
     return _CALLER.get()
+
+
+# A relay stream's table of tokens: its sessions each bring their client's token (`RelayBatch.authorization`).
+_RELAY_AUTH: ContextVar[AuthInterceptor | None] = ContextVar("summaryd_relay_auth", default=None)
+
+RELAY_METHOD = "/summaryd.v1.Summaries/Relay"
+
+
+class RelayCallers:
+    """The callers of a relay stream's sessions: each session is its client's caller, made from the token its
+    first batch on the stream forwards, and the current caller while its batches are handled."""
+
+    def __init__(self) -> None:
+        self._auth = _RELAY_AUTH.get()
+        self._callers: dict[str, Caller] = {}
+
+    def serve_as(self, session_id: str, authorization: str) -> bool:
+        """Make the session's caller current (from `authorization` the first time); False when its token is
+        missing or unknown. Without a token file every session may do all (as every caller may)."""
+        if self._auth is None:
+            return True
+        caller = self._callers.get(session_id)
+        if caller is None:
+            grant = self._auth.tokens.grant_for(authorization)
+            if grant is None:
+                return False
+            caller = self._callers[session_id] = Caller(self._auth, authorization, grant)
+        _CALLER.set(caller)
+        return True
+
+    def forget(self, session_id: str) -> None:
+        """The session left the stream (refused): its next batch must bring its token again."""
+        self._callers.pop(session_id, None)
 
 
 def _aborting(handler: Handler, code: grpc.StatusCode, message: str) -> Handler:
@@ -206,6 +240,20 @@ def _serving_as(handler: Handler, caller: Caller) -> Handler:
     return _aborting(handler, grpc.StatusCode.UNIMPLEMENTED, "this method is not served with a token file")
 
 
+def _relaying(handler: Handler, auth: AuthInterceptor) -> Handler:
+    """The relay stream's `handler` with the token table its sessions' tokens are checked against."""
+    inner = handler.stream_stream
+
+    async def stream(requests: AsyncIterator[Any], context: aio.ServicerContext[Any, Any]) -> AsyncIterator[Any]:
+        _RELAY_AUTH.set(auth)
+        async for answer in inner(requests, context):
+            yield answer
+
+    return grpc.stream_stream_rpc_method_handler(
+        stream, request_deserializer=handler.request_deserializer, response_serializer=handler.response_serializer
+    )
+
+
 class AuthInterceptor(aio.ServerInterceptor):  # type: ignore[type-arg]
     """Checks bearer tokens on the summaryd service (health and reflection stay open for probes).
 
@@ -228,6 +276,9 @@ class AuthInterceptor(aio.ServerInterceptor):  # type: ignore[type-arg]
         handler = await continuation(details)
         if handler is None or not details.method.startswith(_SERVICE):
             return handler
+        if details.method == RELAY_METHOD:
+            # Each session of a relay stream brings its own client's token, checked by the servicer per session.
+            return _relaying(handler, self)
         metadata = dict(details.invocation_metadata or ())
         authorization = metadata.get("authorization")
         if not isinstance(authorization, str):
