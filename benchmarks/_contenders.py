@@ -18,8 +18,8 @@ SUMMARYD_HOOK = "summaryd-hook"
 NO_WRITER = "none"
 """An empty function in place of `add_scalar`: the floor of what timing one call costs on this machine."""
 DEQUE = "deque"
-"""A function in place of `add_scalar` that appends the tuple a queued scalar is (tag, value, step, wall time,
-estimated bytes) to a deque: the floor of what queueing a scalar for another thread costs."""
+"""A function in place of `add_scalar` that appends the tuple a queued scalar is (its kind, tag, value, step, wall
+time, estimated bytes) to a deque: the floor of what queueing a scalar for another thread costs."""
 
 # The labels of the contenders in the tables.
 LIVE = "summaryd, daemon live"
@@ -165,10 +165,10 @@ def _deque_floor() -> OpenWriter:
     import time
     from collections import deque
 
-    queue: deque[tuple[str, float, int, float, int]] = deque()
+    queue: deque[tuple[int, str, float, int, float, int]] = deque()
     append, now = queue.append, time.time
 
     def add_scalar(tag: str, value: float, step: int) -> None:
-        append((tag, value, step, now(), 40 + len(tag)))
+        append((2, tag, value, step, now(), 24 + len(tag)))
 
     return OpenWriter(add_scalar, _unreported(queue.clear), queue)

@@ -434,7 +434,8 @@ def process_cpu(run: Run) -> str:
         "each thread's CPU over the loop (`/proc/self/task/*/stat`, by thread name). (b) A step loop whose step is "
         f"pure Python (holds the GIL) logging 20 scalars a step, {plan.cpu_events:,} in all: its wall time per "
         "scalar, and the slowdown against the same loop calling an empty function. The queue's floor: a "
-        "function that appends the tuple a queued scalar is (tag, value, step, `time.time()`, size) to a deque. "
+        "function that appends the tuple a queued scalar is (its kind, tag, value, step, `time.time()`, size) "
+        "to a deque. "
         f"{plan.cpu_repeats} trials per contender; median (min-max); figures in µs."
     )
     calls_about = (
