@@ -5,4 +5,5 @@ SOURCE = 0
 SUMMARY = 1
 """`(SUMMARY, serialized Summary, step, wall_time, estimated bytes)`."""
 SCALAR = 2
-"""`(SCALAR, tag, value, step, wall_time, estimated bytes)`."""
+"""`(SCALAR, tag, value, step, wall_time, estimated bytes)`. The largest kind: `EventQueue.take_scalars` tells a
+run of scalars by the smallest kind in it."""

@@ -135,11 +135,12 @@ class EventQueue:
         """
         queue = self.items
         head = list(starmap(queue.popleft, repeat((), min(max_events, len(queue)))))
-        kinds = list(map(_KIND, head))
         count = len(head)
-        for other in _NOT_SCALAR:  # the first event of another kind ends the run
-            if other in kinds:
-                count = min(count, kinds.index(other))
+        # The first event of another kind ends the run. `SCALAR` is the largest kind, so one C-level `min` over
+        # the kinds tells the usual run (all scalars) without a list of them.
+        if head and min(map(_KIND, head)) != SCALAR:
+            kinds = list(map(_KIND, head))
+            count = min(kinds.index(other) for other in _NOT_SCALAR if other in kinds)
         if count < len(head):
             queue.extendleft(reversed(head[count:]))
             del head[count:]
