@@ -17,6 +17,9 @@ SUMMARYD_HOOK = "summaryd-hook"
 """summaryd's `SummarySaverHook(save_steps=1)`: each call is one step's `before_run` and `after_run`."""
 NO_WRITER = "none"
 """An empty function in place of `add_scalar`: the floor of what timing one call costs on this machine."""
+DEQUE = "deque"
+"""A function in place of `add_scalar` that appends the tuple a queued scalar is (its kind, tag, value, step, wall
+time, estimated bytes) to a deque: the floor of what queueing a scalar for another thread costs."""
 
 # The labels of the contenders in the tables.
 LIVE = "summaryd, daemon live"
@@ -24,6 +27,7 @@ ABSENT = "summaryd, no daemon"
 PEERS = {"torch": TORCH, "tensorboardX": TENSORBOARDX}
 HOOK = "summaryd SummarySaverHook, daemon live"
 FLOOR = "empty function (floor)"
+QUEUE_FLOOR = "a tuple into a deque (floor)"
 
 
 @dataclass(frozen=True)
@@ -85,6 +89,8 @@ def open_writer(spec: WriterSpec) -> OpenWriter:
         return _summaryd_hook(spec)
     if spec.kind == NO_WRITER:
         return OpenWriter(_nothing, _unreported(lambda: None))
+    if spec.kind == DEQUE:
+        return _deque_floor()
     if spec.kind == TENSORBOARDX:
         from tensorboardX import SummaryWriter as XWriter  # type: ignore[import-untyped]
 
@@ -153,3 +159,16 @@ def _unreported(close: Callable[[], object]) -> Callable[[], Closed]:
 
 def _nothing(tag: str, value: float, step: int) -> None:
     """Takes what `add_scalar` takes and does nothing."""
+
+
+def _deque_floor() -> OpenWriter:
+    import time
+    from collections import deque
+
+    queue: deque[tuple[int, str, float, int, float, int]] = deque()
+    append, now = queue.append, time.time
+
+    def add_scalar(tag: str, value: float, step: int) -> None:
+        append((2, tag, value, step, now(), 24 + len(tag)))
+
+    return OpenWriter(add_scalar, _unreported(queue.clear), queue)

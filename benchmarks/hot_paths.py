@@ -3,7 +3,8 @@
     python -m benchmarks.hot_paths client [SCALARS]          # add_scalar back to back against a fresh daemon
     python -m benchmarks.hot_paths feed [BATCH] [BATCHES]    # scalar columns over gRPC into a fresh daemon
 
-`client` prints the client process's CPU per scalar, all threads and by thread name (as section 8 measures it);
+`client` prints the client process's CPU per scalar, all threads and by thread name (as section 8 measures it),
+beside the queue's floor in the same process (a tuple into a deque, section 8's contender) and their ratio;
 `feed` prints the daemon's CPU per scalar and per batch (`/proc/<pid>/stat` around the ceiling's feeder, its
 setup included) and its pid before it starts, for `py-spy record -p`.
 """
@@ -16,6 +17,7 @@ import time
 from dataclasses import asdict
 from pathlib import Path
 
+from benchmarks._contenders import DEQUE, WriterSpec, open_writer
 from benchmarks._run import running_daemon
 from benchmarks._trials import run_trial
 from benchmarks.ceiling import CeilingParams
@@ -42,10 +44,16 @@ def client(scalars: int) -> str:
         writer.close()
         cpu = process_cpu() - cpu_before
     shares = {name: seconds - threads_before.get(name, 0.0) for name, seconds in threads.items()}
+    floor = open_writer(WriterSpec(DEQUE, "")).add_scalar
+    floor_before = process_cpu()
+    for step in range(scalars):
+        floor("loss", step * 0.001, step)
+    floor_cpu = process_cpu() - floor_before
     by_thread = ", ".join(f"{name} {seconds / scalars * 1e6:.2f}" for name, seconds in shares.items() if seconds > 0)
     return (
         f"{scalars:,} scalars: loop {loop / scalars * 1e6:.2f} µs per call; CPU {cpu / scalars * 1e6:.2f} µs per "
-        f"scalar, all threads; by thread (over the loop): {by_thread}"
+        f"scalar, all threads; by thread (over the loop): {by_thread}; the floor (a tuple into a deque) "
+        f"{floor_cpu / scalars * 1e6:.2f} µs, {cpu / (floor_cpu or float('nan')):.2f}x"
     )
 
 

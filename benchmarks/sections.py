@@ -10,7 +10,7 @@ from collections.abc import Callable
 from dataclasses import asdict
 from typing import Any
 
-from benchmarks._contenders import FLOOR, LIVE, NO_WRITER, PEERS, SUMMARYD, TORCH, WriterSpec
+from benchmarks._contenders import DEQUE, FLOOR, LIVE, NO_WRITER, PEERS, QUEUE_FLOOR, SUMMARYD, TORCH, WriterSpec
 from benchmarks._report import Spread, micros, rate, ratio, table
 from benchmarks._run import (
     Results,
@@ -322,7 +322,7 @@ def memory(run: Run) -> str:
 
 def process_cpu(run: Run) -> str:
     plan = run.plan
-    labels = [FLOOR, LIVE, *PEERS]
+    labels = [FLOOR, QUEUE_FLOOR, LIVE, *PEERS]
     modes = ("back_to_back", "gil_loop")
     with running_daemon(run.workdir) as daemon:
 
@@ -332,6 +332,8 @@ def process_cpu(run: Run) -> str:
                 spec = WriterSpec(SUMMARYD, name, daemon.address)
             elif label == FLOOR:
                 spec = WriterSpec(NO_WRITER, name)
+            elif label == QUEUE_FLOOR:
+                spec = WriterSpec(DEQUE, name)
             else:
                 spec = _peer_spec(run, label, name)
             out: dict[str, Any] = {}
@@ -420,6 +422,10 @@ def process_cpu(run: Run) -> str:
     ours_cpu = per_event(LIVE, "back_to_back", "cpu_s").median
     run.targets.append(Target("client CPU per scalar, all threads (µs)", ours_cpu / 1000, 1.5, False, unit=" µs"))
     run.targets.append(Target("client CPU per scalar vs torch", ours_cpu / torch_cpu, 0.1, False))
+    deque_cpu = per_event(QUEUE_FLOOR, "back_to_back", "cpu_s").median
+    run.targets.append(
+        Target("client CPU per scalar vs a tuple into a deque", ours_cpu / (deque_cpu or math.nan), 2.0, False)
+    )
     slowdown = per_event(LIVE, "gil_loop", "loop_s").median - floor_loop
     run.targets.append(Target("GIL-bound loop slowdown per scalar (µs)", slowdown / 1000, 1.5, False, unit=" µs"))
     about = (
@@ -427,7 +433,9 @@ def process_cpu(run: Run) -> str:
         "process's CPU (user + system, every thread, `/proc/self/stat`) per event over the loop and the close, and "
         "each thread's CPU over the loop (`/proc/self/task/*/stat`, by thread name). (b) A step loop whose step is "
         f"pure Python (holds the GIL) logging 20 scalars a step, {plan.cpu_events:,} in all: its wall time per "
-        "scalar, and the slowdown against the same loop calling an empty function. "
+        "scalar, and the slowdown against the same loop calling an empty function. The queue's floor: a "
+        "function that appends the tuple a queued scalar is (its kind, tag, value, step, `time.time()`, size) "
+        "to a deque. "
         f"{plan.cpu_repeats} trials per contender; median (min-max); figures in µs."
     )
     calls_about = (

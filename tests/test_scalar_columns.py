@@ -12,6 +12,7 @@ import pytest
 
 from _support import Daemon, assert_whole_records, event_files
 from summaryd.client._sender._encoder import EventEncoder
+from summaryd.client._sender._kinds import SCALAR
 from summaryd.v1 import summaryd_pb2 as pb
 from summaryd.v1 import summaryd_pb2_grpc as pb_grpc
 from summaryd.v1.wire import REFUSED_SEQUENCE_KEY, whole_records
@@ -56,7 +57,7 @@ def columns(scalars: list[Scalar]) -> pb.ScalarColumns:
 def serialized(scalars: list[Scalar]) -> list[bytes]:
     """What the client's sender serializes for `add_scalar` today."""
     encoder = EventEncoder()
-    return [encoder.scalar((*s, 0)) for s in scalars]
+    return [encoder.scalar((SCALAR, *s, 0)) for s in scalars]
 
 
 def open_session(stub: pb_grpc.SummariesStub, run: str) -> str:

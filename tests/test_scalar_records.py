@@ -9,6 +9,7 @@ import random
 import pytest
 
 from summaryd.client._sender._columns import ScalarRun
+from summaryd.client._sender._kinds import SCALAR
 from summaryd.server.records.scalar_records import ScalarRecords
 from summaryd.v1 import summaryd_pb2 as pb
 from summaryd.v1.wire import frame_all
@@ -54,7 +55,7 @@ def _batch(rng: random.Random) -> ScalarRun:
         step = max(-(1 << 63), min((1 << 63) - 1, _step(rng, mode, index, base)))
         wall = {"one": now, "clock": now + index * 1e-5, "random": rng.choice([*WALL_TIMES, rng.random() * 2e9])}
         value = rng.choice([*VALUES, rng.uniform(-1e6, 1e6), rng.random()]) if one_value is None else one_value
-        items.append((rng.choice(tags), value, step, wall[wall_mode], 0))
+        items.append((SCALAR, rng.choice(tags), value, step, wall[wall_mode], 0))
     return ScalarRun.of(items)
 
 
@@ -74,7 +75,7 @@ def test_shapes_interleaved_record_by_record_frame_in_batch_order() -> None:
     # Tags of other sizes in turn, steps crossing varint sizes, wall times left out and written: no two
     # neighbours share a shape, so the records are put back by offset.
     items = [
-        (TAGS[index % len(TAGS)], index * 0.5, STEPS[index % len(STEPS)], [0.0, 1.5][index % 2], 0)
+        (SCALAR, TAGS[index % len(TAGS)], index * 0.5, STEPS[index % len(STEPS)], [0.0, 1.5][index % 2], 0)
         for index in range(3000)
     ]
     run = ScalarRun.of(items)

@@ -21,6 +21,7 @@ from summaryd.client._sender._batch_log import BatchLog
 from summaryd.client._sender._columns import ScalarRun
 from summaryd.client._sender._core import SenderCore
 from summaryd.client._sender._encoder import EventEncoder
+from summaryd.client._sender._kinds import SCALAR, SOURCE
 from summaryd.client._sender._ledger import DELIVERED, Ledger
 from summaryd.client._sender._queue import EventQueue
 from summaryd.client._sender._spiller import Spiller
@@ -196,7 +197,7 @@ def test_the_ledger_settles_by_reason_and_reports() -> None:
     queue = EventQueue()
     ledger = Ledger(queue)
     for i in range(10):
-        queue.append((event(i), 10))
+        queue.append((SOURCE, event(i), 10))
     ledger.settle(4, DELIVERED)
     ledger.settle(2, "encode_error")
     ledger.spool(3)
@@ -523,8 +524,8 @@ def test_a_writer_hands_its_one_options_object_to_every_sender(tmp_path: Path) -
 # ---- scalars as columns ---------------------------------------------------------------------------------------
 
 
-def scalar(i: int) -> tuple[str, float, int, float, int]:
-    return (f"tag{i % 3}", i * 0.5, i, 1_700_000_000.0 + i, 30)
+def scalar(i: int) -> tuple[int, str, float, int, float, int]:
+    return (SCALAR, f"tag{i % 3}", i * 0.5, i, 1_700_000_000.0 + i, 30)
 
 
 def logged(sender: Sender, count: int) -> list[bytes]:
@@ -616,11 +617,11 @@ def _log_from_threads(
         begun.wait()
         out = outcomes[which]
         for step in range(calls):
-            out.append(sender.enqueue((f"thread-{which}", 0.5, step, 1.0, 32)))
+            out.append(sender.enqueue((SCALAR, f"thread-{which}", 0.5, step, 1.0, 32)))
         if after:
             returned.wait()
             for step in range(calls, calls + after):
-                out.append(sender.enqueue((f"thread-{which}", 0.5, step, 1.0, 32)))
+                out.append(sender.enqueue((SCALAR, f"thread-{which}", 0.5, step, 1.0, 32)))
 
     workers = [threading.Thread(target=log, args=(which,)) for which in range(threads)]
     for worker in workers:
@@ -692,7 +693,7 @@ def test_flush_waits_for_every_event_appended_before_it_while_others_log(
         nonlocal mine
         for _ in range(20):
             for _ in range(300):
-                assert sender.enqueue(("main", 0.5, mine, 1.0, 32))
+                assert sender.enqueue((SCALAR, "main", 0.5, mine, 1.0, 32))
                 mine += 1
             sender.flush(timeout=30)
             assert len(_delivered_steps(fake)["main"]) == mine
@@ -708,7 +709,7 @@ def test_the_memory_bound_holds_exactly_for_events_appended_without_the_lock(
     fake.away = True  # nothing leaves the queue
     # Room for 546 events of 30 bytes: the first ones are appended without the lock, the last ones under it.
     sender = make_sender(overflow="drop_oldest", spool=False, max_queue_bytes=16_384)
-    assert all(sender.enqueue(("loss", 0.5, step, 1.0, 30)) for step in range(2000))
+    assert all(sender.enqueue((SCALAR, "loss", 0.5, step, 1.0, 30)) for step in range(2000))
     report = sender.close(timeout=0.2)
     assert report.dropped == {"queue_full": 2000 - 546, "timeout": 546}
 

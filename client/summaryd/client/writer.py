@@ -31,8 +31,13 @@ from summaryd.client._environment import detect_worker
 from summaryd.client._options import carried_or_made
 from summaryd.client._process import _courier
 from summaryd.client._sender import DeliveryReport, Sender, _encoder
+from summaryd.client._sender._kinds import SCALAR, SUMMARY
 
 log = logging.getLogger("summaryd.client")
+
+# Read once here: `add_scalar` pays for each module attribute it looks up, at every call.
+_now = time.time
+_SCALAR_BYTES = _encoder.SCALAR_OVERHEAD_BYTES
 
 Scalar = Any  # a Python number, numpy scalar or one-element tensor or array
 Tensor = Any  # a torch tensor, numpy array, or (where torch takes one) a Python number or list
@@ -281,7 +286,7 @@ class SummaryWriter:
             tag = _encoder.checked_tag(tag)  # raises here, at the call, as torch's builder does
         wall_time = time.time() if walltime is None else float(walltime)
         step = 0 if global_step is None else int(global_step)
-        (sender or self._sender).enqueue((tag, value, step, wall_time, _encoder.SCALAR_OVERHEAD_BYTES + len(tag)))
+        (sender or self._sender).enqueue((SCALAR, tag, value, step, wall_time, _SCALAR_BYTES + len(tag)))
 
     def _log_now(
         self, summary: Summary, global_step: int | None, walltime: float | None, sender: Sender | None = None
@@ -315,7 +320,7 @@ class SummaryWriter:
         wall_time = time.time() if walltime is None else float(walltime)
         step = 0 if global_step is None else int(global_step)
         # The sender thread frames the bytes as the event's `summary` field: no parse, no re-encode.
-        self._sender.enqueue((summary, step, wall_time, _encoder.SUMMARY_OVERHEAD_BYTES + len(summary)))
+        self._sender.enqueue((SUMMARY, summary, step, wall_time, _encoder.SUMMARY_OVERHEAD_BYTES + len(summary)))
 
     def add_session_log(
         self, session_log: SessionLog, global_step: int | None = None, walltime: float | None = None
@@ -350,12 +355,12 @@ class SummaryWriter:
             self._log(build, global_step, walltime)
             return
         # `_log_scalar`, inlined: the hot path of the most frequent call (see there).
-        if type(tag) is not str:
+        if tag.__class__ is not str:
             tag = _encoder.checked_tag(tag)
-        wall_time = time.time() if walltime is None else float(walltime)
+        wall_time = _now() if walltime is None else float(walltime)
         if global_step.__class__ is not int:
             global_step = 0 if global_step is None else int(global_step)
-        self._sender.enqueue((tag, value, global_step, wall_time, _encoder.SCALAR_OVERHEAD_BYTES + len(tag)))
+        self._sender.enqueue((SCALAR, tag, value, global_step, wall_time, _SCALAR_BYTES + len(tag)))
 
     def add_scalars(
         self,

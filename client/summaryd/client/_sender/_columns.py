@@ -9,15 +9,16 @@ from operator import itemgetter
 from typing import Any
 
 from summaryd.client._sender._encoder import EventEncoder
+from summaryd.client._sender._kinds import SCALAR
 from summaryd.v1 import summaryd_pb2 as pb
 
-# The fields of a queued scalar `(tag, value, step, wall_time, estimated bytes)`.
-_TAG, _VALUE, _STEP, _WALL = itemgetter(0), itemgetter(1), itemgetter(2), itemgetter(3)
+# The fields of a queued scalar `(SCALAR, tag, value, step, wall_time, estimated bytes)`.
+_TAG, _VALUE, _STEP, _WALL = itemgetter(1), itemgetter(2), itemgetter(3), itemgetter(4)
 
 
 @dataclass(frozen=True, eq=False)
 class ScalarRun:
-    """A run of queued scalars `(tag, value, step, wall_time, estimated bytes)` as columns, in queue order.
+    """A run of queued scalars `(SCALAR, tag, value, step, wall_time, estimated bytes)` as columns, in queue order.
 
     Made per batch with a handful of C-level operations (no `Event` per scalar); `tags` holds each tag once,
     `tag_index` points into it.
@@ -74,7 +75,7 @@ class ScalarRun:
         encoder = EventEncoder()
         tags = self.tags
         return [
-            encoder.scalar((tags[which], value, step, wall_time))
+            encoder.scalar((SCALAR, tags[which], value, step, wall_time))
             for which, value, step, wall_time in zip(
                 self.tag_index, self.values, self.steps, self.wall_times, strict=True
             )

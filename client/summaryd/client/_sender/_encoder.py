@@ -33,16 +33,17 @@ class EventEncoder:
         self._header = Event()
 
     def scalar(self, item: tuple[Any, ...]) -> bytes:
-        """`(tag, value, step, wall_time, ...)` as a `simple_value` event."""
+        """A queued scalar `(SCALAR, tag, value, step, wall_time, ...)` as a `simple_value` event."""
         event, value = self._scalar, self._value
-        value.tag, value.simple_value, event.step, event.wall_time = item[:4]
+        value.tag, value.simple_value, event.step, event.wall_time = item[1:5]
         data: bytes = event.SerializeToString()
         return data
 
     def summary(self, item: tuple[Any, ...]) -> bytes:
-        """`(summary bytes, step, wall_time, ...)` as an event; the summary is framed as field 5, not re-encoded."""
-        summary, header = item[0], self._header
-        header.step, header.wall_time = item[1:3]
+        """A queued summary `(SUMMARY, summary bytes, step, wall_time, ...)` as an event; the summary is framed as
+        field 5, not re-encoded."""
+        summary, header = item[1], self._header
+        header.step, header.wall_time = item[2:4]
         data: bytes = header.SerializeToString()
         return data + length_delimited(_SUMMARY_FIELD, summary)
 

@@ -6,29 +6,27 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from summaryd.client._sender._columns import ScalarRun
+from summaryd.client._sender._kinds import SOURCE
 
 # An event to send: its serialized bytes, a scalar, or a function that builds them on the sender thread (so
 # that no encoding, PNG or protobuf, runs on the caller's thread).
 EventSource = bytes | Callable[[], bytes]
 
-# What the queue holds, each kind one flat tuple of atomic values ending in its estimated bytes: flat, because
-# the garbage collector stops tracking such a tuple the first time it sees it, however long the queue grows (a
-# tagged object per event cost full collections of the training process's heap); no kind field, because the
-# caller builds one of these per logged event. Their lengths tell them apart, named here, and only here.
-QueuedSource = tuple[EventSource, int]
-"""`(source, estimated bytes)`: serialized bytes, or a function the sender thread calls for them."""
-QueuedSummary = tuple[bytes, int, float, int]
-"""`(serialized Summary, step, wall_time, estimated bytes)`: the sender thread builds the event (`_encoder`)."""
-QueuedScalar = tuple[str, float, int, float, int]
-"""`(tag, value, step, wall_time, estimated bytes)`: built into an event, or sent as columns (`_columns`)."""
+# What the queue holds, each kind one flat tuple of atomic values, its kind first (a small int) and its
+# estimated bytes last: a plain tuple, because the garbage collector stops tracking one of atomic values the
+# first time it sees it, however long the queue grows (an object per event, a tuple subclass too, stays tracked
+# and cost full collections of the training process's heap); the kind an int in it, because the caller builds
+# one of these per logged event and a constant costs it one more slot, where a class would cost a call. The
+# kinds are named in `_kinds`.
+QueuedSource = tuple[int, EventSource, int]
+"""`(SOURCE, source, estimated bytes)`: serialized bytes, or a function the sender thread calls for them."""
+QueuedSummary = tuple[int, bytes, int, float, int]
+"""`(SUMMARY, serialized Summary, step, wall_time, estimated bytes)`: the sender thread builds the event
+(`_encoder`)."""
+QueuedScalar = tuple[int, str, float, int, float, int]
+"""`(SCALAR, tag, value, step, wall_time, estimated bytes)`: built into an event, or sent as columns
+(`_columns`)."""
 Queued = QueuedSource | QueuedSummary | QueuedScalar
-
-SOURCE = 2
-"""The length of a `QueuedSource`."""
-SUMMARY = 4
-"""The length of a `QueuedSummary`."""
-SCALAR = 5
-"""The length of a `QueuedScalar`."""
 
 FAST_ITEM_BYTES = 256
 """The largest event (estimated bytes) a caller queues without the lock: a scalar or a small summary. Larger
@@ -107,4 +105,4 @@ class Batch:
 def size_known(item: Queued) -> bool:
     """Whether a queued event's estimated size is (about) its size: serialized bytes and plain values are;
     a function's estimate may be far off until it has run."""
-    return len(item) != SOURCE or isinstance(item[0], bytes)
+    return item[0] != SOURCE or isinstance(item[1], bytes)

@@ -10,7 +10,8 @@ from summaryd.client._sender._columns import ScalarRun
 from summaryd.client._sender._connection import Connection
 from summaryd.client._sender._core import SenderCore, SenderPart
 from summaryd.client._sender._encoder import EventEncoder
-from summaryd.client._sender._items import SCALAR, SUMMARY, Batch, Queued
+from summaryd.client._sender._items import Batch, Queued
+from summaryd.client._sender._kinds import SCALAR, SUMMARY
 from summaryd.client._sender._spiller import Spiller
 from summaryd.client._sender._status import log
 
@@ -239,12 +240,12 @@ class SenderLoop(SenderPart):
     def _encode(self, item: Queued) -> bytes | None:
         """The bytes of a queued event; None (counted) when building it failed."""
         try:
-            kind = len(item)
+            kind = item[0]
             if kind == SCALAR:
                 return self._encoder.scalar(item)  # protobuf only: no lock a fork could inherit held
             if kind == SUMMARY:
                 return self._encoder.summary(item)
-            source = item[0]
+            source = item[1]
             if isinstance(source, bytes):
                 return source
             assert callable(source)

@@ -9,7 +9,8 @@ from collections import deque
 from itertools import accumulate, islice, repeat, starmap
 from operator import itemgetter
 
-from summaryd.client._sender._items import FAST_ITEM_BYTES, SCALAR, SOURCE, SUMMARY, Queued, size_known
+from summaryd.client._sender._items import FAST_ITEM_BYTES, Queued, size_known
+from summaryd.client._sender._kinds import SCALAR, SOURCE, SUMMARY
 
 
 class EventQueue:
@@ -109,7 +110,7 @@ class EventQueue:
         per run, not per event; a function alone, since only encoding it tells its size. `scalars_apart`: stop
         before a scalar (they go as columns, `take_scalars`)."""
         queue = self.items
-        if not queue or (scalars_apart and len(queue[0]) == SCALAR):
+        if not queue or (scalars_apart and queue[0][0] == SCALAR):
             return []
         first = queue.popleft()
         items = [first]
@@ -117,7 +118,7 @@ class EventQueue:
         if size_known(first):
             while queue and len(items) < max_events and room > 0:
                 head = queue[0]
-                if not size_known(head) or (scalars_apart and len(head) == SCALAR):
+                if not size_known(head) or (scalars_apart and head[0] == SCALAR):
                     break
                 items.append(queue.popleft())
                 room -= head[-1]
@@ -134,11 +135,12 @@ class EventQueue:
         """
         queue = self.items
         head = list(starmap(queue.popleft, repeat((), min(max_events, len(queue)))))
-        lengths = list(map(len, head))
         count = len(head)
-        for other in _NOT_SCALAR:  # the first event of another kind ends the run
-            if other in lengths:
-                count = min(count, lengths.index(other))
+        # The first event of another kind ends the run. `SCALAR` is the largest kind, so one C-level `min` over
+        # the kinds tells the usual run (all scalars) without a list of them.
+        if head and min(map(_KIND, head)) != SCALAR:
+            kinds = list(map(_KIND, head))
+            count = min(kinds.index(other) for other in _NOT_SCALAR if other in kinds)
         if count < len(head):
             queue.extendleft(reversed(head[count:]))
             del head[count:]
@@ -186,6 +188,9 @@ class EventQueue:
 
 _NOT_SCALAR = (SUMMARY, SOURCE)
 """The other queued kinds (see `_items.Queued`)."""
+
+_KIND = itemgetter(0)
+"""A queued event's kind."""
 
 _SIZE = itemgetter(-1)
 """A queued event's estimated bytes."""

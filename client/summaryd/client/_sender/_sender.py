@@ -15,6 +15,7 @@ from summaryd.client._sender._connection import Connection
 from summaryd.client._sender._core import SenderCore
 from summaryd.client._sender._grpc_transport import GrpcTransport
 from summaryd.client._sender._items import FAST_ITEM_BYTES, EventSource, Queued
+from summaryd.client._sender._kinds import SOURCE
 from summaryd.client._sender._loop import SenderLoop
 from summaryd.client._sender._report import DeliveryReport
 from summaryd.client._sender._spiller import Spiller
@@ -166,11 +167,11 @@ class Sender:
 
     def submit(self, source: EventSource, nbytes: int = 64) -> bool:
         """Queue one event without blocking (unless `overflow="block"`); False when it was dropped (counted)."""
-        return self.enqueue((source, nbytes))
+        return self.enqueue((SOURCE, source, nbytes))
 
     def enqueue(self, item: Queued) -> bool:
-        """Queue `(source, estimated bytes)`, or the plain values of an event the sender thread builds (see
-        `_encoder`). As `submit` otherwise."""
+        """Queue `(SOURCE, source, estimated bytes)`, or the plain values of an event the sender thread builds
+        (`_items.Queued`, `_encoder`). As `submit` otherwise."""
         # The caller's hot path: a small event while there is room is one append, without the lock (why that is
         # safe: `EventQueue`, and DESIGN.md); the rest takes the lock (`_enqueue_locked`). No fork check here: in
         # a forked child every registered sender starts afresh (`_process`), with `fast_until` 0, and a closed one
