@@ -266,6 +266,29 @@ def test_a_stopped_rank_is_silent_until_it_goes_on(
     assert "run=hang-job rank=rank-1" in lines[0]
 
 
+def test_a_job_whose_every_rank_stops_at_once_is_silent_as_a_whole(tmp_path: Path, hook: Hook) -> None:
+    """Every rank of 3 is SIGSTOPped at once (a hang in a collective: the run goes quiet as a whole, its streams
+    open and idle): one silence finding of the run, naming a rank at its last step and every worker silent, its
+    session open; once they go on (SIGCONT by pid), one resolution. How soon: `benchmarks/watch_alerts.py`."""
+    marks = {f"rank{rank}": {"mark": [50]} for rank in range(3)}
+    with _watched(tmp_path, hook, "hung-job", 3, **marks) as (_, job):
+        wait_for(lambda: all(job.marked(f"rank-{rank}", 50) for rank in range(3)), 30, "every rank at step 50")
+        for proc in job.procs:
+            os.kill(proc.pid, signal.SIGSTOP)
+        stopped = time.monotonic()
+        wait_for(lambda: hook.alerts("silence"), 30, "the silence finding")
+        print(f"silence found {time.monotonic() - stopped:.1f}s after SIGSTOP")
+        [alert] = hook.alerts("silence")
+        assert alert["labels"]["run"] == "hung-job" and alert["labels"]["rank"].startswith("rank-")
+        assert int(alert["annotations"]["step"]) >= 50
+        summary = alert["annotations"]["summary"]
+        assert "3 of 3 workers silent" in summary and "its session is open" in summary, summary
+        for proc in job.procs:
+            os.kill(proc.pid, signal.SIGCONT)
+        wait_for(lambda: hook.alerts("silence", "resolved"), 30, "the resolution")
+    _fired_once_resolved_once(hook)
+
+
 def test_a_slower_rank_is_named_a_straggler_until_it_keeps_pace(tmp_path: Path, hook: Hook) -> None:
     """Rank 2 of 3 takes 4x as long a step while a file exists: one straggler finding naming it; once it keeps
     pace again, one resolution."""
