@@ -22,6 +22,7 @@ from _webhook_receiver import Receiver
 from prometheus_client.parser import text_string_to_metric_families
 
 from _support import Daemon, TensorBoard, start_daemon, unused_port, wait_for
+from benchmarks.watch_alerts import steady
 from summaryd.cli import main
 
 WORKER = Path(__file__).with_name("_watch_worker.py")
@@ -399,3 +400,16 @@ def test_a_single_writer_is_watched_and_status_shows_a_token_the_findings_of_its
         job.stop()
         wait_for(lambda: hook.alerts("nonfinite", "resolved"), 30, "the resolution")
         assert hook.alerts("nonfinite", "resolved")[0]["annotations"]["summary"] == "the run's sessions closed"
+
+
+STEADY_S = float(os.environ.get("WATCH_STEADY_S", "60"))
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(STEADY_S + 180)
+def test_a_steady_job_with_a_training_runs_noise_gives_no_finding(tmp_path: Path) -> None:
+    """Four ranks log a training run's loss (decaying, 5% noise, a lone spike of up to 3x now and then, jittered
+    step times, a 2 s evaluation pause every 1,000 steps) for `WATCH_STEADY_S` seconds (60; the target's 600 is
+    `python -m benchmarks.watch_alerts --only steady`): no finding in the webhook, the metrics or the log."""
+    row, met = steady(tmp_path, 4, STEADY_S)
+    assert met, row
