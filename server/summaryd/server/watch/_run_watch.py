@@ -13,6 +13,7 @@ from __future__ import annotations
 import bisect
 import fnmatch
 import math
+from array import array
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
@@ -51,7 +52,7 @@ class Series:
     )
 
     def __init__(self, size: int) -> None:
-        self.window = [0.0] * size
+        self.window = array("d", bytes(8 * size))  # 1 KiB for 128 points, as a list's floats are not
         self.at = self.filled = self.over = self.under = 0
         self.threshold, self.resolve_below = _INF, -_INF
         self.firing, self.dirty = False, False
@@ -86,19 +87,19 @@ class Series:
         window, size = self.window, len(self.window)
         count = len(values)
         if count >= size:
-            window[:] = values[-size:]
+            window[:] = array("d", values[-size:])
             self.at = 0
         else:
             first = min(count, size - self.at)
-            window[self.at : self.at + first] = values[:first]
-            window[: count - first] = values[first:]
+            window[self.at : self.at + first] = array("d", values[:first])
+            window[: count - first] = array("d", values[first:])
             self.at = (self.at + count) % size
         self.filled = min(self.filled + count, size)
         self.dirty = True
 
     def rebase(self, rule: DivergenceRule) -> None:
         """Recompute the threshold from the window (not while firing: the baseline is frozen then). In plain
-        Python: on a window of 128 points, sorting lists costs a fraction of numpy's fixed cost per call."""
+        Python: on a window of 128 points, sorting it costs a fraction of numpy's fixed cost per call."""
         self.dirty = False
         if self.firing or self.filled < rule.warmup:
             return
