@@ -1,20 +1,25 @@
 """A webhook receiver for the watch tests: an HTTP server on loopback that keeps every body POSTed to it and
-answers each with the next status code it was given (200 once they run out)."""
+answers each with the next status code it was given (200 once they run out); `arrivals` holds when each came
+(`time.time()`), for the benchmarks' latencies."""
 
 from __future__ import annotations
 
 import threading
+import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 
 class Receiver:
     def __init__(self, codes: list[int] | None = None) -> None:
         self.bodies: list[bytes] = []
-        bodies, answers = self.bodies, list(codes or [])
+        self.arrivals: list[float] = []
+        bodies, arrivals, answers = self.bodies, self.arrivals, list(codes or [])
 
         class Handler(BaseHTTPRequestHandler):
             def do_POST(self) -> None:
-                bodies.append(self.rfile.read(int(self.headers["Content-Length"])))
+                body = self.rfile.read(int(self.headers["Content-Length"]))
+                arrivals.append(time.time())
+                bodies.append(body)
                 self.send_response(answers.pop(0) if answers else 200)
                 self.end_headers()
 

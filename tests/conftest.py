@@ -6,6 +6,7 @@ prefix, a recording gRPC server, gRPC channels closed at the end. What tests sha
 
 from __future__ import annotations
 
+import re
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -26,8 +27,10 @@ from summaryd.v1 import summaryd_pb2_grpc as pb_grpc
 
 
 @pytest.fixture
-def daemon(tmp_path: Path) -> Iterator[Daemon]:
-    """A daemon on a fresh logdir; SIGTERM'd (then killed) by pid at the end."""
+def daemon(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Daemon]:
+    """A daemon on a fresh logdir (watching, every rule at its defaults); SIGTERM'd (then killed) by pid at the
+    end. In a test marked `no_findings` (healthy workloads: the parity and framework tests), a finding the watch
+    fired while the test ran fails it: a false finding."""
     d = start_daemon(tmp_path)
     try:
         yield d
@@ -35,6 +38,9 @@ def daemon(tmp_path: Path) -> Iterator[Daemon]:
         # Hook writers close while their daemon is still there to confirm; the autouse fixture clears later.
         SummaryWriterCache.clear()
         d.stop(15)
+    if request.node.get_closest_marker("no_findings"):
+        fired = re.findall(r"^.*watch: \w+ firing run .*$", d.log(), re.MULTILINE)
+        assert not fired, "the watch found something in a healthy workload:\n" + "\n".join(fired)
 
 
 @pytest.fixture

@@ -21,7 +21,7 @@ from tensorboard.plugins.hparams.plugin_data_pb2 import HParamsPluginData
 from _support import Daemon, event_files, read_events
 from benchmarks.framework_cost import CASES, SUMMARYD_CASES, rows
 
-pytestmark = pytest.mark.frameworks
+pytestmark = [pytest.mark.frameworks, pytest.mark.no_findings]
 
 LIGHTNING = textwrap.dedent(
     """

@@ -30,6 +30,7 @@ from _support import Daemon
 from summaryd.client import patch
 
 pytestmark = [
+    pytest.mark.no_findings,  # healthy workloads: the watch finds nothing in them
     pytest.mark.filterwarnings("ignore::DeprecationWarning:torch.*"),
     pytest.mark.filterwarnings("ignore::FutureWarning:torch.*"),
 ]

@@ -22,6 +22,7 @@ from _support import Daemon, event_files, read_events
 from summaryd.client import SummaryWriter
 
 pytestmark = [
+    pytest.mark.no_findings,  # healthy workloads: the watch finds nothing in them
     # torch.jit.trace (add_graph) is deprecated in favour of torch.export, and says so; torch's own add_graph
     # is what we compare with, so its warning is expected here.
     pytest.mark.filterwarnings("ignore::DeprecationWarning:torch.*"),

@@ -22,6 +22,7 @@ from _webhook_receiver import Receiver
 from prometheus_client.parser import text_string_to_metric_families
 
 from _support import Daemon, TensorBoard, start_daemon, unused_port, wait_for
+from benchmarks.watch_alerts import steady
 from summaryd.cli import main
 
 WORKER = Path(__file__).with_name("_watch_worker.py")
@@ -266,6 +267,29 @@ def test_a_stopped_rank_is_silent_until_it_goes_on(
     assert "run=hang-job rank=rank-1" in lines[0]
 
 
+def test_a_job_whose_every_rank_stops_at_once_is_silent_as_a_whole(tmp_path: Path, hook: Hook) -> None:
+    """Every rank of 3 is SIGSTOPped at once (a hang in a collective: the run goes quiet as a whole, its streams
+    open and idle): one silence finding of the run, naming a rank at its last step and every worker silent, its
+    session open; once they go on (SIGCONT by pid), one resolution. How soon: `benchmarks/watch_alerts.py`."""
+    marks = {f"rank{rank}": {"mark": [50]} for rank in range(3)}
+    with _watched(tmp_path, hook, "hung-job", 3, **marks) as (_, job):
+        wait_for(lambda: all(job.marked(f"rank-{rank}", 50) for rank in range(3)), 30, "every rank at step 50")
+        for proc in job.procs:
+            os.kill(proc.pid, signal.SIGSTOP)
+        stopped = time.monotonic()
+        wait_for(lambda: hook.alerts("silence"), 30, "the silence finding")
+        print(f"silence found {time.monotonic() - stopped:.1f}s after SIGSTOP")
+        [alert] = hook.alerts("silence")
+        assert alert["labels"]["run"] == "hung-job" and alert["labels"]["rank"].startswith("rank-")
+        assert int(alert["annotations"]["step"]) >= 50
+        summary = alert["annotations"]["summary"]
+        assert "3 of 3 workers silent" in summary and "its session is open" in summary, summary
+        for proc in job.procs:
+            os.kill(proc.pid, signal.SIGCONT)
+        wait_for(lambda: hook.alerts("silence", "resolved"), 30, "the resolution")
+    _fired_once_resolved_once(hook)
+
+
 def test_a_slower_rank_is_named_a_straggler_until_it_keeps_pace(tmp_path: Path, hook: Hook) -> None:
     """Rank 2 of 3 takes 4x as long a step while a file exists: one straggler finding naming it; once it keeps
     pace again, one resolution."""
@@ -376,3 +400,16 @@ def test_a_single_writer_is_watched_and_status_shows_a_token_the_findings_of_its
         job.stop()
         wait_for(lambda: hook.alerts("nonfinite", "resolved"), 30, "the resolution")
         assert hook.alerts("nonfinite", "resolved")[0]["annotations"]["summary"] == "the run's sessions closed"
+
+
+STEADY_S = float(os.environ.get("WATCH_STEADY_S", "60"))
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(STEADY_S + 180)
+def test_a_steady_job_with_a_training_runs_noise_gives_no_finding(tmp_path: Path) -> None:
+    """Four ranks log a training run's loss (decaying, 5% noise, a lone spike of up to 3x now and then, jittered
+    step times, a 2 s evaluation pause every 1,000 steps) for `WATCH_STEADY_S` seconds (60; the target's 600 is
+    `python -m benchmarks.watch_alerts --only steady`): no finding in the webhook, the metrics or the log."""
+    row, met = steady(tmp_path, 4, STEADY_S)
+    assert met, row
