@@ -151,8 +151,7 @@ def _target(kind: str, workdir: Path, shape: Shape) -> Iterator[_Target]:
             return
         with contextlib.ExitStack() as relays:
             started = [
-                relays.enter_context(running_daemon(workdir, "--upstream", daemon.address))
-                for _ in range(shape.relays)
+                relays.enter_context(running_daemon(workdir, "--upstream", daemon.address)) for _ in range(shape.relays)
             ]
             yield _Target([r.address for r in started], daemon.pid, [r.pid for r in started])
 
@@ -164,7 +163,7 @@ def measure(kind: str, shape: Shape, workdir: Path, profile: Path | None = None)
         pid = target.pid
         run = f"job-{uuid.uuid4().hex[:8]}"
         per = -(-shape.workers // shape.generators)
-        procs = []
+        procs: list[subprocess.Popen[str]] = []
         for first in range(0, shape.workers, per):
             params = LoadParams(
                 target.addresses[len(procs) % len(target.addresses)],

@@ -211,7 +211,8 @@ def test_the_prolog_starts_a_relay_the_task_prolog_points_ranks_at_and_the_epilo
     assert _flag_value(serve, "--listen") == "127.0.0.1:0" and port_file
     assert "SUMMARYD_UPSTREAM" in _relay_env(), "the relay's upstream comes from relay.env"
     assert port_file == "$port_file" and 'port_file="$RUN_DIR/relay-$job.port"' in prolog.read_text()
-    assert "/run/summaryd/relay-${SLURM_JOB_ID}.port" in task.read_text() and "RUN_DIR=/run/summaryd" in prolog.read_text()
+    assert "/run/summaryd/relay-${SLURM_JOB_ID}.port" in task.read_text()
+    assert "RUN_DIR=/run/summaryd" in prolog.read_text()
     assert "export SUMMARYD_ADDRESS=" in task.read_text()
     assert "kill -TERM" in epilog.read_text() and "relay-$job.pid" in epilog.read_text()
 
@@ -244,6 +245,7 @@ def test_the_systemd_unit_parses_and_runs_a_relay_summaryd_serve_knows() -> None
     known = _serve_variables() | _client_variables()
     assert not (variables := _unknown_variables(set(_VARIABLE.findall(UNIT.read_text())), known)), variables
     # The relay's settings are relay.env's, which says where it is installed.
-    assert service["EnvironmentFile"] == "/etc/summaryd/relay.env" and service["EnvironmentFile"] in RELAY_ENV.read_text()
+    assert service["EnvironmentFile"] == "/etc/summaryd/relay.env"
+    assert service["EnvironmentFile"] in RELAY_ENV.read_text()
     assert service["KillSignal"] == "SIGTERM"
     assert float(service["TimeoutStopSec"]) > float(_relay_env()["SUMMARYD_SHUTDOWN_TIMEOUT"])
