@@ -4,12 +4,15 @@ the points TensorBoard's loader reads back, and the wait for a job's aggregate r
 from __future__ import annotations
 
 import json
+import math
 import subprocess
 import sys
 import uuid
 from pathlib import Path
 
 import grpc
+import numpy as np
+from _aggregate_worker import value
 from tensorboard.backend.event_processing import event_accumulator
 
 from _support import Daemon, event_files, wait_for
@@ -74,3 +77,19 @@ def wait_aggregates_closed(daemon: Daemon) -> None:
             return not any(run.run_dir.startswith("job/") for run in runs)
 
         wait_for(closed, 60, "the aggregate runs to be closed")
+
+
+def stored(x: float) -> float:
+    """A value as TensorBoard stores a scalar: float32."""
+    return float(np.float32(x))
+
+
+def expected(step: int, ranks: range | list[int]) -> dict[str, float]:
+    """The reductions of a step over `ranks`, computed here with numpy in float64."""
+    values = np.array([np.float32(value(rank, step)) for rank in ranks], dtype=np.float64)
+    return {
+        "mean": stored(values.mean()),
+        "min": stored(values.min()),
+        "max": stored(values.max()),
+        "std": stored(math.sqrt(math.fsum((values - math.fsum(values) / len(values)) ** 2) / len(values))),
+    }

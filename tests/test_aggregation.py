@@ -4,7 +4,6 @@ reads back `<run>/mean|min|max|std` and `<run>/summaryd` beside the workers' own
 from __future__ import annotations
 
 import json
-import math
 import os
 import signal
 import subprocess
@@ -14,33 +13,24 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import grpc
-import numpy as np
 import pytest
-from _aggregate_worker import value
 
-from _aggregation import REDUCTIONS, WORKER, WORKERS_TIMEOUT, finish, scalars, start_workers, wait_aggregates_closed
+from _aggregation import (
+    REDUCTIONS,
+    WORKER,
+    WORKERS_TIMEOUT,
+    expected,
+    finish,
+    scalars,
+    start_workers,
+    wait_aggregates_closed,
+)
 from _support import Daemon, event_files, read_events, start_daemon, wait_for
 from summaryd.cli import build_parser, config_from, main
 from summaryd.client import SummaryWriter
 from summaryd.server.aggregation.aggregator import AggregationSettings
 from summaryd.v1 import summaryd_pb2 as pb
 from summaryd.v1 import summaryd_pb2_grpc as pb_grpc
-
-
-def stored(x: float) -> float:
-    """A value as TensorBoard stores a scalar: float32."""
-    return float(np.float32(x))
-
-
-def expected(step: int, ranks: range | list[int]) -> dict[str, float]:
-    """The reductions of a step over `ranks`, computed here with numpy in float64."""
-    values = np.array([np.float32(value(rank, step)) for rank in ranks], dtype=np.float64)
-    return {
-        "mean": stored(values.mean()),
-        "min": stored(values.min()),
-        "max": stored(values.max()),
-        "std": stored(math.sqrt(math.fsum((values - math.fsum(values) / len(values)) ** 2) / len(values))),
-    }
 
 
 def assert_steps_never_go_back(run_dir: Path) -> dict[str, list[int]]:

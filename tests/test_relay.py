@@ -15,10 +15,9 @@ from typing import Protocol
 
 import grpc
 import pytest
-from test_aggregation import expected
-from test_redirect import fooled_daemon
+from _redirecting import fooled_daemon
 
-from _aggregation import REDUCTIONS, finish, scalars, start_workers, wait_aggregates_closed
+from _aggregation import REDUCTIONS, expected, finish, scalars, start_workers, wait_aggregates_closed
 from _support import Daemon, Loopback, start_daemon, unused_port, wait_for
 from summaryd.v1 import summaryd_pb2 as pb
 from summaryd.v1 import summaryd_pb2_grpc as pb_grpc
