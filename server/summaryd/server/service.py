@@ -308,6 +308,7 @@ class SummariesService(pb_grpc.SummariesServicer):
         unanswered: the session has left the stream)."""
         session_id = batches[0].write.session_id
         relayed = cast(Context, _RelayedContext(context))
+        counts = WriteCounts(self.metrics)  # counted as a `Write` stream counts its batches
         acks = []
         try:
             for batch in batches:
@@ -318,6 +319,7 @@ class SummariesService(pb_grpc.SummariesServicer):
                 async with _answered(relayed):
                     session = await self._live_session(session_id, relayed)
                     await self._authorize_run(session.run.run_dir, relayed)
+                    counts.received(request, session.run.run_dir)
                     await self._check_batch(request, relayed)
                     acked = await self.lifecycle.write(session, request.first_sequence, _batch_events(request))
                 ack = pb.RelaySessionAck(session_id=session_id)
@@ -326,6 +328,7 @@ class SummariesService(pb_grpc.SummariesServicer):
                 if told.get(session_id) != self.pacer.version:
                     told[session_id] = self.pacer.version
                     ack.ack.pacing.CopyFrom(self.pacer.pacing)
+                counts.acked()
                 acks.append(ack)
         except _SessionRefusedError as refused:
             callers.forget(session_id)

@@ -127,7 +127,7 @@ def count_error(metrics: Metrics, context: Any) -> None:
 
 
 class MetricsInterceptor(aio.ServerInterceptor):  # type: ignore[type-arg]
-    """Counts the errors of the unary calls by status; the write stream counts itself (`WriteCounts`)."""
+    """Counts the errors of the unary calls by status; the write and relay streams count themselves (`WriteCounts`)."""
 
     def __init__(self, metrics: Metrics) -> None:
         self._metrics = metrics
