@@ -16,13 +16,13 @@ from collections.abc import Iterator, Sequence
 from typing import NamedTuple
 
 import numpy as np
-from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
 from google.protobuf.message import DecodeError, Message
 from numpy.typing import NDArray
 from tensorboard.compat.proto.event_pb2 import Event
 from tensorboard.compat.proto.summary_pb2 import Summary
 from tensorboard.compat.proto.tensor_pb2 import TensorProto
 
+from summaryd.server.records.private_messages import Kind, repeated_messages
 from summaryd.server.records.scalar_records import ScalarRecords
 
 Point = tuple[str, int, float, float]
@@ -67,39 +67,21 @@ def event_point_columns(events: Sequence[bytes]) -> PointColumns:
     return PointColumns([p[0] for p in found], [p[1] for p in found], [p[2] for p in found], [p[3] for p in found])
 
 
-def _flat_messages() -> tuple[type[Message], type[Message], type[Message]]:
-    """Three private messages that read a batch's events joined end to end (one message on the wire, each field
-    repeated): `Event`'s wall time, step and summary (as bytes); a summary's values (as bytes); a value's tag
-    and `simple_value`. Built once into the default descriptor pool."""
-    pool = descriptor_pool.Default()
-    name = "summaryd/server/scalar_points_flat.proto"
-    package = "summaryd.server.records.scalar_points"
-    try:
-        pool.FindFileByName(name)
-    except KeyError:
-        file = descriptor_pb2.FileDescriptorProto(name=name, package=package, syntax="proto3")
-        kinds = descriptor_pb2.FieldDescriptorProto
-        shapes = {
-            "FlatEvents": (
-                ("wall_time", 1, kinds.TYPE_DOUBLE),
-                ("step", 2, kinds.TYPE_INT64),
-                ("summary", 5, kinds.TYPE_BYTES),
-            ),
-            "FlatSummaries": (("value", 1, kinds.TYPE_BYTES),),
-            "FlatValues": (("tag", 1, kinds.TYPE_STRING), ("simple_value", 2, kinds.TYPE_FLOAT)),
-        }
-        for message, fields in shapes.items():
-            added = file.message_type.add(name=message)
-            for field, number, kind in fields:
-                added.field.add(name=field, number=number, label=kinds.LABEL_REPEATED, type=kind)
-        pool.Add(file)
-    return tuple(  # type: ignore[return-value]
-        message_factory.GetMessageClass(pool.FindMessageTypeByName(f"{package}.{kind}"))
-        for kind in ("FlatEvents", "FlatSummaries", "FlatValues")
-    )
-
-
-_FlatEvents, _FlatSummaries, _FlatValues = _flat_messages()
+# A batch's events joined end to end read as one message: `Event`'s wall time, step and summary (as bytes) of
+# every event; a summary's values (as bytes); a value's tag and `simple_value`.
+_FlatEvents, _FlatSummaries, _FlatValues = repeated_messages(
+    "summaryd/server/scalar_points_flat.proto",
+    "summaryd.server.records.scalar_points",
+    {
+        "FlatEvents": [
+            ("wall_time", 1, Kind.TYPE_DOUBLE, ""),
+            ("step", 2, Kind.TYPE_INT64, ""),
+            ("summary", 5, Kind.TYPE_BYTES, ""),
+        ],
+        "FlatSummaries": [("value", 1, Kind.TYPE_BYTES, "")],
+        "FlatValues": [("tag", 1, Kind.TYPE_STRING, ""), ("simple_value", 2, Kind.TYPE_FLOAT, "")],
+    },
+)
 
 
 def _varint_bytes(numbers: NDArray[np.int64]) -> NDArray[np.int64]:
