@@ -273,7 +273,7 @@ class SummariesService(pb_grpc.SummariesServicer):
         task = asyncio.current_task()
         assert task is not None
         callers = RelayCallers()
-        told: dict[str, int] = {}  # the pacing version each session's client was told
+        told: dict[str, int] = {}  # the pacing version each session's client was told (-1: none yet)
         requests = aiter(request_iterator)
         pacer = self.pacer
         pacer.opened()
@@ -289,17 +289,21 @@ class SummariesService(pb_grpc.SummariesServicer):
                 by_session: dict[str, list[pb.RelayBatch]] = {}
                 for batch in request.batches:
                     by_session.setdefault(batch.write.session_id, []).append(batch)
+                for session_id in by_session.keys() - told.keys():
+                    pacer.opened()  # each relayed session is a client the pacing is for, as its own stream would be
+                    told[session_id] = -1
                 answer = pb.RelayAck()
                 for acks in await asyncio.gather(
                     *(self._relayed(batches, context, callers, told) for batches in by_session.values())
                 ):
                     answer.acks.extend(acks)
-                pacer.took()
+                pacer.took(len(request.batches))  # the owner's cost is per batch, however many a message carries
                 yield answer
                 if self._draining:
                     return
         finally:
-            pacer.closed()
+            for _ in range(len(told) + 1):
+                pacer.closed()
 
     async def _relayed(
         self, batches: list[pb.RelayBatch], context: Context, callers: RelayCallers, told: dict[str, int]
@@ -332,7 +336,8 @@ class SummariesService(pb_grpc.SummariesServicer):
                 acks.append(ack)
         except _SessionRefusedError as refused:
             callers.forget(session_id)
-            told.pop(session_id, None)
+            if told.pop(session_id, None) is not None:
+                self.pacer.closed()
             acks.append(refused.ack(session_id))
         return acks
 

@@ -73,9 +73,10 @@ class Pacer:
     def closed(self) -> None:
         self.streams -= 1
 
-    def took(self) -> None:
-        """One message taken (a batch, or a heartbeat): once a window has passed, the pacing is reconsidered."""
-        self._count += 1
+    def took(self, messages: int = 1) -> None:
+        """Messages taken (a batch, or a heartbeat; a relay's message counts its batches): once a window has
+        passed, the pacing is reconsidered."""
+        self._count += messages
         self._tick(self._clock())
 
     def lagged(self, lag: float) -> None:
