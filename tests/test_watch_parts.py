@@ -29,22 +29,32 @@ def _finding(**changes: object) -> Finding:
     return Finding(**{**fields, **changes})  # type: ignore[arg-type]
 
 
-def test_the_rules_file_tunes_rules_and_runs(tmp_path: Path) -> None:
-    rules_file = tmp_path / "rules.toml"
-    rules_file.write_text(
-        '[divergence]\ntags = ["val/*"]\nratio = 3\nruns = ["prod/*"]\n[straggler]\nenabled = false\n'
-    )
+RULES_TOML = '[divergence]\ntags = ["val/*"]\nratio = 3\nruns = ["prod/*"]\n[straggler]\nenabled = false\n'
+RULES_YAML = 'divergence:\n  tags: ["val/*"]\n  ratio: 3\n  runs: ["prod/*"]\nstraggler:\n  enabled: false\n'
+
+
+@pytest.mark.parametrize(
+    ("name", "text"), [("rules.toml", RULES_TOML), ("rules.yaml", RULES_YAML)], ids=["toml", "yaml"]
+)
+def test_the_rules_file_tunes_rules_and_runs(tmp_path: Path, name: str, text: str) -> None:
+    rules_file = tmp_path / name
+    rules_file.write_text(text)
     rules = Config.from_options(watch_rules=str(rules_file), silent_after=30).watch.rules
     assert rules.divergence.tags == ("val/*",) and rules.divergence.ratio == 3.0
     assert rules.applies("divergence", "prod/a") and not rules.applies("divergence", "dev/a")
     assert not rules.applies("straggler", "prod/a") and rules.applies("silence", "dev/a")
     assert rules.silence.after_secs == 30.0  # --silent-after
     assert Rules.load("") == Rules()
+    (tmp_path / "empty.yml").write_text("")
+    assert Rules.load(str(tmp_path / "empty.yml")) == Rules()
 
 
 @pytest.mark.parametrize(
     ("text", "said"),
     [
+        ("- silence\n", "a YAML file of rules is a mapping"),
+        ("silence: {after_secs: soon}\n", "after_secs must be a number"),
+        ("silence: {after_secs: [\n", "not YAML"),
         ("[divergance]\n", "no rule or setting 'divergance'"),
         ("[divergence]\nratio = 0.5\n", "factor and ratio must be above 1"),
         ("[silence]\nafter_secs = 'soon'\n", "after_secs must be a number"),
@@ -55,7 +65,7 @@ def test_the_rules_file_tunes_rules_and_runs(tmp_path: Path) -> None:
 def test_a_bad_rules_file_is_one_line_naming_what_to_fix(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], text: str, said: str
 ) -> None:
-    rules_file = tmp_path / "rules.toml"
+    rules_file = tmp_path / ("rules.toml" if "=" in text or text.startswith("[") else "rules.yaml")
     rules_file.write_text(text)
     with pytest.raises(SystemExit) as exited:
         main(["serve", "--logdir", str(tmp_path / "runs"), "--watch-rules", str(rules_file)])
