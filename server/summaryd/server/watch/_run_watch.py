@@ -33,6 +33,7 @@ _SAMPLES = 32  # batches a worker's cadence and step time are measured over
 _LONG_GAP_SECS = 600.0  # the period a worker's longest pause is remembered for (one to two of them)
 _MAD_SIGMA = 1.4826  # the MAD of a normal distribution times this is its standard deviation
 _INF = math.inf
+Values = list[float] | NDArray[np.float32]
 
 
 class Series:
@@ -43,19 +44,21 @@ class Series:
         "armed",
         "at",
         "dirty",
-        "filled",
         "firing",
         "first",
         "over",
         "resolve_below",
+        "size",
         "threshold",
         "under",
         "window",
     )
 
     def __init__(self, size: int) -> None:
-        self.window = array("d", bytes(8 * size))  # 1 KiB for 128 points, as a list's floats are not
-        self.at = self.filled = self.over = self.under = 0
+        # Grown to `size` points, then a ring: 1 KiB for 128 points, as a list's floats are not.
+        self.window = array("d")
+        self.size = size
+        self.at = self.over = self.under = 0
         self.threshold, self.resolve_below = _INF, -_INF
         self.firing, self.dirty = False, False
         # Watched once it has fallen (its newest quarter's median under its oldest's): a loss that only ever
@@ -63,14 +66,22 @@ class Series:
         self.armed = False
         self.first = (0, 0.0)  # step and value of the first point of the current run above threshold
 
-    def add(self, values: list[float], steps: Callable[[], list[int]], rule: DivergenceRule, clean: bool) -> None:
+    def add(self, values: Values, steps: Callable[[], list[int]], rule: DivergenceRule, clean: bool) -> None:
         """Take a batch's points of the series, in order (`clean`: the batch has no non-finite value); `steps`
         gives their steps, asked for only when a point is not simply kept."""
-        if clean and not self.firing and self.over == 0 and max(values) <= self.threshold:
-            self._keep(values)  # the common case: every point under threshold goes to the baseline at once
-            return
+        if clean and not self.firing and self.over == 0:
+            # The common case: every point under threshold goes to the baseline at once (of an array, only the
+            # points the ring keeps are made floats).
+            if isinstance(values, np.ndarray):
+                if float(values.max()) <= self.threshold:
+                    self._keep(values[-self.size :].tolist())
+                    return
+            elif max(values) <= self.threshold:
+                self._keep(values)
+                return
+        listed: list[float] = values.tolist() if isinstance(values, np.ndarray) else values
         isfinite = math.isfinite
-        for step, value in zip(steps(), values, strict=True):
+        for step, value in zip(steps(), listed, strict=True):
             if not isfinite(value):  # the non-finite rule's to tell
                 continue
             if self.firing:
@@ -87,9 +98,15 @@ class Series:
                 self._keep([value])
 
     def _keep(self, values: list[float]) -> None:
-        window, size = self.window, len(self.window)
+        window, size = self.window, self.size
+        room = size - len(window)
+        if room > 0:  # still growing: the points go on its end (`at` stays 0: the oldest is first)
+            window.extend(values[:room])
+            values = values[room:]
         count = len(values)
-        if count >= size:
+        if not count:
+            pass
+        elif count >= size:
             window[:] = array("d", values[-size:])
             self.at = 0
         else:
@@ -97,17 +114,16 @@ class Series:
             window[self.at : self.at + first] = array("d", values[:first])
             window[: count - first] = array("d", values[first:])
             self.at = (self.at + count) % size
-        self.filled = min(self.filled + count, size)
         self.dirty = True
 
     def rebase(self, rule: DivergenceRule) -> None:
         """Recompute the threshold from the window (not while firing: the baseline is frozen then). In plain
         Python: on a window of 128 points, sorting it costs a fraction of numpy's fixed cost per call."""
         self.dirty = False
-        if self.firing or self.filled < rule.warmup:
-            return
         window = self.window
-        ordered = window[self.at :] + window[: self.at] if self.filled == len(window) else window[: self.filled]
+        if self.firing or len(window) < rule.warmup:
+            return
+        ordered = window[self.at :] + window[: self.at] if self.at else window[:]
         quarter = max(len(ordered) // 4, 1)
         # The newest quarter of the window (the current level), and the oldest (where it started from).
         newest = _median(sorted(ordered[-quarter:]))
@@ -130,7 +146,7 @@ def _median(ordered: list[float]) -> float:
     return ordered[middle] if len(ordered) % 2 else (ordered[middle - 1] + ordered[middle]) / 2
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
 class Worker:
     """One worker (rank) of a run: its session, when its batches arrived, and its steps' wall times."""
 
@@ -183,7 +199,7 @@ class Worker:
         return (end - start) / (last - first) if last > first and end >= start else None
 
 
-@dataclass
+@dataclass(slots=True)
 class NonFinite:
     """A tag that logged a non-finite value: where first, and each offending rank's finite points since."""
 
@@ -218,12 +234,20 @@ class _Batch:
         total = float(values.sum(dtype=np.float64)) if isinstance(values, np.ndarray) else sum(values)
         return math.isfinite(total)
 
-    def values_of(self, which: int, tags: int) -> list[float]:
-        """The values of tag `which` (of a table of `tags`), in order (not to be changed: maybe the batch's own)."""
+    def values_of(self, which: int, tags: int) -> Values:
+        """The values of tag `which` (of a table of `tags`), in order: an array of a batch of arrays, else a list
+        (not to be changed: maybe the batch's own)."""
+        column = self._column(2)
+        if isinstance(column, np.ndarray):
+            return column[self._columns[0] == which] if tags > 1 else column
+        return self.value_list(which, tags)
+
+    def value_list(self, which: int, tags: int) -> list[float]:
+        """The values of tag `which`, in order, as a list."""
         return self._of(2, which, tags)
 
     def steps_of(self, which: int, tags: int) -> list[int]:
-        """The steps of tag `which`, in order (as `values_of`)."""
+        """The steps of tag `which`, in order, as a list."""
         return self._of(1, which, tags)
 
     def _of(self, column_index: int, which: int, tags: int) -> list[Any]:
@@ -321,7 +345,7 @@ class RunWatch:
         count = len(tags)
         for which in watched:
             values = batch.values_of(which, count)
-            if not values:
+            if not len(values):
                 continue
             tag = tags[which]
             key = (rank, tag)
@@ -347,7 +371,7 @@ class RunWatch:
             if not self._rules_of(tag)[1]:
                 continue
             state = self.nonfinite.get(tag)
-            for step, value in zip(batch.steps_of(i, len(tags)), batch.values_of(i, len(tags)), strict=True):
+            for step, value in zip(batch.steps_of(i, len(tags)), batch.value_list(i, len(tags)), strict=True):
                 if math.isfinite(value):
                     if state is not None and rank in state.finite and state.finite[rank] < resolve:
                         state.finite[rank] += 1
