@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from summaryd.server.records.scalar_points import points
+from summaryd.server.records.scalar_points import event_point_columns
 from summaryd.server.records.scalar_records import ScalarRecords
 from summaryd.server.sessions.live import Session
 from summaryd.server.watch._findings import Finding, Key
@@ -304,13 +304,12 @@ class RunWatch:
             else:  # a small one: numpy's fixed cost per call is more than Python's per point
                 batch = _Batch(columns.tag_index, columns.step, columns.value, lazy=start)
         else:
-            found = list(points(events))
-            if not found:
+            found = event_point_columns(events)
+            if not found.steps:
                 return
-            worker.stepped(found[-1][1], found[-1][2])
-            table: dict[str, int] = {}
-            indices = [table.setdefault(p[0], len(table)) for p in found]
-            batch = _Batch(indices, [p[1] for p in found], [p[3] for p in found])
+            worker.stepped(found.steps[-1], found.wall_times[-1])
+            table = {tag: i for i, tag in enumerate(dict.fromkeys(found.tags))}
+            batch = _Batch(list(map(table.__getitem__, found.tags)), found.steps, found.values)
             tags = list(table)
         watched = self._plan(tags) if self._on["divergence"] else []
         finite = batch.finite
