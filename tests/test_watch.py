@@ -226,16 +226,23 @@ def _interruptible() -> Iterator[None]:
 
 
 @pytest.mark.parametrize(
-    ("session", "flags"),
-    [("open", ()), ("lost (released by the daemon)", ("--session-lease", "1", "--stream-idle-timeout", "0.5"))],
-    ids=["its session open", "its session lost"],
+    ("session", "flags", "after"),
+    [
+        ("open", (), ""),
+        (
+            "lost (released by the daemon)",
+            ("--session-lease", "1", "--stream-idle-timeout", "0.5", "--silent-after", "4"),
+            "(silent after 4.0s)",
+        ),
+    ],
+    ids=["its session open", "its session lost, --silent-after"],
 )
 def test_a_stopped_rank_is_silent_until_it_goes_on(
-    tmp_path: Path, hook: Hook, session: str, flags: tuple[str, ...]
+    tmp_path: Path, hook: Hook, session: str, flags: tuple[str, ...], after: str
 ) -> None:
-    """Rank 1 of 2 is SIGSTOPped: one silence finding naming it, at its last step, within its cadence's bound,
-    while its session is open or after the daemon released it; on SIGCONT, one resolution. `summaryd watch`
-    follows both as lines."""
+    """Rank 1 of 2 is SIGSTOPped: one silence finding naming it, at its last step, within its cadence's bound
+    (or `--silent-after`'s), while its session is open or after the daemon released it; on SIGCONT, one
+    resolution. `summaryd watch` follows both as lines."""
     with _watched(tmp_path, hook, "hang-job", 2, "", flags, rank1={"mark": [50]}) as (daemon, job):
         followed = tmp_path / "followed.txt"
         with followed.open("w") as into, _interruptible():
@@ -253,6 +260,7 @@ def test_a_stopped_rank_is_silent_until_it_goes_on(
             assert alert["labels"]["rank"] == "rank-1" and alert["labels"]["run"] == "hang-job"
             assert int(alert["annotations"]["step"]) >= 50
             assert f"its session is {session}" in alert["annotations"]["summary"]
+            assert after in alert["annotations"]["summary"], alert
             os.kill(job.procs[1].pid, signal.SIGCONT)
             wait_for(lambda: hook.alerts("silence", "resolved"), 30, "the resolution")
             wait_for(lambda: " resolved silence " in followed.read_text(), 30, "summaryd watch to follow it")
