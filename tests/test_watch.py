@@ -24,6 +24,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from _support import Daemon, TensorBoard, start_daemon, unused_port, wait_for
 from benchmarks.watch_alerts import steady
 from summaryd.cli import main
+from summaryd.client import SummaryWriter
 
 WORKER = Path(__file__).with_name("_watch_worker.py")
 STEP_SECS = 0.02
@@ -421,3 +422,28 @@ def test_a_steady_job_with_a_training_runs_noise_gives_no_finding(tmp_path: Path
     `python -m benchmarks.watch_alerts --only steady`): no finding in the webhook, the metrics or the log."""
     row, met = steady(tmp_path, 4, STEADY_S)
     assert met, row
+
+
+def test_runs_beyond_max_runs_are_not_watched_and_a_closed_run_is_forgotten(tmp_path: Path, hook: Hook) -> None:
+    """Three runs written at once (writers in this process, over loopback) to a daemon watching at most two: two
+    are followed, the last to come is said in the log and not watched (its NaN finds nothing); once the runs
+    closed, the watch follows none."""
+    daemon = _daemon(tmp_path, hook, "max_runs = 2\n")
+    try:
+        writers = [SummaryWriter(f"many/run-{i}", address=daemon.address) for i in range(3)]
+        for step in range(5):
+            for writer in writers:
+                writer.add_scalar("loss", 1.0 / (step + 1), step)
+        for writer in writers:
+            writer.flush()
+        wait_for(lambda: "not watched: 2 runs are" in daemon.log(), 10, "a run beyond the bound")
+        assert _metrics(daemon)[("summaryd_watch_runs", ())] == 2
+        left_out = daemon.log().split("watch: run many/run-")[1].split(" not watched")[0]  # the last to come
+        writers[int(left_out)].add_scalar("loss", float("nan"), 5)
+        writers[int(left_out)].flush()
+        for writer in writers:
+            writer.close()
+        wait_for(lambda: _metrics(daemon)[("summaryd_watch_runs", ())] == 0, 10, "the closed runs forgotten")
+    finally:
+        daemon.stop()
+    assert hook.messages == []
