@@ -11,6 +11,8 @@ of `add_embedding` are compared byte for byte (tests/test_torch_embedding.py cov
 from __future__ import annotations
 
 import math
+import uuid
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +20,7 @@ import pytest
 from torch.utils.tensorboard import SummaryWriter as TorchSummaryWriter
 
 from _parity import Inputs, assert_same_events, exercise, runs
-from _support import Daemon, event_files, read_events
+from _support import Daemon, event_files, read_events, start_daemon
 from summaryd.client import SummaryWriter
 
 pytestmark = [
@@ -104,16 +106,29 @@ BAD_SCALARS = [
 ]  # (None as the value raises TypeError here, where torch's make_np raises NotImplementedError)
 
 
+@pytest.fixture(scope="module")
+def bad_scalars_daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Daemon]:
+    """One daemon for every bad scalar: each case writes a run of its own."""
+    d = start_daemon(tmp_path_factory.mktemp("bad-scalars"))
+    try:
+        yield d
+    finally:
+        d.stop(15)
+
+
 @pytest.mark.parametrize("args", BAD_SCALARS, ids=repr)
-def test_add_scalar_raises_at_the_call_what_torch_raises(daemon: Daemon, tmp_path: Path, args: tuple[Any, ...]) -> None:
+def test_add_scalar_raises_at_the_call_what_torch_raises(
+    bad_scalars_daemon: Daemon, tmp_path: Path, args: tuple[Any, ...]
+) -> None:
     """The event is built on the sender thread, but a bad argument still raises to the caller, as in torch."""
+    daemon, run = bad_scalars_daemon, f"bad-{uuid.uuid4().hex[:8]}"
     with TorchSummaryWriter(str(tmp_path / "torch")) as theirs, pytest.raises(Exception) as torch_raised:
         theirs.add_scalar(*args)
-    with SummaryWriter("bad", address=daemon.address, worker="") as ours:
+    with SummaryWriter(run, address=daemon.address, worker="") as ours:
         with pytest.raises(torch_raised.type):
             ours.add_scalar(*args)
         ours.add_scalar(b"bytes-tag", 2.0, 3)  # torch takes a UTF-8 bytes tag too
         report = ours.flush(timeout=10)
     assert report.delivered == 1 and not any(report.dropped.values())
-    [event] = [e for e in read_events(event_files(daemon.logdir / "bad")[0]) if e.HasField("summary")]
+    [event] = [e for e in read_events(event_files(daemon.logdir / run)[0]) if e.HasField("summary")]
     assert (event.step, event.summary.value[0].tag, event.summary.value[0].simple_value) == (3, "bytes-tag", 2.0)
