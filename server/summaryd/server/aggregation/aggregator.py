@@ -38,7 +38,7 @@ from summaryd.server.errors import EventError
 from summaryd.server.io_threads import run_to_completion
 from summaryd.server.operations.logs import Throttle
 from summaryd.server.operations.metrics import Metrics
-from summaryd.server.records.scalar_points import points
+from summaryd.server.records.scalar_points import Point, points
 from summaryd.server.records.scalar_records import ScalarRecords
 from summaryd.server.security.limits import DEFAULT, Limits
 from summaryd.server.settings import option
@@ -174,6 +174,14 @@ class AggregateRuns:
         await written.read_published(self._storage, self.run, registry.executor)
         return written
 
+    async def unfinished(self, written: WrittenThrough) -> dict[str, list[Point]]:
+        """Per worker, the points of its run's files (on the disk) beyond each tag's last written aggregate: the
+        steps that were pending when a daemon was killed, whose points some workers had been told were written
+        (and will not send again)."""
+        registry = self._storage.runs
+        run_path = os.path.join(registry.logdir, self.run)
+        return await run_to_completion(registry.executor, lambda: _read_unfinished(run_path, written.last))
+
     async def write(self, done: list[Reduction], lag: Mapping[str, int] | None) -> None:
         """Write the reductions of `done` and, when given, each worker's `lag` at the last step of `done`."""
         table: dict[str, int] = {}
@@ -270,6 +278,14 @@ class RunAggregator:
             return False
         self.table = StepTable(0, self._settings.max_pending_steps, written.last, self._settings.max_tags)
         self._lag_step = written.lag_step
+        try:
+            unfinished = await self._runs.unfinished(written)
+        except Exception as exc:  # then those steps are aggregated from what the workers send again
+            log.warning("run %s: steps pending before a restart not read back: %r", self.run, exc)
+            unfinished = {}
+        now = time.monotonic()
+        for worker, found in unfinished.items():
+            self.table.add_all(worker, found, written.last.__contains__, now)
         interval = min(max(self._settings.straggler_secs / 4, 0.05), 1.0)
         self._ticker = asyncio.create_task(self._tick(interval, idle))
         log.info("run %s: aggregating its workers' scalars (%d tags written before)", self.run, len(written.last))
@@ -410,6 +426,30 @@ class RunAggregator:
         self._final = self.written()
         self.table = StepTable(0, 0, max_tags=0)
         return await self._runs.let_go(shutdown)
+
+
+def _read_unfinished(run_path: str, last: Mapping[str, int]) -> dict[str, list[Point]]:
+    """Per worker run below `run_path` (a directory of event files, not an aggregate run's), its points of the
+    tags of `last` at steps beyond them (blocking: parses the files)."""
+    found: dict[str, list[Point]] = {}
+    if not last:
+        return found
+    try:
+        entries = sorted(os.scandir(run_path), key=lambda e: e.name)
+    except FileNotFoundError:
+        return found
+    for entry in entries:
+        if entry.name in (*REDUCTIONS, STATS_RUN) or not entry.is_dir():
+            continue
+        files = sorted(n for n in os.listdir(entry.path) if "tfevents" in n)
+        kept: list[Point] = []
+        for name in files:
+            with open(os.path.join(entry.path, name), "rb") as f:
+                records = list(whole_records(f.read()))
+            kept.extend(p for p in points(records) if p[1] > last.get(p[0], p[1]))
+        if kept:
+            found[entry.name] = kept
+    return found
 
 
 class WrittenThrough:
