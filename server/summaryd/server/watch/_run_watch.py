@@ -390,15 +390,17 @@ class RunWatch:
         elif finding.rule == "divergence":
             self._diverging[finding.subject] = finding.detail
 
-    def evaluate(self, now: float) -> Outcome:
-        """Which findings of the run hold now and which are seen to have ended."""
+    def evaluate(self, now: float, workers: bool = True) -> Outcome:
+        """Which findings of the run hold now and which are seen to have ended; with `workers`, the rules over
+        every worker too (sessions ending, silence, stragglers), else only those over what took points."""
         holds: dict[Key, Finding] = {}
         ended: dict[Key, str] = {}
-        self._workers_ending(now)
-        if self._on["silence"]:
-            self._silence(now, holds, ended)
-        if self._on["straggler"]:
-            self._stragglers(now, holds, ended)
+        if workers:
+            self._workers_ending(now)
+            if self._on["silence"]:
+                self._silence(now, holds, ended)
+            if self._on["straggler"]:
+                self._stragglers(now, holds, ended)
         if self._on["divergence"]:
             self._divergence(holds, ended)
         if self._on["nonfinite"]:

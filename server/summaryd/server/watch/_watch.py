@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import time
 from collections.abc import Callable, Sequence
 
@@ -22,6 +23,9 @@ log = logging.getLogger(__name__)
 _failures = Throttle(log)
 
 TICK_SECS = 0.25
+# The rules over every worker of a run (silence, stragglers: seconds at the least) are evaluated once a second,
+# not every tick: O(workers) each, they were most of a tick's cost at 256 workers.
+WORKERS_EVERY_SECS = 1.0
 Output = Callable[[Finding], None]
 
 
@@ -88,6 +92,7 @@ class Watch:
         self._saving: asyncio.Task[None] | None = None
         self._save_again = False
         self._started = time.monotonic()
+        self._workers_at = -math.inf  # when the rules over every worker were last evaluated
         self._orphans = bool(book.active)  # findings taken up from the state file, until their runs come back
         book.listen(self.metrics.tell, *outputs, self._changed)
         for finding in book.active.values():
@@ -165,8 +170,11 @@ class Watch:
         """Evaluate every run's rules; fire what holds and is not firing, resolve what is seen to have ended."""
         book = self.book
         left = False
+        workers = now - self._workers_at >= WORKERS_EVERY_SECS
+        if workers:
+            self._workers_at = now
         for name, run in list(self._runs.items()):
-            holds, ended = run.evaluate(now)
+            holds, ended = run.evaluate(now, workers)
             left, run.left = left or run.left, False
             for finding in holds.values():
                 book.fire(finding)
