@@ -163,6 +163,23 @@ def test_many_tags_and_tag_tables_keep_a_runs_watch_bounded() -> None:
     assert len(run._tag_rules) <= 4096 and len(run._plans) <= 256
 
 
+def test_a_nan_in_many_tags_fires_a_bounded_number_of_findings() -> None:
+    """NaN in 1,000 tags of one run: the non-finite rule follows `max_nonfinite_tags` of them (one finding each),
+    the others' points counted unwatched, so a run's findings (and webhook messages) stay bounded."""
+    rules = Rules(max_nonfinite_tags=16)
+    run = RunWatch("job", rules, lambda: True, time.time)
+    worker = Worker("rank-0", None)
+    tags = [f"grad/{i}" for i in range(1000)]
+    nan = float("nan")
+    columns = pb.ScalarColumns(
+        tags=tags, tag_index=list(range(1000)), step=[7] * 1000, wall_time=[1.0] * 1000, value=[nan] * 1000
+    )
+    run.take(worker, ScalarRecords(columns), 1.0)
+    holds, _ = run.evaluate(2.0, workers=False)
+    assert len([key for key in holds if key[0] == "nonfinite"]) == 16
+    assert run.series_refused == 1000 - 16
+
+
 def test_no_watch_says_so_in_status_and_watch(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     daemon = start_daemon(tmp_path, "--no-watch")
     try:

@@ -85,8 +85,9 @@ class StragglerRule:
 
 @dataclass(frozen=True)
 class Rules:
-    """Every rule's settings, and the watch's bounds: runs watched, and series (rank, tag) kept for divergence
-    over all runs (the points of further series are not watched for divergence; counted)."""
+    """Every rule's settings, and the watch's bounds: runs watched, series (rank, tag) kept for divergence over
+    all runs (the points of further series are not watched for divergence; counted), and a run's tags followed
+    by the non-finite rule at once (a NaN in further tags fires nothing until one resolves; counted)."""
 
     silence: SilenceRule = field(default_factory=SilenceRule)
     nonfinite: NonFiniteRule = field(default_factory=NonFiniteRule)
@@ -94,6 +95,7 @@ class Rules:
     straggler: StragglerRule = field(default_factory=StragglerRule)
     max_runs: int = 1024
     max_series: int = 10_000
+    max_nonfinite_tags: int = 64
 
     @classmethod
     def load(cls, path: str, silent_after: float = 0.0) -> Rules:

@@ -376,6 +376,9 @@ class RunWatch:
                         state.finite[rank] += 1
                     continue
                 if state is None:
+                    if len(self.nonfinite) >= self.rules.max_nonfinite_tags:  # findings a run stay bounded
+                        self.series_refused += 1
+                        continue
                     state = self.nonfinite[tag] = NonFinite(rank, step, value)
                 state.finite[rank] = 0
 

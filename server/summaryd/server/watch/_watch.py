@@ -46,7 +46,7 @@ class WatchMetrics:
         self.series = Gauge("summaryd_watch_series", "Series (rank, tag) watched for divergence.", registry=registry)
         self.refused = Counter(
             "summaryd_watch_points_unwatched",
-            "Points of series beyond the watch's bound (not watched for divergence).",
+            "Points beyond the watch's bounds (series watched for divergence, a run's non-finite tags).",
             registry=registry,
         )
         self._counts: dict[tuple[str, str], int] = {}
