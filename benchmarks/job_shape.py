@@ -144,6 +144,10 @@ def _target(kind: str, workdir: Path, shape: Shape) -> Iterator[_Target]:
     flags = ["--no-aggregate"] if kind == OFF else ["--aggregate"]
     if kind == UNPACED:
         flags += ["--pace-messages", "0"]  # a batch per step, as before pacing: the cost of each message
+    if kind == RELAYED:
+        # The owner counts a relay's sessions by the relay's address, and here every relay is 127.0.0.1: its
+        # 4,096 sessions are over the 1,024 a peer may hold (on a cluster, a node's relay carries its 8 ranks).
+        flags += ["--max-sessions-per-peer", str(shape.workers + 64)]
     # Its defaults but the run count: 1,024 workers' runs and the 5 aggregate runs are over --max-open-runs.
     with running_daemon(workdir, *flags, "--max-open-runs", str(max(4096, shape.workers + 64))) as daemon:
         if kind != RELAYED:

@@ -1,6 +1,7 @@
 """A webhook receiver for the watch tests: an HTTP server on loopback that keeps every body POSTed to it and
 answers each with the next status code it was given (200 once they run out); `arrivals` holds when each came
-(`time.time()`), for the benchmarks' latencies."""
+(`time.time()`), for the benchmarks' latencies. With `hold`, each answer waits until that event is set (a
+receiver that has stopped answering)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 
 class Receiver:
-    def __init__(self, codes: list[int] | None = None) -> None:
+    def __init__(self, codes: list[int] | None = None, hold: threading.Event | None = None) -> None:
         self.bodies: list[bytes] = []
         self.arrivals: list[float] = []
         bodies, arrivals, answers = self.bodies, self.arrivals, list(codes or [])
@@ -20,6 +21,8 @@ class Receiver:
                 body = self.rfile.read(int(self.headers["Content-Length"]))
                 arrivals.append(time.time())
                 bodies.append(body)
+                if hold is not None:
+                    hold.wait(60)
                 self.send_response(answers.pop(0) if answers else 200)
                 self.end_headers()
 

@@ -4,6 +4,9 @@ store itself stopped, the shipper SIGKILLed and started again); every run read b
 TensorBoard's loader holds every step exactly once, the shipped one too.
 
 The shipper follows an event file that tensorboardX's SummaryWriter (no TensorFlow) writes as the test goes.
+Each round also a writer that reached no daemon leaves its steps in a spool, and `summaryd replay`, given every
+address, delivers the spools while the round's fault lasts (a pass cut short leaves them for the next one).
+Pacing and group commit are on, as by default.
 
 The schedule comes from a seed printed at the start (`SUMMARYD_CHAOS_SEED=N` replays one); the tier runs ten
 rounds, about a minute, and `SUMMARYD_CHAOS_ROUNDS=N` runs longer.
@@ -17,6 +20,7 @@ import random
 import shutil
 import signal
 import subprocess
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -72,6 +76,19 @@ class Cluster:
             assert daemon.terminate(60) == 0, daemon.log()[-3000:]
 
 
+def spool_round(root: Path, steps: range) -> None:
+    """A writer that reaches no daemon logs `steps` of run `chaos-spool` and ends: its spool stays in `root`."""
+    dead = f"127.0.0.1:{unused_port()}"
+    writer = SummaryWriter("chaos-spool", address=dead, spool_dir=root, spool_after=0.1, close_timeout=0.5)
+    log_losses(writer, steps)
+    report = writer.close(timeout=0.5)
+    assert report.spooled == len(steps) and not report.dropped, report
+
+
+def replay_argv(root: Path, address: str) -> list[str]:
+    return [sys.executable, "-m", "summaryd.server", "replay", str(root), "--address", address, "--timeout", "10"]
+
+
 class Follower:
     """`summaryd ship DIR --run RUN` following DIR, given every daemon's address; SIGKILLed and started again."""
 
@@ -112,8 +129,10 @@ def test_many_daemons_on_one_bucket_lose_and_double_nothing_whatever_befalls_the
     local = tmp_path / "shipped"
     plain = PlainWriter(str(local), flush_secs=3600)
     follower = Follower(local, "chaos-ship", cluster.address, tmp_path / "ship.log")
+    spools, replays = tmp_path / "spools", 0
     try:
         for round_ in range(ROUNDS):
+            spool_round(spools, range(round_ * STEPS, (round_ + 1) * STEPS))
             for writer in writers:
                 log_losses(writer, range(round_ * STEPS, (round_ + 1) * STEPS))
                 writer.flush(timeout=30)
@@ -122,6 +141,9 @@ def test_many_daemons_on_one_bucket_lose_and_double_nothing_whatever_befalls_the
             plain.flush()
             fault, i, shipper_too = rng.choice(FAULTS), rng.randrange(3), rng.random() < SHIPPER_KILLS
             print(f"round {round_}: {fault} (daemon {i})" + (", the shipper killed" if shipper_too else ""))
+            replaying = subprocess.Popen(
+                replay_argv(spools, cluster.address), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+            )
             if fault in ("kill", "lose its disk"):
                 cluster.kill(i, lose_disk=fault == "lose its disk", meanwhile=follower.kill if shipper_too else None)
             else:
@@ -133,6 +155,7 @@ def test_many_daemons_on_one_bucket_lose_and_double_nothing_whatever_befalls_the
                     time.sleep(LEASE + 2)  # the writers and the shipper go on meanwhile (queues, checkpoint)
                 finally:
                     os.kill(pid, signal.SIGCONT)
+            replays += replaying.wait(120) == 0
     finally:
         plain.close()
         reports = [writer.close(timeout=180) for writer in writers]
@@ -140,8 +163,15 @@ def test_many_daemons_on_one_bucket_lose_and_double_nothing_whatever_befalls_the
     assert all(report.delivered == ROUNDS * STEPS and not report.dropped for report in reports), reports
     assert shipped.returncode == 0, (seed, shipped.stderr[-3000:])
     print(f"the shipper's last pass: {shipped.stderr.strip().splitlines()[-1:]}")
+    left = len(list(spools.rglob("manifest.json")))  # spools the passes during the faults did not finish
+    if left:
+        argv = replay_argv(spools, cluster.address)
+        replayed = subprocess.run(argv, capture_output=True, text=True, timeout=240, check=False)
+        assert replayed.returncode == 0, (seed, replayed.stderr[-3000:])
+    print(f"replay: {replays} of {ROUNDS} passes during a fault delivered every spool; {left} left for the last")
+    assert not [p for p in spools.rglob("manifest.json")], "a delivered spool was left behind"
     cluster.stop()
-    for run in [*runs, "chaos-ship"]:
+    for run in [*runs, "chaos-ship", "chaos-spool"]:
         steps = steps_from_bucket(seaweed, logdir_url, run, tmp_path / f"read-{run}")
         lost, doubled = collections.Counter(range(ROUNDS * STEPS)) - steps, steps - collections.Counter(steps.keys())
         print(f"{run}: {sum(steps.values())} steps read back, {len(lost)} lost, {sum(doubled.values())} doubled")

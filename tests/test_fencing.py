@@ -237,6 +237,52 @@ async def test_a_lease_write_cancelled_after_it_landed_is_still_recorded_and_rel
     assert lease is not None and lease.expires == 0.0
 
 
+class _WaitsAfterItsCreate(Bucket):
+    """The real bucket, whose creates, once `hold` is set, wait after they have landed until cancelled: an
+    upload cut off by shutdown after its PUT went through (the instant no timing hits; the test's one fake)."""
+
+    def __init__(self, url: str) -> None:
+        super().__init__(url)
+        self.hold, self.landed = False, asyncio.Event()
+
+    async def create(self, key: str, data: bytes, metadata: dict[str, str] | None = None) -> str:
+        written = await super().create(key, data, metadata)
+        if self.hold:
+            self.landed.set()
+            await asyncio.Event().wait()
+        return written
+
+
+async def test_an_upload_cut_off_after_its_put_landed_is_not_taken_for_another_daemons_fence(
+    tmp_path: Path, seaweed: SeaweedServer, logdir_url: str
+) -> None:
+    from summaryd.server.storage.bucket.leases import RunLeases
+    from summaryd.server.storage.bucket.run_ownership import RunOwnership
+
+    bucket = _WaitsAfterItsCreate(logdir_url)
+    name = "events.out.tfevents.1700000000.host.1.1"
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / name).write_bytes(b"x" * 300)
+    ownership = RunOwnership(RunLeases(bucket, "a", "10.0.0.1:6065", 30.0))
+    await ownership.take("run")
+    with ThreadPoolExecutor(1) as executor:
+        shipper = SegmentShipper(bucket, str(tmp_path), SealPolicy(), executor, fence=ownership)
+        shipper.appended("run", name, 100, ("s", 1))
+        shipper.start()
+        bucket.hold = True
+        waiting = asyncio.ensure_future(shipper.upload_through("run", name, 100))
+        await asyncio.wait_for(bucket.landed.wait(), 30)
+        bucket.hold = False
+        # Shutdown: the run's file closes with more journaled meanwhile, then the drain cancels the upload whose
+        # PUT of 0..100 landed unrecorded, and seals the rest. The object at 0 is this daemon's own.
+        shipper.closed("run", name, 300)
+        await asyncio.wait_for(shipper.drain(), 30)
+        await asyncio.wait_for(waiting, 10)
+    assert ownership.holds("run")
+    assert segments(seaweed, logdir_url, "run") == [(f"run/{name}.{0:016d}", 100), (f"run/{name}.{100:016d}", 200)]
+    await ownership.close()
+
+
 async def test_metrics_show_the_held_leases_and_the_least_time_left_on_them(logdir_url: str) -> None:
     from prometheus_client import CollectorRegistry, generate_latest
 

@@ -19,7 +19,7 @@ import pytest
 from _support import start_daemon, steps_in
 from summaryd.client._options import ClientOptions
 from summaryd.client._sender._pacing import Pacing
-from summaryd.server.sessions.pacing import MANY_STREAMS, PACED_IN_FLIGHT, Pacer
+from summaryd.server.sessions.pacing import MANY_STREAMS, PACED_IN_FLIGHT, STARVED_HOLD, STARVED_LAG, Pacer
 
 CLIENT = textwrap.dedent(
     """
@@ -86,6 +86,28 @@ def test_a_daemon_paces_only_past_half_its_rate_and_lifts_it_below_a_quarter() -
     assert pacer.pacing.linger_seconds == 0.3 and pacer.version == told
     feed(200)
     assert pacer.pacing.linger_seconds == 0.0 and pacer.version == told + 1
+
+
+def test_a_daemon_starved_of_cpu_paces_though_it_takes_few_messages() -> None:
+    """The messages taken are what a starved daemon got round to: its late event loop says more was offered."""
+    now = [0.0]
+    pacer = Pacer(1000.0, clock=lambda: now[0])
+    for _ in range(1024):
+        pacer.opened()
+    for _ in range(50):  # 100 messages a second taken: a tenth of the pace, under half of it
+        now[0] += 0.01
+        pacer.took()
+    assert pacer.pacing.linger_seconds == 0.0
+    pacer.lagged(0.1)  # a loop a little late is no sign
+    assert pacer.pacing.linger_seconds == 0.0
+    pacer.lagged(STARVED_LAG)
+    assert (pacer.pacing.linger_seconds, pacer.pacing.max_in_flight) == (1.5, PACED_IN_FLIGHT)
+    now[0] += STARVED_HOLD / 2  # the calm the pacing brings does not lift it within the hold
+    pacer.lagged(0.0)
+    assert pacer.pacing.linger_seconds == 1.5
+    now[0] += STARVED_HOLD
+    pacer.lagged(0.0)
+    assert pacer.pacing.linger_seconds == 0.0
 
 
 def test_the_users_bound_caps_the_linger_and_reads_its_variable() -> None:

@@ -43,12 +43,13 @@ from _support import (
 )
 from summaryd.cli import main
 from summaryd.client import Sender, SummaryWriter
-from summaryd.client._environment import address_key, parse_address
+from summaryd.client._environment import parse_address
 from summaryd.client._options import ClientOptions
 from summaryd.client._patch._shipper import Shipper
 from summaryd.client._sender._targets import DaemonTargets, RedirectRefusedError
 from summaryd.v1 import summaryd_pb2 as pb
 from summaryd.v1 import summaryd_pb2_grpc as pb_grpc
+from summaryd.v1.wire import address_key
 
 
 @pytest.fixture

@@ -123,6 +123,17 @@ def stub(daemon: Daemon) -> Iterator[pb_grpc.SummariesStub]:
         yield pb_grpc.SummariesStub(channel)
 
 
+@pytest.fixture(scope="module")
+def refusing_daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Daemon]:
+    """One daemon for every bad path: each case opens a run of its own, and a file that any case let through
+    is still found by the later cases' look at the whole logdir."""
+    d = start_daemon(tmp_path_factory.mktemp("refusing"))
+    try:
+        yield d
+    finally:
+        d.stop(15)
+
+
 @pytest.mark.parametrize(
     "path",
     [
@@ -142,11 +153,14 @@ def stub(daemon: Daemon) -> Iterator[pb_grpc.SummariesStub]:
         "back\\slash",
     ],
 )
-def test_put_file_refuses_bad_paths(daemon: Daemon, stub: pb_grpc.SummariesStub, path: str) -> None:
+def test_put_file_refuses_bad_paths(refusing_daemon: Daemon, path: str) -> None:
+    daemon = refusing_daemon
     session_id = str(uuid.uuid4())
-    stub.OpenSession(pb.OpenSessionRequest(session_id=session_id, run="files"), timeout=10)
-    with pytest.raises(grpc.RpcError) as raised:
-        stub.PutFile(pb.PutFileRequest(session_id=session_id, path=path, content=b"x"), timeout=10)
+    with grpc.insecure_channel(daemon.address) as channel:
+        stub = pb_grpc.SummariesStub(channel)
+        stub.OpenSession(pb.OpenSessionRequest(session_id=session_id, run=f"files-{session_id}"), timeout=10)
+        with pytest.raises(grpc.RpcError) as raised:
+            stub.PutFile(pb.PutFileRequest(session_id=session_id, path=path, content=b"x"), timeout=10)
     assert raised.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert raised.value.details()
     assert not [

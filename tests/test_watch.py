@@ -24,6 +24,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from _support import Daemon, TensorBoard, start_daemon, unused_port, wait_for
 from benchmarks.watch_alerts import steady
 from summaryd.cli import main
+from summaryd.client import SummaryWriter
 
 WORKER = Path(__file__).with_name("_watch_worker.py")
 STEP_SECS = 0.02
@@ -226,16 +227,23 @@ def _interruptible() -> Iterator[None]:
 
 
 @pytest.mark.parametrize(
-    ("session", "flags"),
-    [("open", ()), ("lost (released by the daemon)", ("--session-lease", "1", "--stream-idle-timeout", "0.5"))],
-    ids=["its session open", "its session lost"],
+    ("session", "flags", "after"),
+    [
+        ("open", (), ""),
+        (
+            "lost (released by the daemon)",
+            ("--session-lease", "1", "--stream-idle-timeout", "0.5", "--silent-after", "4"),
+            "(silent after 4.0s)",
+        ),
+    ],
+    ids=["its session open", "its session lost, --silent-after"],
 )
 def test_a_stopped_rank_is_silent_until_it_goes_on(
-    tmp_path: Path, hook: Hook, session: str, flags: tuple[str, ...]
+    tmp_path: Path, hook: Hook, session: str, flags: tuple[str, ...], after: str
 ) -> None:
-    """Rank 1 of 2 is SIGSTOPped: one silence finding naming it, at its last step, within its cadence's bound,
-    while its session is open or after the daemon released it; on SIGCONT, one resolution. `summaryd watch`
-    follows both as lines."""
+    """Rank 1 of 2 is SIGSTOPped: one silence finding naming it, at its last step, within its cadence's bound
+    (or `--silent-after`'s), while its session is open or after the daemon released it; on SIGCONT, one
+    resolution. `summaryd watch` follows both as lines."""
     with _watched(tmp_path, hook, "hang-job", 2, "", flags, rank1={"mark": [50]}) as (daemon, job):
         followed = tmp_path / "followed.txt"
         with followed.open("w") as into, _interruptible():
@@ -253,6 +261,7 @@ def test_a_stopped_rank_is_silent_until_it_goes_on(
             assert alert["labels"]["rank"] == "rank-1" and alert["labels"]["run"] == "hang-job"
             assert int(alert["annotations"]["step"]) >= 50
             assert f"its session is {session}" in alert["annotations"]["summary"]
+            assert after in alert["annotations"]["summary"], alert
             os.kill(job.procs[1].pid, signal.SIGCONT)
             wait_for(lambda: hook.alerts("silence", "resolved"), 30, "the resolution")
             wait_for(lambda: " resolved silence " in followed.read_text(), 30, "summaryd watch to follow it")
@@ -413,3 +422,28 @@ def test_a_steady_job_with_a_training_runs_noise_gives_no_finding(tmp_path: Path
     `python -m benchmarks.watch_alerts --only steady`): no finding in the webhook, the metrics or the log."""
     row, met = steady(tmp_path, 4, STEADY_S)
     assert met, row
+
+
+def test_runs_beyond_max_runs_are_not_watched_and_a_closed_run_is_forgotten(tmp_path: Path, hook: Hook) -> None:
+    """Three runs written at once (writers in this process, over loopback) to a daemon watching at most two: two
+    are followed, the last to come is said in the log and not watched (its NaN finds nothing); once the runs
+    closed, the watch follows none."""
+    daemon = _daemon(tmp_path, hook, "max_runs = 2\n")
+    try:
+        writers = [SummaryWriter(f"many/run-{i}", address=daemon.address) for i in range(3)]
+        for step in range(5):
+            for writer in writers:
+                writer.add_scalar("loss", 1.0 / (step + 1), step)
+        for writer in writers:
+            writer.flush()
+        wait_for(lambda: "not watched: 2 runs are" in daemon.log(), 10, "a run beyond the bound")
+        assert _metrics(daemon)[("summaryd_watch_runs", ())] == 2
+        left_out = daemon.log().split("watch: run many/run-")[1].split(" not watched")[0]  # the last to come
+        writers[int(left_out)].add_scalar("loss", float("nan"), 5)
+        writers[int(left_out)].flush()
+        for writer in writers:
+            writer.close()
+        wait_for(lambda: _metrics(daemon)[("summaryd_watch_runs", ())] == 0, 10, "the closed runs forgotten")
+    finally:
+        daemon.stop()
+    assert hook.messages == []

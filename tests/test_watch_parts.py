@@ -4,6 +4,8 @@ a damaged one), the webhook's retries against a real loopback receiver, and `--n
 from __future__ import annotations
 
 import json
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -12,7 +14,10 @@ from _webhook_receiver import Receiver
 from _support import start_daemon, wait_for
 from summaryd.cli import main
 from summaryd.server.config import Config
-from summaryd.server.watch import Finding, FindingBook, Rules, Webhook, message
+from summaryd.server.records.scalar_records import ScalarRecords
+from summaryd.server.watch import Finding, FindingBook, Rules, Webhook, _webhook, message
+from summaryd.server.watch._run_watch import RunWatch, Worker
+from summaryd.v1 import summaryd_pb2 as pb
 
 
 def _finding(**changes: object) -> Finding:
@@ -29,22 +34,32 @@ def _finding(**changes: object) -> Finding:
     return Finding(**{**fields, **changes})  # type: ignore[arg-type]
 
 
-def test_the_rules_file_tunes_rules_and_runs(tmp_path: Path) -> None:
-    rules_file = tmp_path / "rules.toml"
-    rules_file.write_text(
-        '[divergence]\ntags = ["val/*"]\nratio = 3\nruns = ["prod/*"]\n[straggler]\nenabled = false\n'
-    )
+RULES_TOML = '[divergence]\ntags = ["val/*"]\nratio = 3\nruns = ["prod/*"]\n[straggler]\nenabled = false\n'
+RULES_YAML = 'divergence:\n  tags: ["val/*"]\n  ratio: 3\n  runs: ["prod/*"]\nstraggler:\n  enabled: false\n'
+
+
+@pytest.mark.parametrize(
+    ("name", "text"), [("rules.toml", RULES_TOML), ("rules.yaml", RULES_YAML)], ids=["toml", "yaml"]
+)
+def test_the_rules_file_tunes_rules_and_runs(tmp_path: Path, name: str, text: str) -> None:
+    rules_file = tmp_path / name
+    rules_file.write_text(text)
     rules = Config.from_options(watch_rules=str(rules_file), silent_after=30).watch.rules
     assert rules.divergence.tags == ("val/*",) and rules.divergence.ratio == 3.0
     assert rules.applies("divergence", "prod/a") and not rules.applies("divergence", "dev/a")
     assert not rules.applies("straggler", "prod/a") and rules.applies("silence", "dev/a")
     assert rules.silence.after_secs == 30.0  # --silent-after
     assert Rules.load("") == Rules()
+    (tmp_path / "empty.yml").write_text("")
+    assert Rules.load(str(tmp_path / "empty.yml")) == Rules()
 
 
 @pytest.mark.parametrize(
     ("text", "said"),
     [
+        ("- silence\n", "a YAML file of rules is a mapping"),
+        ("silence: {after_secs: soon}\n", "after_secs must be a number"),
+        ("silence: {after_secs: [\n", "not YAML"),
         ("[divergance]\n", "no rule or setting 'divergance'"),
         ("[divergence]\nratio = 0.5\n", "factor and ratio must be above 1"),
         ("[silence]\nafter_secs = 'soon'\n", "after_secs must be a number"),
@@ -55,7 +70,7 @@ def test_the_rules_file_tunes_rules_and_runs(tmp_path: Path) -> None:
 def test_a_bad_rules_file_is_one_line_naming_what_to_fix(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], text: str, said: str
 ) -> None:
-    rules_file = tmp_path / "rules.toml"
+    rules_file = tmp_path / ("rules.toml" if "=" in text or text.startswith("[") else "rules.yaml")
     rules_file.write_text(text)
     with pytest.raises(SystemExit) as exited:
         main(["serve", "--logdir", str(tmp_path / "runs"), "--watch-rules", str(rules_file)])
@@ -99,6 +114,53 @@ def test_the_webhook_retries_what_may_succeed_later(codes: list[int], posts: int
         receiver.close()
     assert len(receiver.bodies) == posts and len(set(receiver.bodies)) == 1
     assert json.loads(receiver.bodies[0]) == message(_finding())
+
+
+def test_a_receiver_that_stops_answering_holds_up_no_finding(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The receiver takes the first message and answers nothing: telling more never waits (the event loop only
+    appends); beyond the queue's bound (3 here) the oldest waiting message gives way, counted; once the receiver
+    answers, what was kept goes out in order."""
+    monkeypatch.setattr(_webhook, "QUEUE_BOUND", 3)
+    hold = threading.Event()
+    receiver = Receiver(hold=hold)
+    webhook = Webhook(receiver.url)
+    try:
+        webhook.tell(_finding(step=1))
+        wait_for(lambda: len(receiver.bodies) == 1, 20, "the first message taken")
+        for step in range(2, 7):
+            webhook.tell(_finding(step=step))
+        assert webhook.dropped == 2
+        hold.set()
+        wait_for(lambda: webhook.sent == 4, 20, "the messages kept sent")
+    finally:
+        hold.set()
+        webhook.stop()
+        receiver.close()
+    steps = [json.loads(body)["alerts"][0]["annotations"]["step"] for body in receiver.bodies]
+    assert steps == ["1", "4", "5", "6"]
+
+
+def test_many_tags_and_tag_tables_keep_a_runs_watch_bounded() -> None:
+    """A run whose batches bring 6,000 tags, in 600 different tag tables, of which divergence watches every one:
+    the watch keeps at most `max_series` series (the other points counted unwatched), and its caches of which
+    rules want a tag and a tag table stay within their bounds."""
+    rules = Rules(max_series=100)
+    room = [rules.max_series]
+
+    def series_room() -> bool:
+        room[0] -= 1
+        return room[0] >= 0
+
+    run = RunWatch("job", rules, series_room, time.time)
+    worker = Worker("rank-0", None)
+    for table in range(600):
+        tags = [f"loss/{table}/{i}" for i in range(10)]
+        columns = pb.ScalarColumns(
+            tags=tags, tag_index=list(range(10)), step=[table] * 10, wall_time=[1.0] * 10, value=[0.5] * 10
+        )
+        run.take(worker, ScalarRecords(columns), float(table))
+    assert len(run.series) == 100 and run.series_refused == 5_900
+    assert len(run._tag_rules) <= 4096 and len(run._plans) <= 256
 
 
 def test_no_watch_says_so_in_status_and_watch(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -67,23 +67,6 @@ def resolve_redirect_allow(
     return parse_addresses(allow) if allow.strip(" ,") else ()
 
 
-def address_key(address: str) -> str:
-    """What identifies a daemon address (one `parse_address` returned) when two are compared: the host without
-    case, an IP address in its canonical form, the port. Nothing is resolved: `localhost`, `127.0.0.1` and a
-    host's name are three addresses; a Unix socket is its path exactly as given."""
-    if address.startswith(("unix:", "unix-abstract:")):
-        return address
-    host, _, port = address.rpartition(":")
-    host = host[1:-1] if host.startswith("[") else host
-    name, percent, zone = host.partition("%")
-    try:
-        name = ipaddress.ip_address(name).compressed
-    except ValueError:
-        name = name.lower()
-    host = f"{name}{percent}{zone}"
-    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
-
-
 def parse_addresses(addresses: str) -> tuple[str, ...]:
     """Each daemon of a comma-separated list (`parse_address`), without repeats, in the order given.
 

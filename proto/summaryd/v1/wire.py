@@ -9,6 +9,7 @@ any of it again.
 from __future__ import annotations
 
 import functools
+import ipaddress
 import struct
 from collections.abc import Iterable, Iterator
 
@@ -22,6 +23,7 @@ __all__ = [
     "OWNER_ADDRESS_KEY",
     "REFUSED_SEQUENCE_KEY",
     "VERSION",
+    "address_key",
     "footer",
     "frame",
     "frame_all",
@@ -43,6 +45,26 @@ REFUSED_SEQUENCE_KEY = "summaryd-refused-sequence"
 OWNER_ADDRESS_KEY = "summaryd-owner-address"
 """Trailing metadata of an OpenSession refused because another daemon writes the run: that daemon's advertised
 address (HOST:PORT), where the client should open the session instead."""
+
+
+def address_key(address: str) -> str:
+    """What identifies a daemon address (`HOST:PORT`, `[IPv6]:PORT` or `unix:PATH`) when two are compared: the
+    host without case, an IP address in its canonical form, the port. Nothing is resolved: `localhost`,
+    `127.0.0.1` and a host's name are three addresses; a Unix socket is its path exactly as given. The client
+    (its redirects' allow list) and a node relay (its `--upstream` daemons) compare addresses by it alike."""
+    address = address.strip()
+    if address.startswith(("unix:", "unix-abstract:")):
+        return address
+    host, _, port = address.rpartition(":")
+    host = host[1:-1] if host.startswith("[") else host
+    name, percent, zone = host.partition("%")
+    try:
+        name = ipaddress.ip_address(name).compressed
+    except ValueError:
+        name = name.lower()
+    host = f"{name}{percent}{zone}"
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
 
 _MASK_DELTA = 0xA282EAD8
 _U32 = 0xFFFFFFFF

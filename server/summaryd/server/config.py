@@ -108,7 +108,10 @@ class WatchSettings:
         name="watch",
     )
     rules_file: str = option(
-        "", "TOML file tuning the watch's rules, thresholds and runs (see README)", "FILE", name="watch_rules"
+        "",
+        "TOML (or .yaml/.yml) file tuning the watch's rules, thresholds and runs (see README)",
+        "FILE",
+        name="watch_rules",
     )
     silent_after: float = option(
         0.0,

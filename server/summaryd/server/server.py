@@ -255,6 +255,7 @@ class Server:
             store = shipper.bucket if shipper is not None else None
             board_status = await self._serve_board(board, registry, store, resources)
         pacer = Pacer(config.pace_messages, config.pace_max_linger)
+        resources.push_async_callback(_cancelled, asyncio.create_task(pacer.keep_time()))
         service = SummariesService(lifecycle, watch, pacer, board_status, self.metrics)
         self.metrics.registry.register(SessionCollector(lifecycle))
         if self.auth is not None:

@@ -56,6 +56,10 @@ _RETRY = frozenset(
 _STOP: Any = object()
 
 
+def _no_job() -> Files:
+    return []
+
+
 class FileUploader:
     """Uploads files to the session of `sender` from a background thread.
 
@@ -131,8 +135,16 @@ class FileUploader:
 
     def close(self, timeout: float | None) -> int:
         """Wait for the uploads (at most `timeout`), stop the thread, and spool what is left (jobs not run yet
-        are encoded here); what could be neither delivered nor spooled counts as failed."""
+        are encoded here); what could be neither delivered nor spooled counts as failed. Files kept while the
+        daemon was away are tried once more first when it answers again: the idle retry may not have reached
+        them (or may be half way through them), and stopping it would spool files the daemon could take."""
+        deadline = None if timeout is None else time.monotonic() + timeout
         self.wait(timeout)
+        with self._cond:
+            kept_any = bool(self._undelivered) and not self._stop.is_set()
+        if kept_any and not self.sender.unreachable and self.submit(_no_job):
+            # A job with no files: the thread retries the kept files before it, so waiting for it waits for them.
+            self.wait(None if deadline is None else max(0.0, deadline - time.monotonic()))
         with self._cond:
             self._stop.set()
             self._cond.notify_all()

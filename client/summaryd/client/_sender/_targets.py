@@ -7,7 +7,8 @@ followed only to an address the client was given: one of its addresses, or one o
 
 from __future__ import annotations
 
-from summaryd.client._environment import address_key, parse_address
+from summaryd.client._environment import parse_address
+from summaryd.v1.wire import address_key
 
 
 class RedirectRefusedError(Exception):

@@ -8,11 +8,11 @@ from itertools import chain, repeat
 
 import google_crc32c
 import numpy as np
-from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
-from google.protobuf.message import DecodeError, Message
+from google.protobuf.message import DecodeError
 from tensorboard.compat.proto.event_pb2 import Event
 
 from summaryd.server.errors import EventError
+from summaryd.server.records.private_messages import Kind, repeated_messages
 from summaryd.server.security.limits import DEFAULT, Limits
 from summaryd.v1.wire import header
 
@@ -21,39 +21,19 @@ _MASK_DELTA = 0xA282EAD8  # TFRecord's CRC mask (see `wire.masked_crc32c`)
 _CRC = struct.Struct("<I")
 
 
-def _batch_messages() -> tuple[type[Message], type[Message], type[Message]]:
-    """Three private messages for whole-batch parsing, built once into the default descriptor pool.
-
-    `Blobs` and `Events` are the same bytes on the wire (a field of field number 1, one length-delimited element
-    per event): a batch put into `Blobs` by C and parsed as `Events` is every event parsed by one C call.
-    `WallTimes` reads the events joined as one message: field 1 of `Event`, `wall_time`, of every event.
-    """
-    pool = descriptor_pool.Default()
-    name = "summaryd/server/event_check_batch.proto"
-    package = "summaryd.server.records.event_check"
-    try:
-        pool.FindFileByName(name)
-    except KeyError:
-        file = descriptor_pb2.FileDescriptorProto(
-            name=name, package=package, syntax="proto3", dependency=[Event.DESCRIPTOR.file.name]
-        )
-        repeated = descriptor_pb2.FieldDescriptorProto.LABEL_REPEATED
-        kinds = descriptor_pb2.FieldDescriptorProto
-        file.message_type.add(name="Blobs").field.add(name="event", number=1, label=repeated, type=kinds.TYPE_BYTES)
-        file.message_type.add(name="Events").field.add(
-            name="event", number=1, label=repeated, type=kinds.TYPE_MESSAGE, type_name=f".{Event.DESCRIPTOR.full_name}"
-        )
-        file.message_type.add(name="WallTimes").field.add(
-            name="wall_time", number=1, label=repeated, type=kinds.TYPE_DOUBLE
-        )
-        pool.Add(file)
-    return tuple(  # type: ignore[return-value]
-        message_factory.GetMessageClass(pool.FindMessageTypeByName(f"{package}.{kind}"))
-        for kind in ("Blobs", "Events", "WallTimes")
-    )
-
-
-_Blobs, _Events, _WallTimes = _batch_messages()
+# `Blobs` and `Events` are the same bytes on the wire (a field of field number 1, one length-delimited element per
+# event): a batch put into `Blobs` by C and parsed as `Events` is every event parsed by one C call. `WallTimes`
+# reads the events joined as one message: field 1 of `Event`, `wall_time`, of every event.
+_Blobs, _Events, _WallTimes = repeated_messages(
+    "summaryd/server/event_check_batch.proto",
+    "summaryd.server.records.event_check",
+    {
+        "Blobs": [("event", 1, Kind.TYPE_BYTES, "")],
+        "Events": [("event", 1, Kind.TYPE_MESSAGE, f".{Event.DESCRIPTOR.full_name}")],
+        "WallTimes": [("wall_time", 1, Kind.TYPE_DOUBLE, "")],
+    },
+    depends_on=[Event.DESCRIPTOR.file.name],
+)
 
 
 def check_and_frame(events: Sequence[bytes], limits: Limits = DEFAULT) -> bytes:

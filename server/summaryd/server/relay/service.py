@@ -22,7 +22,7 @@ from grpc import aio
 from summaryd.server.relay.upstream import Ended, UpstreamLink
 from summaryd.v1 import summaryd_pb2 as pb
 from summaryd.v1 import summaryd_pb2_grpc as pb_grpc
-from summaryd.v1.wire import OWNER_ADDRESS_KEY, REFUSED_SEQUENCE_KEY
+from summaryd.v1.wire import OWNER_ADDRESS_KEY, REFUSED_SEQUENCE_KEY, address_key
 
 log = logging.getLogger(__name__)
 
@@ -52,8 +52,8 @@ class Upstreams:
 
     def given(self, address: str) -> str | None:
         """`address` when it is one of `--upstream` (a redirect goes nowhere else)."""
-        wanted = _key(address)
-        return next((a for a in self.addresses if _key(a) == wanted), None)
+        wanted = address_key(address)
+        return next((a for a in self.addresses if address_key(a) == wanted), None)
 
     def after(self, address: str) -> str:
         """The configured daemon after `address` (the first after the last)."""
@@ -67,11 +67,6 @@ class Upstreams:
     async def close(self) -> None:
         for link in list(self._links.values()):
             await link.close()
-
-
-def _key(address: str) -> str:
-    """An address compared without case, `localhost` and `127.0.0.1` kept apart (nothing is resolved)."""
-    return address.strip().lower()
 
 
 def _metadata(context: Context) -> tuple[tuple[str, str], ...]:

@@ -10,10 +10,16 @@ quarter of the rate it lifts the pacing (0: the clients' own settings), so that 
 but, from `MANY_STREAMS` streams on, the window of batches in flight.
 The linger is rounded up to one of `LINGER_STEPS` (whole seconds beyond them), so that it changes seldom, and
 is at most `--pace-max-linger` (2 s): the clients' visibility stays within it.
+
+The messages taken are not the load offered: a daemon starved of CPU takes few messages a second because it gets
+round to few, and would never pace the clients that swamp it. So the pacer also keeps time on the event loop
+(`keep_time`): a loop that wakes `STARVED_LAG` late or more has more offered than it takes, and paces as if busy for
+`STARVED_HOLD` seconds after (a hold, so that the calm its own pacing brings does not lift it at once).
 """
 
 from __future__ import annotations
 
+import asyncio
 import bisect
 import logging
 import math
@@ -33,6 +39,9 @@ PACED_IN_FLIGHT = 2
 MANY_STREAMS = 64
 WINDOW_SECS = 0.5
 DEFAULT_PACE = 1000.0
+TICK_SECS = 0.1
+STARVED_LAG = 0.25
+STARVED_HOLD = 10.0
 
 
 class Pacer:
@@ -53,6 +62,8 @@ class Pacer:
         """Counts the changes of `pacing`: a stream tells its client when the version it told is behind."""
         self._count = 0
         self._since = clock()
+        self._starved_until = -math.inf
+        """Until when the pacer paces as if busy: the event loop woke `STARVED_LAG` late or more (`keep_time`)."""
 
     def opened(self) -> None:
         self.streams += 1
@@ -65,7 +76,29 @@ class Pacer:
     def took(self) -> None:
         """One message taken (a batch, or a heartbeat): once a window has passed, the pacing is reconsidered."""
         self._count += 1
+        self._tick(self._clock())
+
+    def lagged(self, lag: float) -> None:
+        """The event loop woke `lag` seconds later than it asked: from `STARVED_LAG` on, more is offered than
+        taken, and the pacing is reconsidered at once."""
         now = self._clock()
+        if lag >= STARVED_LAG:
+            starved = now >= self._starved_until
+            self._starved_until = now + STARVED_HOLD
+            if starved:
+                log.info("pacing: the event loop woke %.2fs late: more is offered than the daemon takes", lag)
+                self._reconsider()
+        self._tick(now)
+
+    async def keep_time(self) -> None:
+        """Until cancelled: how late the event loop wakes from a short sleep, told to `lagged`."""
+        loop = asyncio.get_running_loop()
+        while True:
+            asked = loop.time() + TICK_SECS
+            await asyncio.sleep(TICK_SECS)
+            self.lagged(loop.time() - asked)
+
+    def _tick(self, now: float) -> None:
         if now - self._since >= WINDOW_SECS:
             self.rate = self._count / (now - self._since)
             self._count, self._since = 0, now
@@ -75,7 +108,7 @@ class Pacer:
         pace, paced = self.pace, self.pacing.linger_seconds > 0
         if pace <= 0:  # never paces
             return
-        busy = self.rate > pace / (4 if paced else 2)
+        busy = self.rate > pace / (4 if paced else 2) or self._clock() < self._starved_until
         linger = 0.0
         if busy:
             wanted = self.streams / pace

@@ -1,7 +1,8 @@
-"""The watch's rules and their thresholds: useful defaults, tuned by a small TOML file (`--watch-rules FILE`).
+"""The watch's rules and their thresholds: useful defaults, tuned by a small file (`--watch-rules FILE`), TOML,
+or YAML when its name ends in `.yaml` or `.yml` (read with PyYAML: `pip install 'summaryd[yaml]'`).
 
-The file has one table per rule, each key optional; `runs` (shell-style patterns, default every run) says which
-runs a rule watches:
+The file has one table (mapping) per rule, each key optional; `runs` (shell-style patterns, default every run)
+says which runs a rule watches:
 
     [silence]
     after_secs = 0        # 0: derived from each worker's own cadence
@@ -96,8 +97,8 @@ class Rules:
 
     @classmethod
     def load(cls, path: str, silent_after: float = 0.0) -> Rules:
-        """The rules of TOML file `path` (defaults when empty); `silent_after` (`--silent-after`) overrides
-        `silence.after_secs` when positive.
+        """The rules of file `path` (TOML, or YAML by its name; defaults when `path` is ""); `silent_after`
+        (`--silent-after`) overrides `silence.after_secs` when positive.
 
         Raises:
             ValueError: the file cannot be read or parsed, or names a rule, key or value it cannot take.
@@ -106,11 +107,10 @@ class Rules:
         if path:
             try:
                 with open(path, "rb") as file:
-                    data = tomllib.load(file)
+                    text = file.read()
             except OSError as exc:
                 raise ValueError(f"--watch-rules {path}: {exc.strerror or exc}") from None
-            except tomllib.TOMLDecodeError as exc:
-                raise ValueError(f"--watch-rules {path}: not TOML: {exc}") from None
+            data = _yaml(text, path) if path.endswith((".yaml", ".yml")) else _toml(text, path)
         rules = cls._from(data, f"--watch-rules {path}")
         if silent_after < 0:
             raise ValueError("--silent-after must be 0 (derived from each worker's cadence) or positive")
@@ -140,6 +140,31 @@ class Rules:
         """Whether `rule` is on and watches `run`."""
         settings = getattr(self, rule)
         return bool(settings.enabled) and any(fnmatch.fnmatchcase(run, p) for p in settings.runs)
+
+
+def _toml(text: bytes, path: str) -> dict[str, Any]:
+    try:
+        return tomllib.loads(text.decode())
+    except (UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
+        raise ValueError(f"--watch-rules {path}: not TOML: {exc}") from None
+
+
+def _yaml(text: bytes, path: str) -> dict[str, Any]:
+    try:
+        import yaml  # type: ignore[import-untyped]  # pyyaml (the `yaml` extra); no stubs
+    except ImportError:
+        raise ValueError(
+            f"--watch-rules {path}: a YAML file needs PyYAML (pip install 'summaryd[yaml]'); or write it as TOML"
+        ) from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise ValueError(f"--watch-rules {path}: not YAML: {' '.join(str(exc).split())}") from None
+    if data is None:  # an empty file: the defaults
+        return {}
+    if not isinstance(data, dict):
+        raise ValueError(f"--watch-rules {path}: a YAML file of rules is a mapping of rule names to settings")
+    return data
 
 
 def _rule(kind: type[Any], given: dict[str, Any], where: str) -> Any:

@@ -12,16 +12,18 @@ from __future__ import annotations
 
 import bisect
 import fnmatch
+import functools
 import math
 from array import array
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 import numpy as np
 from numpy.typing import NDArray
 
-from summaryd.server.records.scalar_points import points
+from summaryd.server.records.scalar_points import event_point_columns
 from summaryd.server.records.scalar_records import ScalarRecords
 from summaryd.server.sessions.live import Session
 from summaryd.server.watch._findings import Finding, Key
@@ -31,6 +33,7 @@ _SAMPLES = 32  # batches a worker's cadence and step time are measured over
 _LONG_GAP_SECS = 600.0  # the period a worker's longest pause is remembered for (one to two of them)
 _MAD_SIGMA = 1.4826  # the MAD of a normal distribution times this is its standard deviation
 _INF = math.inf
+Values = list[float] | NDArray[np.float32]
 
 
 class Series:
@@ -41,19 +44,21 @@ class Series:
         "armed",
         "at",
         "dirty",
-        "filled",
         "firing",
         "first",
         "over",
         "resolve_below",
+        "size",
         "threshold",
         "under",
         "window",
     )
 
     def __init__(self, size: int) -> None:
-        self.window = array("d", bytes(8 * size))  # 1 KiB for 128 points, as a list's floats are not
-        self.at = self.filled = self.over = self.under = 0
+        # Grown to `size` points, then a ring: 1 KiB for 128 points, as a list's floats are not.
+        self.window = array("d")
+        self.size = size
+        self.at = self.over = self.under = 0
         self.threshold, self.resolve_below = _INF, -_INF
         self.firing, self.dirty = False, False
         # Watched once it has fallen (its newest quarter's median under its oldest's): a loss that only ever
@@ -61,13 +66,22 @@ class Series:
         self.armed = False
         self.first = (0, 0.0)  # step and value of the first point of the current run above threshold
 
-    def add(self, steps: list[int], values: list[float], rule: DivergenceRule, clean: bool) -> None:
-        """Take a batch's points of the series, in order (`clean`: the batch has no non-finite value)."""
-        if clean and not self.firing and self.over == 0 and max(values) <= self.threshold:
-            self._keep(values)  # the common case: every point under threshold goes to the baseline at once
-            return
+    def add(self, values: Values, steps: Callable[[], list[int]], rule: DivergenceRule, clean: bool) -> None:
+        """Take a batch's points of the series, in order (`clean`: the batch has no non-finite value); `steps`
+        gives their steps, asked for only when a point is not simply kept."""
+        if clean and not self.firing and self.over == 0:
+            # The common case: every point under threshold goes to the baseline at once (of an array, only the
+            # points the ring keeps are made floats).
+            if isinstance(values, np.ndarray):
+                if float(values.max()) <= self.threshold:
+                    self._keep(values[-self.size :].tolist())
+                    return
+            elif max(values) <= self.threshold:
+                self._keep(values)
+                return
+        listed: list[float] = values.tolist() if isinstance(values, np.ndarray) else values
         isfinite = math.isfinite
-        for step, value in zip(steps, values, strict=True):
+        for step, value in zip(steps(), listed, strict=True):
             if not isfinite(value):  # the non-finite rule's to tell
                 continue
             if self.firing:
@@ -84,9 +98,15 @@ class Series:
                 self._keep([value])
 
     def _keep(self, values: list[float]) -> None:
-        window, size = self.window, len(self.window)
+        window, size = self.window, self.size
+        room = size - len(window)
+        if room > 0:  # still growing: the points go on its end (`at` stays 0: the oldest is first)
+            window.extend(values[:room])
+            values = values[room:]
         count = len(values)
-        if count >= size:
+        if not count:
+            pass
+        elif count >= size:
             window[:] = array("d", values[-size:])
             self.at = 0
         else:
@@ -94,17 +114,16 @@ class Series:
             window[self.at : self.at + first] = array("d", values[:first])
             window[: count - first] = array("d", values[first:])
             self.at = (self.at + count) % size
-        self.filled = min(self.filled + count, size)
         self.dirty = True
 
     def rebase(self, rule: DivergenceRule) -> None:
         """Recompute the threshold from the window (not while firing: the baseline is frozen then). In plain
         Python: on a window of 128 points, sorting it costs a fraction of numpy's fixed cost per call."""
         self.dirty = False
-        if self.firing or self.filled < rule.warmup:
-            return
         window = self.window
-        ordered = window[self.at :] + window[: self.at] if self.filled == len(window) else window[: self.filled]
+        if self.firing or len(window) < rule.warmup:
+            return
+        ordered = window[self.at :] + window[: self.at] if self.at else window[:]
         quarter = max(len(ordered) // 4, 1)
         # The newest quarter of the window (the current level), and the oldest (where it started from).
         newest = _median(sorted(ordered[-quarter:]))
@@ -127,7 +146,7 @@ def _median(ordered: list[float]) -> float:
     return ordered[middle] if len(ordered) % 2 else (ordered[middle - 1] + ordered[middle]) / 2
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
 class Worker:
     """One worker (rank) of a run: its session, when its batches arrived, and its steps' wall times."""
 
@@ -180,7 +199,7 @@ class Worker:
         return (end - start) / (last - first) if last > first and end >= start else None
 
 
-@dataclass
+@dataclass(slots=True)
 class NonFinite:
     """A tag that logged a non-finite value: where first, and each offending rank's finite points since."""
 
@@ -190,39 +209,57 @@ class NonFinite:
     finite: dict[str, int] = field(default_factory=dict)
 
 
-class _Batch:
-    """A batch's scalars as three columns: numpy arrays (a large batch of columns) or plain sequences."""
+Column = Sequence[Any] | NDArray[Any]
 
-    def __init__(
-        self,
-        tag_index: Sequence[int] | NDArray[np.int64],
-        steps: Sequence[int] | NDArray[np.int64],
-        values: Sequence[float] | NDArray[np.float32],
-    ) -> None:
-        self.tag_index, self.steps, self.values = tag_index, steps, values
+
+class _Batch:
+    """A batch's scalars as three columns: numpy arrays (a large batch of columns), plain lists, or a message's
+    repeated fields (`lazy`), each copied into a list the first time it is read: reading such a field element
+    by element costs several times a list's, and a small clean batch needs only its values."""
+
+    def __init__(self, tag_index: Column, steps: Column, values: Column, lazy: int | None = None) -> None:
+        self._columns = [tag_index, steps, values]
+        self._lazy = lazy  # the index of the first scalar in fields to copy from; None: the columns are ready
+
+    def _column(self, which: int) -> Column:
+        column = self._columns[which]
+        if self._lazy is not None and not isinstance(column, list):
+            column = self._columns[which] = column[self._lazy :]  # a slice: the fastest copy of a field
+        return column
 
     @property
     def finite(self) -> bool:
         """Whether every value is finite: their sum is exactly then (float64 cannot overflow on float32 values)."""
-        values = self.values
+        values = self._column(2)
         total = float(values.sum(dtype=np.float64)) if isinstance(values, np.ndarray) else sum(values)
         return math.isfinite(total)
 
-    def of_tag(self, which: int, tags: int) -> tuple[list[int], list[float]]:
-        """The steps and values of tag `which` (of a table of `tags`), in order."""
-        if isinstance(self.tag_index, np.ndarray):
-            steps, values = np.asarray(self.steps), np.asarray(self.values)
-            if tags > 1:
-                mask = self.tag_index == which
-                steps, values = steps[mask], values[mask]
-            return steps.tolist(), values.tolist()
+    def values_of(self, which: int, tags: int) -> Values:
+        """The values of tag `which` (of a table of `tags`), in order: an array of a batch of arrays, else a list
+        (not to be changed: maybe the batch's own)."""
+        column = self._column(2)
+        if isinstance(column, np.ndarray):
+            return column[self._columns[0] == which] if tags > 1 else column
+        return self.value_list(which, tags)
+
+    def value_list(self, which: int, tags: int) -> list[float]:
+        """The values of tag `which`, in order, as a list."""
+        return self._of(2, which, tags)
+
+    def steps_of(self, which: int, tags: int) -> list[int]:
+        """The steps of tag `which`, in order, as a list."""
+        return self._of(1, which, tags)
+
+    def _of(self, column_index: int, which: int, tags: int) -> list[Any]:
+        column = self._column(column_index)
+        if isinstance(column, np.ndarray):
+            return (column[self._columns[0] == which] if tags > 1 else column).tolist()  # type: ignore[no-any-return]
         if tags == 1:
-            return list(self.steps), list(self.values)
-        chosen = [(s, v) for t, s, v in zip(self.tag_index, self.steps, self.values, strict=True) if t == which]
-        return [s for s, _ in chosen], [v for _, v in chosen]
+            return column if isinstance(column, list) else list(column)
+        return [x for t, x in zip(self._column(0), column, strict=True) if t == which]
 
     def nonfinite_tags(self) -> set[int]:
-        return {int(t) for t, v in zip(self.tag_index, self.values, strict=True) if not math.isfinite(v)}
+        return {int(t) for t, v in zip(self._column(0), self._column(2), strict=True) if not math.isfinite(v)}
 
 
 Outcome = tuple[dict[Key, Finding], dict[Key, str]]
@@ -246,6 +283,9 @@ class RunWatch:
         self._plans: dict[tuple[str, ...], list[int]] = {}  # a batch's tag table: the indices divergence watches
         self._diverging: dict[str, float] = {}  # tags whose divergence fired before a restart: their resolve level
         self._tag_rules: dict[str, tuple[bool, bool]] = {}
+        self._of_tag: dict[str, list[tuple[str, Series]]] = {}  # the series of each tag, over its ranks
+        self._touched: set[str] = set()  # tags whose series took points since the last tick
+        self.left = False  # a worker was let go since the watch last looked (its sessions are let go too)
 
     # ---- on each batch -------------------------------------------------------------------------------
 
@@ -262,15 +302,14 @@ class RunWatch:
                 tag_index, steps, values = events.arrays
                 batch = _Batch(tag_index, steps, values)
             else:  # a small one: numpy's fixed cost per call is more than Python's per point
-                batch = _Batch(columns.tag_index[start:], columns.step[start:], columns.value[start:])
+                batch = _Batch(columns.tag_index, columns.step, columns.value, lazy=start)
         else:
-            found = list(points(events))
-            if not found:
+            found = event_point_columns(events)
+            if not found.steps:
                 return
-            worker.stepped(found[-1][1], found[-1][2])
-            table: dict[str, int] = {}
-            indices = [table.setdefault(p[0], len(table)) for p in found]
-            batch = _Batch(indices, [p[1] for p in found], [p[3] for p in found])
+            worker.stepped(found.steps[-1], found.wall_times[-1])
+            table = {tag: i for i, tag in enumerate(dict.fromkeys(found.tags))}
+            batch = _Batch(list(map(table.__getitem__, found.tags)), found.steps, found.values)
             tags = list(table)
         watched = self._plan(tags) if self._on["divergence"] else []
         finite = batch.finite
@@ -302,21 +341,25 @@ class RunWatch:
 
     def _diverge(self, rank: str, tags: Sequence[str], watched: list[int], batch: _Batch, finite: bool) -> None:
         rule = self.rules.divergence
+        count = len(tags)
         for which in watched:
-            steps, values = batch.of_tag(which, len(tags))
-            if not len(steps):
+            values = batch.values_of(which, count)
+            if not len(values):
                 continue
-            key = (rank, tags[which])
+            tag = tags[which]
+            key = (rank, tag)
             series = self.series.get(key)
             if series is None:
                 if not self._series_room():
-                    self.series_refused += len(steps)
+                    self.series_refused += len(values)
                     continue
                 series = self.series[key] = Series(rule.window)
-                level = self._diverging.get(key[1])
+                self._of_tag.setdefault(tag, []).append((rank, series))
+                level = self._diverging.get(tag)
                 if level is not None:  # fired before a restart: it fires on until it comes back under its level
                     series.firing, series.resolve_below = True, level
-            series.add(steps, values, rule, clean=finite)
+            series.add(values, functools.partial(batch.steps_of, which, count), rule, clean=finite)
+            self._touched.add(tag)
 
     def _nonfinite(self, rank: str, tags: Sequence[str], batch: _Batch, bad: bool) -> None:
         which = batch.nonfinite_tags() if bad else set()
@@ -327,7 +370,7 @@ class RunWatch:
             if not self._rules_of(tag)[1]:
                 continue
             state = self.nonfinite.get(tag)
-            for step, value in zip(*batch.of_tag(i, len(tags)), strict=True):
+            for step, value in zip(batch.steps_of(i, len(tags)), batch.value_list(i, len(tags)), strict=True):
                 if math.isfinite(value):
                     if state is not None and rank in state.finite and state.finite[rank] < resolve:
                         state.finite[rank] += 1
@@ -367,16 +410,26 @@ class RunWatch:
 
     def _workers_ending(self, now: float) -> None:
         lost = self.rules.silence.lost_secs
-        for rank, worker in list(self.workers.items()):
-            ending = worker.session.ending if worker.session is not None else "released"
+        gone: list[str] = []
+        closed = False
+        for rank, worker in self.workers.items():
+            session = worker.session
+            ending = session.ending if session is not None else "released"
+            if ending is None:  # the common case: an open session
+                continue
             if ending == "closed":
-                del self.workers[rank]
-                self.ended = not self.workers
+                gone.append(rank)
+                closed = True
             elif ending == "released":
                 if worker.released_at is None:
                     worker.released_at = now
                 elif now - worker.released_at > lost:
-                    del self.workers[rank]  # lost long ago: no longer watched
+                    gone.append(rank)  # lost long ago: no longer watched
+        if gone:
+            for rank in gone:
+                del self.workers[rank]
+            self.ended = closed and not self.workers
+            self.left = True
 
     def _silence(self, now: float, holds: dict[Key, Finding], ended: dict[Key, str]) -> None:
         rule = self.rules.silence
@@ -448,12 +501,12 @@ class RunWatch:
 
     def _divergence(self, holds: dict[Key, Finding], ended: dict[Key, str]) -> None:
         rule = self.rules.divergence
-        by_tag: dict[str, list[tuple[str, Series]]] = {}
-        for (rank, tag), series in self.series.items():
-            if series.dirty:
-                series.rebase(rule)
-            by_tag.setdefault(tag, []).append((rank, series))
-        for tag, of_tag in by_tag.items():
+        touched, self._touched = self._touched, set()
+        for tag in touched:
+            of_tag = self._of_tag[tag]
+            for _, series in of_tag:
+                if series.dirty:
+                    series.rebase(rule)
             key: Key = ("divergence", self.run, tag)
             firing = [(rank, s) for rank, s in of_tag if s.firing]
             if not firing:

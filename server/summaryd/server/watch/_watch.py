@@ -164,8 +164,10 @@ class Watch:
     def tick(self, now: float) -> None:
         """Evaluate every run's rules; fire what holds and is not firing, resolve what is seen to have ended."""
         book = self.book
+        left = False
         for name, run in list(self._runs.items()):
             holds, ended = run.evaluate(now)
+            left, run.left = left or run.left, False
             for finding in holds.values():
                 book.fire(finding)
             for key, why in ended.items():
@@ -179,18 +181,19 @@ class Watch:
                 for finding in list(book.of_run(name)):
                     book.resolve(finding.key, why, run.step)
                 self._forget(name, run)
+                left = True
         if self._orphans and now - self._started > self.rules.silence.lost_secs:
             # Findings taken up from before a restart whose run never came back.
             self._orphans = False
             for finding in list(book.active.values()):
                 if finding.run not in self._runs:
                     book.resolve(finding.key, "no worker of the run came back after the daemon's restart")
-        # Sessions whose worker is no longer watched (closed, lost long ago, its run forgotten) are let go.
-        self._by_session = {
-            s: (w, r)
-            for s, (w, r) in self._by_session.items()
-            if self._runs.get(r.run) is r and r.workers.get(w.rank) is w
-        }
+        if left:  # sessions whose worker is no longer watched (closed, lost long ago, its run forgotten) go
+            self._by_session = {
+                s: (w, r)
+                for s, (w, r) in self._by_session.items()
+                if self._runs.get(r.run) is r and r.workers.get(w.rank) is w
+            }
         self.metrics.series.set(self._series)
 
     def _forget(self, name: str, run: RunWatch) -> None:

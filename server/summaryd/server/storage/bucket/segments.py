@@ -174,6 +174,9 @@ class StagedFile:
     boundaries: list[tuple[int, str, int]] = field(default_factory=list)
     """Where each batch journaled since the last upload ends (a segment ends at one of these), with its
     session and last sequence number ("" and 0 when not told)."""
+    attempt: tuple[int, int, dict[str, int]] | None = None
+    """(start, end, sessions named) of a segment put whose outcome is unknown (cut off, or failed): it may have
+    landed, so the next try puts the very same bytes, which the store then shows as done."""
 
     @property
     def pending(self) -> int:
@@ -467,8 +470,14 @@ class SegmentShipper:
     async def _upload(self, staged: StagedFile, raise_errors: bool, held: dict[str, int] | None = None) -> bool:
         """Upload the next segment of `staged`'s pending bytes (naming the sessions `held` instead of its
         batches'). False (or raises) when the bucket refused; False when the lease does not admit it."""
-        start, (end, batches) = staged.uploaded, self._segment_end(staged)
-        held = batches if held is None else held
+        start = staged.uploaded
+        if staged.attempt is not None and staged.attempt[0] == start:
+            # An earlier put of this segment may have landed unrecorded (shutdown cancelled it after it went
+            # out, or its answer was lost): a longer one at the same key would read as another daemon's fence.
+            _, end, held = staged.attempt
+        else:
+            end, batches = self._segment_end(staged)
+            held = batches if held is None else held
         if end <= start or staged.forsaken:
             return end <= start
         if self._fence is not None and not await self._fence.admit(staged.run_dir, staged.name):
@@ -481,6 +490,7 @@ class SegmentShipper:
         try:
             data = await loop.run_in_executor(self._executor, _read_range, path, start, end)
             metadata = {segment_sessions.ATTRIBUTE: segment_sessions.encode(held)} if held else None
+            staged.attempt = (start, end, held)
             if not await self._put_segment(key, data, metadata):
                 if self._fence is not None:
                     self._fence.fenced(staged.run_dir)
@@ -498,7 +508,7 @@ class SegmentShipper:
         # Counted as uploaded before the next await: a cancellation (the shipper stopped at shutdown) must not
         # land between the put and this, or the drain would upload the range again from the blocks given back
         # below, which read as zeros, over the good segment of the same key.
-        staged.uploaded = end
+        staged.uploaded, staged.attempt = end, None
         staged.boundaries = [boundary for boundary in staged.boundaries if boundary[0] > end]
         staged.segments += 1
         staged.last_upload = self._last_uploads[staged.run_dir] = time.time()
