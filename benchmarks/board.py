@@ -21,8 +21,8 @@ or read them when it started); and the daemon stopped (saving its index) and sta
 start. Then RustBoard (`--load_fast=true`) and the Python loader (`--load_fast=false`), from TensorBoard's
 start; a reader holding more than `--limit-mib` is stopped there (the Python loader keeps every event it read).
 Each row: then 200 random `/data/plugin/scalars/scalars` queries, 200 Time Series `timeSeries` ones (one run's
-tag) and 20 `/data/plugin/scalars/tags` (p99), and the RSS of what holds the points (the daemon, RustBoard's
-data server, the Python loader's TensorBoard).
+tag), 20 `/data/plugin/scalars/tags` and 20 Time Series `tags` (p99), and the RSS of what holds the points (the
+daemon, RustBoard's data server, the Python loader's TensorBoard).
 
 `--bucket`: two daemons on a SeaweedFS bucket each write half of `runs` runs; TensorBoard on one daemon's board
 (no bucket credentials) and TensorBoard's Python loader on `s3://` (boto3: RustBoard refuses `s3://`), each
@@ -244,10 +244,11 @@ def _children(pid: int) -> list[int]:
         return [int(c) for c in f.read().split()]
 
 
-def _query_p99(tb: TensorBoard, runs: int, tags: int) -> tuple[float, float, float]:
-    """p99 of 200 random `scalars` queries, 200 Time Series ones (`timeSeries`, one run's tag), 20 `tags`."""
+def _query_p99(tb: TensorBoard, runs: int, tags: int) -> tuple[float, float, float, float]:
+    """p99 of 200 random `scalars` queries, 200 Time Series ones (`timeSeries`, one run's tag), 20 `tags` and
+    20 Time Series `tags` (every run's every tag of the scalars, histograms and images: 3 List calls)."""
     rng = random.Random(0)
-    scalars, series, listing = [], [], []
+    scalars, series, listing, series_listing = [], [], [], []
     for _ in range(200):
         run, tag = f"run-{rng.randrange(runs):04d}", f"tag-{rng.randrange(tags)}"
         started = time.perf_counter()
@@ -264,7 +265,11 @@ def _query_p99(tb: TensorBoard, runs: int, tags: int) -> tuple[float, float, flo
         started = time.perf_counter()
         tb.get("/data/plugin/scalars/tags")
         listing.append(time.perf_counter() - started)
-    return tuple(statistics.quantiles(q, n=100)[98] for q in (scalars, series, listing))  # type: ignore[return-value]
+        started = time.perf_counter()
+        tb.get("/experiment/defaultExperimentId/data/plugin/timeseries/tags")
+        series_listing.append(time.perf_counter() - started)
+    quantiles = (statistics.quantiles(q, n=100)[98] for q in (scalars, series, listing, series_listing))
+    return tuple(quantiles)  # type: ignore[return-value]
 
 
 @dataclass(frozen=True)
@@ -308,7 +313,7 @@ def _measure(name: str, tb: TensorBoard, started: float, daemon: Daemon | None, 
         p99s = [f"{p99 * 1000:.1f} ms" for p99 in _query_p99(tb, size.runs, size.tags)]
         holder, rss = _holder(tb, daemon)
         return [name, loaded, *p99s, f"{rss:.0f} MiB ({holder})"]
-    return [name, None, why, "-", "-", f"{peak:.0f} MiB ({holder})"]
+    return [name, None, why, "-", "-", "-", f"{peak:.0f} MiB ({holder})"]
 
 
 def _board_rows(workdir: Path, logdir: Path, size: Logdir) -> list[list[Any]]:
@@ -376,8 +381,9 @@ def startup(size: Logdir) -> str:
         if seconds is None:
             row[2] = "-"
         row.insert(2, f"{rustboard / seconds:.1f}x" if seconds and rustboard else "-")
-    headers = ["reader", "start → all served", "vs RustBoard", "scalars p99", "time series p99", "tags p99", "RSS"]
-    return table(headers, rows, right=[False, True, True, True, True, True, True])
+    headers = ["reader", "start → all served", "vs RustBoard", "scalars p99", "time series p99", "tags p99"]
+    headers += ["time series tags p99", "RSS"]
+    return table(headers, rows, right=[False, *[True] * 7])
 
 
 SETTLE_S = 10.0
@@ -444,8 +450,9 @@ def bucket(runs: int, tags: int, steps: int, limit_s: float) -> str:
         seconds = row[1]
         row[1] = f"{seconds:.1f} s" if seconds is not None else row[2]
         row.insert(2, f"{loader / seconds:.1f}x" if seconds and loader else "-")
-    headers = ["reader", "start → all served", "vs Python loader", "scalars p99", "time series p99", "tags p99", "RSS"]
-    return table(headers, rows, right=[False, True, True, True, True, True, True])
+    headers = ["reader", "start → all served", "vs Python loader", "scalars p99", "time series p99", "tags p99"]
+    headers += ["time series tags p99", "RSS"]
+    return table(headers, rows, right=[False, *[True] * 7])
 
 
 def main() -> None:

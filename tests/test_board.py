@@ -317,6 +317,40 @@ def test_list_filters_select_runs_tags_and_plugins(board: Board) -> None:
     assert sorted(p.name for p in plugins.plugins) == ["scalars", "text"]
 
 
+def test_a_listing_kept_for_a_run_is_made_again_when_the_run_changes(board: Board) -> None:
+    """Each run's List answer is kept serialized between questions: a new point, a new tag and a restart's
+    purge each show in the next answer, and the other runs' answers stay as they were."""
+
+    def listed() -> dict[str, dict[str, int]]:
+        answer = board.stub.ListScalars(dp.ListScalarsRequest(plugin_filter=dp.PluginFilter(plugin_name="scalars")))
+        return {r.run_name: {t.tag_name: t.metadata.max_step for t in r.tags} for r in answer.runs}
+
+    def log(run: str, *points: tuple[str, int]) -> None:
+        writer = SummaryWriter(run, address=board.daemon.address)
+        for tag, step in points:
+            writer.add_scalar(tag, 1.0, step)
+        assert writer.close().ok
+
+    log("a", ("loss", 1))
+    log("b", ("loss", 1))
+    assert listed() == listed() == {"a": {"loss": 1}, "b": {"loss": 1}}
+    log("a", ("loss", 5))
+    assert listed() == {"a": {"loss": 5}, "b": {"loss": 1}}
+    log("a", ("acc", 2))
+    assert listed() == {"a": {"acc": 2, "loss": 5}, "b": {"loss": 1}}
+    log("a", ("loss", 3))  # a restart at step 3: steps 3 and later give way
+    assert listed() == {"a": {"acc": 2, "loss": 3}, "b": {"loss": 1}}
+    plugins = board.stub.ListPlugins(dp.ListPluginsRequest())
+    assert [p.name for p in plugins.plugins] == ["scalars"]
+    log("b", ("loss", 2))
+    writer = SummaryWriter("b", address=board.daemon.address)
+    writer.add_text("note", "x", 1)
+    assert writer.close().ok
+    plugins = board.stub.ListPlugins(dp.ListPluginsRequest())
+    assert sorted(p.name for p in plugins.plugins) == ["scalars", "text"]
+    assert listed() == {"a": {"acc": 2, "loss": 3}, "b": {"loss": 2}}
+
+
 def test_samples_per_plugin_bounds_a_series_and_all_keeps_every_point(tmp_path: Path) -> None:
     b = Board(tmp_path, "--samples-per-plugin", "scalars=25")
     try:

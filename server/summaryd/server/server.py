@@ -20,11 +20,10 @@ from grpc import aio
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1.health import aio as health_aio  # type: ignore[attr-defined]  # stubs predate aio
 from grpc_reflection.v1alpha import reflection
-from tensorboard.data.proto import data_provider_pb2_grpc as dp_grpc
 
 from summaryd.server.board.follower import BucketFollower
 from summaryd.server.board.index import BoardIndex
-from summaryd.server.board.provider import Backfill, BoardService, runs_on_disk, save_board
+from summaryd.server.board.provider import Backfill, BoardService, add_board_service, runs_on_disk, save_board
 from summaryd.server.board.saved import STATE_NAME as SAVED_NAME
 from summaryd.server.board.saved import SavedIndex
 from summaryd.server.config import Config
@@ -503,7 +502,7 @@ class Server:
         registry.observe(index)
         location = config.logdir if config.is_bucket else registry.logdir
         service = BoardService(index, location, config.board_runs)
-        dp_grpc.add_TensorBoardDataProviderServicer_to_server(service, server)
+        add_board_service(service, server)
         await server.start()
         follower = None
         if bucket is not None:

@@ -317,8 +317,20 @@ class RunIndex:
     series: dict[str, Series] = field(default_factory=dict)
     initial: dict[str, SummaryMetadata] = field(default_factory=dict)  # by tag: what dataclass_compat met first
     session_started: bool = False
+    changes: int = 0  # counts what entered: an answer made from this run holds while it is unchanged
+    answers: dict[object, tuple[int, bytes]] = field(default_factory=dict, repr=False, compare=False)
+    """The provider's serialized answers about this run, by question, each with `changes` when it was made."""
+    _plugins: tuple[int, frozenset[str]] | None = field(default=None, init=False, repr=False, compare=False)
+
+    def plugins(self) -> frozenset[str]:
+        """The plugins of its series that hold points (kept until the run changes)."""
+        if self._plugins is None or self._plugins[0] != self.changes:
+            held = frozenset(s.plugin for s in self.series.values() if len(s.reservoir.items))
+            self._plugins = (self.changes, held)
+        return self._plugins[1]
 
     def add_event(self, event: Event) -> None:
+        self.changes += 1
         if event.wall_time and (
             self.start_time is None or (event.HasField("file_version") and event.wall_time < self.start_time)
         ):
@@ -342,6 +354,7 @@ class RunIndex:
         `simple_value` of a known scalar series goes to its series' columns, offered together
         (`Reservoir.extend`) when another kind of event comes or the records end; about 3x quicker a point.
         A record that is no event, or one TensorBoard's migration refuses, is left out (logged, throttled)."""
+        self.changes += 1
         gathered: dict[str, tuple[list[int], list[float], list[float]]] = {}
         series = self.series
         for data in records:
@@ -398,6 +411,7 @@ class RunIndex:
 
     def add_scalar(self, tag: str, step: int, wall_time: float, number: float) -> None:
         """A point of a batch of scalar columns (what `add_scalar` sends: the scalars plugin's `simple_value`)."""
+        self.changes += 1
         if self.start_time is None:
             self.start_time = wall_time
         series = self.series.get(tag)

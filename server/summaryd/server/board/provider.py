@@ -15,7 +15,7 @@ import random
 import struct
 import threading
 import time
-from collections.abc import AsyncIterator, Iterator, Sequence
+from collections.abc import AsyncIterator, Iterator, Sequence, Set
 from typing import Any, Protocol, TypeVar
 
 import google_crc32c
@@ -91,11 +91,7 @@ class BoardService(dp_grpc.TensorBoardDataProviderServicer):  # type: ignore[mis
         tags = set(rtf.tags.names) if rtf.HasField("tags") else None
         plugin = request.plugin_filter.plugin_name
         for name, run in self._runs(runs):
-            matching = [
-                (tag, s)
-                for tag, s in sorted(run.series.items())
-                if s.data_class == data_class and s.plugin == plugin and (tags is None or tag in tags)
-            ]
+            matching = _matching(run, data_class, plugin, tags)
             if matching:
                 yield name, iter(matching)
 
@@ -117,7 +113,7 @@ class BoardService(dp_grpc.TensorBoardDataProviderServicer):  # type: ignore[mis
         return response
 
     async def ListPlugins(self, request: dp.ListPluginsRequest, context: Context) -> dp.ListPluginsResponse:
-        plugins = {s.plugin for _, run in self._runs(None) for s in run.series.values() if len(s.reservoir.items)}
+        plugins = frozenset[str]().union(*(run.plugins() for _, run in self._runs(None)))
         return dp.ListPluginsResponse(plugins=[dp.Plugin(name=p) for p in sorted(plugins)])
 
     async def ListRuns(self, request: dp.ListRunsRequest, context: Context) -> dp.ListRunsResponse:
@@ -126,17 +122,26 @@ class BoardService(dp_grpc.TensorBoardDataProviderServicer):  # type: ignore[mis
             response.runs.add(name=name, start_time=run.start_time or 0.0)
         return response
 
-    def _list(self, request: Any, response: _Response, data_class: int) -> _Response:
-        """Fill a List response: each selected series' metadata and its largest step and wall time."""
-        for name, series in self._series(request, data_class):
-            entry = response.runs.add(run_name=name)
-            for tag, s in series:
-                metadata = entry.tags.add(tag_name=tag).metadata
-                metadata.max_step, metadata.max_wall_time = s.max_step, s.max_wall_time
-                if data_class == DATA_CLASS_BLOB_SEQUENCE:
-                    metadata.max_length = s.max_length
-                metadata.summary_metadata.CopyFrom(s.metadata)
-        return response
+    def _list(self, request: Any, response_type: type[Any], data_class: int) -> bytes:
+        """A List response, serialized: each selected series' metadata and its largest step and wall time.
+
+        Each run's part is kept serialized (`RunIndex.answers`) until the run changes: TensorBoard lists every
+        run's every tag on each dashboard's load (`/data/plugin/scalars/tags`, Time Series' `tags`), and most
+        runs of a large logdir are done. Serialized one-run responses, joined, are the whole response (a
+        repeated field's entries concatenate), so nothing is built or parsed again for them."""
+        rtf = request.run_tag_filter
+        runs = set(rtf.runs.names) if rtf.HasField("runs") else None
+        tags = frozenset(rtf.tags.names) if rtf.HasField("tags") else None
+        question = (response_type, data_class, request.plugin_filter.plugin_name, tags)
+        parts = []
+        for name, run in self._runs(runs):
+            answer = run.answers.get(question)
+            if answer is None or answer[0] != run.changes:
+                if len(run.answers) >= _ANSWERS_PER_RUN:
+                    run.answers.clear()  # questions of other tag filters: bounded, and asked again cheaply
+                answer = run.answers[question] = (run.changes, _run_listing(name, run, question))
+            parts.append(answer[1])
+        return b"".join(parts)
 
     async def _read(self, request: Any, context: Context, response: _Response, data_class: int) -> _Response:
         """Fill a Read response: at most `num_points` points of each selected series, the newest among them."""
@@ -166,22 +171,20 @@ class BoardService(dp_grpc.TensorBoardDataProviderServicer):  # type: ignore[mis
                             refs.blob_refs.add(blob_key=blob_key(name, tag, d.step, i))
         return response
 
-    async def ListScalars(self, request: dp.ListScalarsRequest, context: Context) -> dp.ListScalarsResponse:
-        return self._list(request, dp.ListScalarsResponse(), DATA_CLASS_SCALAR)
+    async def ListScalars(self, request: dp.ListScalarsRequest, context: Context) -> bytes:
+        return self._list(request, dp.ListScalarsResponse, DATA_CLASS_SCALAR)
 
     async def ReadScalars(self, request: dp.ReadScalarsRequest, context: Context) -> dp.ReadScalarsResponse:
         return await self._read(request, context, dp.ReadScalarsResponse(), DATA_CLASS_SCALAR)
 
-    async def ListTensors(self, request: dp.ListTensorsRequest, context: Context) -> dp.ListTensorsResponse:
-        return self._list(request, dp.ListTensorsResponse(), DATA_CLASS_TENSOR)
+    async def ListTensors(self, request: dp.ListTensorsRequest, context: Context) -> bytes:
+        return self._list(request, dp.ListTensorsResponse, DATA_CLASS_TENSOR)
 
     async def ReadTensors(self, request: dp.ReadTensorsRequest, context: Context) -> dp.ReadTensorsResponse:
         return await self._read(request, context, dp.ReadTensorsResponse(), DATA_CLASS_TENSOR)
 
-    async def ListBlobSequences(
-        self, request: dp.ListBlobSequencesRequest, context: Context
-    ) -> dp.ListBlobSequencesResponse:
-        return self._list(request, dp.ListBlobSequencesResponse(), DATA_CLASS_BLOB_SEQUENCE)
+    async def ListBlobSequences(self, request: dp.ListBlobSequencesRequest, context: Context) -> bytes:
+        return self._list(request, dp.ListBlobSequencesResponse, DATA_CLASS_BLOB_SEQUENCE)
 
     async def ReadBlobSequences(
         self, request: dp.ReadBlobSequencesRequest, context: Context
@@ -212,6 +215,54 @@ class BoardService(dp_grpc.TensorBoardDataProviderServicer):  # type: ignore[mis
                     blob: bytes = d.value[index]
                     return blob
         return None
+
+
+_ANSWERS_PER_RUN = 16
+RAW_ANSWERS = ("ListScalars", "ListTensors", "ListBlobSequences")
+"""The methods whose answers are serialized already (`BoardService._list`)."""
+
+
+def _matching(run: RunIndex, data_class: int, plugin: str, tags: Set[str] | None) -> list[tuple[str, Series]]:
+    """The run's series of `data_class` and `plugin` (among `tags`, when given), by tag."""
+    return [
+        (tag, s)
+        for tag, s in sorted(run.series.items())
+        if s.data_class == data_class and s.plugin == plugin and (tags is None or tag in tags)
+    ]
+
+
+def _run_listing(name: str, run: RunIndex, question: tuple[type[Any], int, str, frozenset[str] | None]) -> bytes:
+    """One run's List response (of `response_type`) serialized: its series of `data_class` and `plugin`
+    (among `tags`, when given) with their metadata; empty when none match."""
+    response_type, data_class, plugin, tags = question
+    matching = _matching(run, data_class, plugin, tags)
+    if not matching:
+        return b""
+    response = response_type()
+    entry = response.runs.add(run_name=name)
+    for tag, s in matching:
+        metadata = entry.tags.add(tag_name=tag).metadata
+        metadata.max_step, metadata.max_wall_time = s.max_step, s.max_wall_time
+        if data_class == DATA_CLASS_BLOB_SEQUENCE:
+            metadata.max_length = s.max_length
+        metadata.summary_metadata.CopyFrom(s.metadata)
+    data: bytes = response.SerializeToString()
+    return data
+
+
+def add_board_service(service: BoardService, server: grpc.aio.Server) -> None:
+    """Serve `service` on `server`: as the generated `add_TensorBoardDataProviderServicer_to_server` does, but
+    the `RAW_ANSWERS` methods' bytes go out as they are."""
+    descriptor = dp.DESCRIPTOR.services_by_name["TensorBoardDataProvider"]
+    handlers = {}
+    for method in descriptor.methods:
+        request_type, response_type = getattr(dp, method.input_type.name), getattr(dp, method.output_type.name)
+        serialize = bytes if method.name in RAW_ANSWERS else response_type.SerializeToString
+        make = grpc.unary_stream_rpc_method_handler if method.server_streaming else grpc.unary_unary_rpc_method_handler
+        handlers[method.name] = make(
+            getattr(service, method.name), request_deserializer=request_type.FromString, response_serializer=serialize
+        )
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(descriptor.full_name, handlers),))
 
 
 def runs_on_disk(logdir: str) -> dict[str, list[str]]:
