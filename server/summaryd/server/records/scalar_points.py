@@ -84,12 +84,12 @@ _FlatEvents, _FlatSummaries, _FlatValues = repeated_messages(
 )
 
 
+_VARINT_LIMITS = np.array([1 << bits for bits in range(7, 63, 7)], dtype=np.int64)
+
+
 def _varint_bytes(numbers: NDArray[np.int64]) -> NDArray[np.int64]:
-    """How many bytes the varint of each non-negative number takes."""
-    size = np.ones(numbers.shape, dtype=np.int64)
-    for bits in range(7, 63, 7):
-        size += numbers >= (1 << bits)
-    return size
+    """How many bytes the varint of each non-negative number takes (a negative one: 1, never its ten)."""
+    return 1 + np.searchsorted(_VARINT_LIMITS, numbers, side="right")
 
 
 def _whole_batch(events: Sequence[bytes]) -> PointColumns | None:
@@ -121,11 +121,13 @@ def _whole_batch(events: Sequence[bytes]) -> PointColumns | None:
         return None
     steps = np.zeros(count, dtype=np.int64)
     steps[stepped] = given
+    # The repeated fields as they are (sequences of str and float): a copy into lists would cost more than
+    # reading them once.
     return PointColumns(
-        list(scalars.tag),  # type: ignore[attr-defined]
+        scalars.tag,  # type: ignore[attr-defined]
         steps.tolist(),
-        list(flat.wall_time),  # type: ignore[attr-defined]
-        list(scalars.simple_value),  # type: ignore[attr-defined]
+        flat.wall_time,  # type: ignore[attr-defined]
+        scalars.simple_value,  # type: ignore[attr-defined]
     )
 
 
