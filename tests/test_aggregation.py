@@ -170,6 +170,8 @@ def test_a_daemon_restart_writes_no_aggregate_step_twice(tmp_path: Path, stop: s
         procs, barrier = start_workers(daemons[0], tmp_path, 4, steps=[0, 1000], ranks=stalls)
         wait_for(lambda: len(list(barrier.glob("stalled-*"))) == 4, WORKERS_TIMEOUT, "every worker to stall")
         job = daemons[0].logdir / "job"
+        # The steps every worker reached are written before the stop: what is pending is 250..499 alone.
+        wait_for(lambda: 249 in dict(scalars(job / "mean", "loss")), WORKERS_TIMEOUT, "steps up to 249 aggregated")
         if stop == "sigterm":
             assert daemons[0].terminate() == 0
         else:

@@ -59,7 +59,7 @@ def _same(a: list[tuple[str, int, float, float]], b: list[tuple[str, int, float,
     return repr(a) == repr(b)
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=150, deadline=None)
 @given(st.lists(_event(), min_size=0, max_size=12))
 def test_the_whole_batch_reading_gives_what_reading_event_by_event_gives(events: list[bytes]) -> None:
     expected = _one_by_one(events)
