@@ -63,6 +63,7 @@ class Pacer:
         self._count = 0
         self._since = clock()
         self._starved_until = -math.inf
+        self._held = False  # paced for a starved loop, until the hold is over
         """Until when the pacer paces as if busy: the event loop woke `STARVED_LAG` late or more (`keep_time`)."""
 
     def opened(self) -> None:
@@ -85,11 +86,15 @@ class Pacer:
         now = self._clock()
         if lag >= STARVED_LAG:
             starved = now >= self._starved_until
-            self._starved_until = now + STARVED_HOLD
+            self._starved_until, self._held = now + STARVED_HOLD, True
             if starved:
                 log.info("pacing: the event loop woke %.2fs late: more is offered than the daemon takes", lag)
                 self._reconsider()
-        self._tick(now)
+        elif self._held and now >= self._starved_until:  # the hold is over: paced as the rate says again
+            self._held = False
+            self._reconsider()
+        # The rate is not re-measured here: a window with no message in it would lift the pacing between a
+        # client's batches (told in the next heartbeat's ack), so the rate is measured when messages come.
 
     async def keep_time(self) -> None:
         """Until cancelled: how late the event loop wakes from a short sleep, told to `lagged`."""
