@@ -63,7 +63,6 @@ class Pacer:
         self._count = 0
         self._since = clock()
         self._starved_until = -math.inf
-        self._held = False  # paced for a starved loop, until the hold is over
         """Until when the pacer paces as if busy: the event loop woke `STARVED_LAG` late or more (`keep_time`)."""
 
     def opened(self) -> None:
@@ -86,12 +85,12 @@ class Pacer:
         now = self._clock()
         if lag >= STARVED_LAG:
             starved = now >= self._starved_until
-            self._starved_until, self._held = now + STARVED_HOLD, True
+            self._starved_until = now + STARVED_HOLD
             if starved:
                 log.info("pacing: the event loop woke %.2fs late: more is offered than the daemon takes", lag)
                 self._reconsider()
-        elif self._held and now >= self._starved_until:  # the hold is over: paced as the rate says again
-            self._held = False
+        elif -math.inf < self._starved_until <= now:  # the hold is over: paced as the rate says again
+            self._starved_until = -math.inf
             self._reconsider()
         # The rate is not re-measured here: a window with no message in it would lift the pacing between a
         # client's batches (told in the next heartbeat's ack), so the rate is measured when messages come.
