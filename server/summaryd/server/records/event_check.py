@@ -66,7 +66,7 @@ def _all_valid(events: Sequence[bytes], sizes: list[int], limits: Limits) -> boo
         return False
     try:
         # One C parse of the whole batch: what validating a client's bytes means (each is an `Event`).
-        parsed = _Events.FromString(_Blobs(event=events).SerializeToString()).event  # type: ignore[attr-defined]
+        parsed = _Events.FromString(_Blobs(event=events).SerializeToString()).event  # type: ignore[call-arg,attr-defined]
         # Every `wall_time` field of every event: when all of them are valid, so is each event's (the last).
         wall_times = np.array(_WallTimes.FromString(b"".join(events)).wall_time, dtype=np.float64)  # type: ignore[attr-defined]
     except DecodeError:
