@@ -1,7 +1,7 @@
 """The job-shape benchmark: one run of N workers against one daemon, beside the bare servicer's floor.
 
 `python -m benchmarks.job_shape [--workers 64,256,1024] [--seconds 20] [--targets floor,on,off] [--short]`
-`python -m benchmarks.job_shape --workers 4096 --targets relayed --relays 4 --generators 4`
+`python -m benchmarks.job_shape --workers 4096 --targets relayed --relays 4`
 
 Each worker logs `--tags` scalars a step at `--steps-per-second`, one batch of scalar columns per step unless
 the daemon's pacing makes it linger (`_job_load`, many workers per generator process). Each row is one target
@@ -328,7 +328,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     # A thousand ranks' first seconds, before the pacing reaches them through their acks, are a flood of small
     # batches the daemon drains for some seconds: the window is the steady state after it.
     parser.add_argument("--warmup", type=float, default=15.0)
-    parser.add_argument("--generators", type=int, default=2)
+    # The relayed target dials relay `i % relays` from generator `i`: fewer generators than relays would leave
+    # relays idle and put thousands of ranks on one (one generator per relay unless asked otherwise).
+    parser.add_argument("--generators", type=int, help="load generator processes (2; the relayed target: --relays)")
     parser.add_argument("--relays", type=int, default=4, help="relay processes of the relayed target")
     parser.add_argument("--short", action="store_true", help="8 workers, 2 s: a check that it runs, no figures")
     parser.add_argument("--profile", type=Path, help="sample each target with py-spy into this directory")
@@ -338,8 +340,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     rows = []
     with tempfile.TemporaryDirectory(prefix="summaryd-jobshape-") as tmp:
         for workers in counts:
-            shape = Shape(workers, args.tags, args.steps_per_second, warmup, seconds, args.generators, args.relays)
             for kind in args.targets.split(","):
+                generators = args.generators or (max(args.relays, 1) if kind == RELAYED else 2)
+                shape = Shape(workers, args.tags, args.steps_per_second, warmup, seconds, generators, args.relays)
                 print(f"job shape: {workers} workers, {TARGET_LABELS[kind]} (load {load_average()})", file=sys.stderr)
                 rows.append(measure(kind, shape, Path(tmp), args.profile))
                 print(report(rows[-1:]).splitlines()[-1], file=sys.stderr)
