@@ -13,8 +13,9 @@ their ack), and prints one JSON line with its figures and its own CPU.
 from __future__ import annotations
 
 import asyncio
-import contextlib
+import heapq
 import json
+import math
 import resource
 import sys
 import time
@@ -61,6 +62,67 @@ class Counts:
     visibility: list[float] = field(default_factory=list)
 
 
+class Clock:
+    """One timer for every worker of the process: steps are taken a phase of ranks at a time and a worker is
+    woken only when it has a batch to send, so the generator's own CPU goes on what a client does (building
+    and writing batches), not on thousands of per-step timeouts that take cores from the daemon it measures."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop = loop
+        self._heap: list[tuple[float, int, Worker | Phase]] = []
+        self._order = 0
+        self._wake: asyncio.Future[None] | None = None
+        self._wake_at = math.inf
+        self._timer: asyncio.TimerHandle | None = None
+
+    def at(self, when: float, what: Worker | Phase) -> None:
+        self._order += 1
+        heapq.heappush(self._heap, (when, self._order, what))
+        if when < self._wake_at and self._wake is not None and not self._wake.done():
+            self._arm(when)
+
+    def _arm(self, when: float) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+        self._wake_at = when
+        wake = self._wake
+        assert wake is not None
+        self._timer = self.loop.call_at(when, _resolve, wake)
+
+    async def run(self, end: float) -> None:
+        heap = self._heap
+        while True:
+            now = self.loop.time()
+            if now >= end:
+                return
+            while heap and heap[0][0] <= now:
+                when, _, what = heapq.heappop(heap)
+                what.fire(when, now, self)
+            self._wake = self.loop.create_future()
+            self._arm(min(heap[0][0] if heap else end, end))
+            await self._wake
+
+
+def _resolve(future: asyncio.Future[None]) -> None:
+    if not future.done():
+        future.set_result(None)
+
+
+class Phase:
+    """The ranks that step at the same moment (data-parallel ranks step in lockstep, each a little off)."""
+
+    def __init__(self, workers: list[Worker], interval: float) -> None:
+        self.workers = workers
+        self.interval = interval
+        self.step = 0
+
+    def fire(self, when: float, now: float, clock: Clock) -> None:
+        for worker in self.workers:
+            worker.queue_step(self.step, now)
+        self.step += 1
+        clock.at(when + self.interval, self)
+
+
 class Worker:
     """One simulated rank: its queue of scalars, its batches in flight and its pacing."""
 
@@ -72,6 +134,8 @@ class Worker:
         self.session_id = str(uuid.uuid4())
         self.pacing = Pacing(ClientOptions.make(address=params.address, max_batch_events=params.max_batch_events))
         self.tags = [f"metric/{i:02d}" for i in range(params.tags)]
+        self.tag_index = list(range(params.tags))
+        self.values = [float(rank + i) for i in range(params.tags)]
         self.queued: list[int] = []  # steps queued, not yet sent
         self.queued_at = 0.0  # when the oldest queued step was queued
         self.next_sequence = 1
@@ -79,7 +143,9 @@ class Worker:
         self.in_flight = 0
         self.steps: deque[tuple[int, float]] = deque()  # (last sequence, queued at) of steps not yet acked
         self.measuring = False
-        self.wake = asyncio.Event()
+        self.clock: Clock | None = None
+        self.scheduled_at = math.inf  # when the clock wakes this worker next (inf: not scheduled)
+        self._ready: asyncio.Future[None] | None = None
 
     @property
     def backlog(self) -> int:
@@ -100,55 +166,71 @@ class Worker:
         )
         self.pacing.advise(answer.pacing.linger_seconds, answer.pacing.max_in_flight)
 
-    async def play(self, start: float, end: float) -> None:
-        loop = asyncio.get_running_loop()
-        clock_offset = time.time() - loop.time()
+    def queue_step(self, step: int, now: float) -> None:
+        if not self.queued:
+            self.queued_at = now
+        self.queued.append(step)
+        if self.measuring:
+            self.counts.offered += self.params.tags
+        self._schedule(now)
+
+    def _due(self) -> float:
+        """When this worker next sends, as the client's sender would: a full batch at once, a partial one when
+        its linger is out; never with the in-flight window full (an ack reopens it)."""
+        if not self.queued or self.in_flight >= self.pacing.max_in_flight:
+            return math.inf
+        if len(self.queued) * self.params.tags >= self.params.max_batch_events:
+            return self.queued_at
+        return self.queued_at + self.pacing.linger_secs
+
+    def _schedule(self, now: float) -> None:
+        due = self._due()
+        if due <= now:
+            self.wake()
+        elif due < self.scheduled_at or self.scheduled_at <= now:
+            self.scheduled_at = due
+            assert self.clock is not None
+            self.clock.at(due, self)
+
+    def fire(self, when: float, now: float, clock: Clock) -> None:
+        if when == self.scheduled_at:
+            self.scheduled_at = math.inf
+            self.wake()
+
+    def wake(self) -> None:
+        if self._ready is not None:
+            _resolve(self._ready)
+
+    async def play(self, clock: Clock, end: float) -> None:
+        loop = clock.loop
+        self.clock = clock
         call = self.stub.Write()
         reader = asyncio.ensure_future(self._read(call, loop))
-        interval = 1.0 / self.params.steps_per_second
-        # Ranks step in lockstep, as data-parallel ranks do, each a little off the others.
-        next_step = start - clock_offset + (self.rank % 97) / 97 * interval
-        step = 0
         try:
-            while True:
-                now = loop.time()
-                if now >= end - clock_offset:
-                    return
-                if now >= next_step:
-                    if not self.queued:
-                        self.queued_at = now
-                    self.queued.append(step)
-                    if self.measuring:
-                        self.counts.offered += self.params.tags
-                    step += 1
-                    next_step += interval
-                await self._send_ready(call, now)
-                wait = next_step - now
-                if self.queued and self.in_flight < self.pacing.max_in_flight:
-                    wait = min(wait, self.queued_at + self.pacing.linger_secs - now)
-                self.wake.clear()
-                if wait > 0:
-                    with contextlib.suppress(TimeoutError):
-                        await asyncio.wait_for(self.wake.wait(), wait)
+            while loop.time() < end:
+                self._ready = loop.create_future()
+                self._schedule(loop.time())
+                await self._ready
+                await self._send_ready(call, loop)
         finally:
             call.cancel()
             reader.cancel()
 
-    async def _send_ready(self, call: Any, now: float) -> None:
-        params, pacing = self.params, self.pacing
+    async def _send_ready(self, call: Any, loop: asyncio.AbstractEventLoop) -> None:
+        params, pacing, tags = self.params, self.pacing, self.params.tags
         while self.queued and self.in_flight < pacing.max_in_flight:
-            full = len(self.queued) * params.tags >= params.max_batch_events
+            now = loop.time()
+            full = len(self.queued) * tags >= params.max_batch_events
             if not full and now - self.queued_at < pacing.linger_secs:
                 return
-            most = max(1, params.max_batch_events // params.tags)
+            most = max(1, params.max_batch_events // tags)
             steps, self.queued = self.queued[:most], self.queued[most:]
-            tags = params.tags
             columns = pb.ScalarColumns(
                 tags=self.tags,
-                tag_index=list(range(tags)) * len(steps),
-                step=[s for s in steps for _ in range(tags)],
+                tag_index=self.tag_index * len(steps),
+                step=[s for s in steps for _ in self.tag_index],
                 wall_time=[time.time()] * (tags * len(steps)),
-                value=[self.rank + s * 0.001 + i for s in steps for i in range(tags)],
+                value=[v + s * 0.001 for s in steps for v in self.values],
             )
             first = self.next_sequence
             self.next_sequence += tags * len(steps)
@@ -160,8 +242,8 @@ class Worker:
             self.in_flight += 1
             if self.measuring:
                 self.counts.messages += 1
-            await call.write(request)
             self.queued_at = now
+            await call.write(request)
 
     async def _read(self, call: Any, loop: asyncio.AbstractEventLoop) -> None:
         try:
@@ -178,7 +260,7 @@ class Worker:
                         _, queued_at = self.steps.popleft()
                         if self.measuring:
                             self.counts.visibility.append(now - queued_at)
-                self.wake.set()
+                self._schedule(loop.time())
         except (grpc.RpcError, asyncio.CancelledError):
             return
 
@@ -193,9 +275,20 @@ async def play(params: LoadParams) -> dict[str, Any]:
     for chunk in range(0, len(workers), 64):
         await asyncio.gather(*(w.open() for w in workers[chunk : chunk + 64]))
     print("ready", flush=True)
-    start = float(await asyncio.get_running_loop().run_in_executor(None, sys.stdin.readline))
+    loop = asyncio.get_running_loop()
+    start = float(await loop.run_in_executor(None, sys.stdin.readline))
     window_start, window_end = start + params.warmup, start + params.warmup + params.seconds
-    tasks = [asyncio.ensure_future(w.play(start, window_end)) for w in workers]
+    clock_offset = time.time() - loop.time()
+    clock, interval = Clock(loop), 1.0 / params.steps_per_second
+    # Ranks step in lockstep, as data-parallel ranks do, each a little off the others (97 phases).
+    phases: dict[int, list[Worker]] = {}
+    for w in workers:
+        phases.setdefault(w.rank % 97, []).append(w)
+    for phase, members in phases.items():
+        clock.at(start - clock_offset + phase / 97 * interval, Phase(members, interval))
+    end = window_end - clock_offset
+    tasks = [asyncio.ensure_future(w.play(clock, end)) for w in workers]
+    ticking = asyncio.ensure_future(clock.run(end))
     await asyncio.sleep(max(0.0, window_start - time.time()))
     for w in workers:
         w.measuring = True
@@ -206,6 +299,9 @@ async def play(params: LoadParams) -> dict[str, Any]:
     cpu = _cpu() - cpu_start
     for w in workers:
         w.measuring = False
+    await ticking
+    for w in workers:
+        w.wake()
     await asyncio.gather(*tasks, return_exceptions=True)
     for channel in channels:
         await channel.close(None)
