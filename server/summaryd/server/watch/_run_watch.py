@@ -70,13 +70,16 @@ class Series:
         """Take a batch's points of the series, in order (`clean`: the batch has no non-finite value); `steps`
         gives their steps, asked for only when a point is not simply kept."""
         if clean and not self.firing and self.over == 0:
-            # The common case: every point under threshold goes to the baseline at once (of an array, only the
-            # points the ring keeps are made floats).
+            # The common case: every point under threshold goes to the baseline at once. Under no threshold yet
+            # (too few points, or not armed) a clean batch's points all are, without a look at them.
+            unbound = self.threshold == _INF
             if isinstance(values, np.ndarray):
-                if float(values.max()) <= self.threshold:
-                    self._keep(values[-self.size :].tolist())
+                if unbound or float(values.max()) <= self.threshold:
+                    # Only the points the ring keeps, copied as float64 bytes: extending an array from a list
+                    # of 128 floats costs ten times as much.
+                    self._keep(array("d", values[-self.size :].astype(np.float64).tobytes()))
                     return
-            elif max(values) <= self.threshold:
+            elif unbound or max(values) <= self.threshold:
                 self._keep(values)
                 return
         listed: list[float] = values.tolist() if isinstance(values, np.ndarray) else values
@@ -97,7 +100,7 @@ class Series:
                 self.over = 0
                 self._keep([value])
 
-    def _keep(self, values: list[float]) -> None:
+    def _keep(self, values: list[float] | array[float]) -> None:
         window, size = self.window, self.size
         room = size - len(window)
         if room > 0:  # still growing: the points go on its end (`at` stays 0: the oldest is first)
