@@ -8,6 +8,7 @@ import threading
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 from _webhook_receiver import Receiver
 
@@ -161,6 +162,45 @@ def test_many_tags_and_tag_tables_keep_a_runs_watch_bounded() -> None:
         run.take(worker, ScalarRecords(columns), float(table))
     assert len(run.series) == 100 and run.series_refused == 5_900
     assert len(run._tag_rules) <= 4096 and len(run._plans) <= 256
+
+
+def _framed_loss(first_step: int, values: list[float]) -> ScalarRecords:
+    """A batch of `loss` points from `first_step` on, framed as the daemon frames it before the watch sees it."""
+    count = len(values)
+    columns = pb.ScalarColumns(
+        tags=["loss"],
+        tag_index=[0] * count,
+        step=range(first_step, first_step + count),
+        wall_time=[1.0] * count,
+        value=values,
+    )
+    records = ScalarRecords(columns)
+    records.framed()
+    return records
+
+
+def test_large_batches_reach_the_divergence_ring_point_for_point_and_a_rise_fires_at_its_step() -> None:
+    """Batches over 128 scalars (their columns read as arrays when framed) give a series' ring exactly the points
+    sent, the newest 128 in order, before any threshold exists; once it has one, a batch that rises above it fires
+    divergence at the first step over it."""
+    run = RunWatch("job", Rules(), lambda: True, time.time)
+    worker = Worker("rank-0", None)
+    # float32 values, as the columns carry them: the ring holds each as the same float64.
+    falling = [float(np.float32(2.0 / (1 + 0.01 * step))) for step in range(300)]
+    first = _framed_loss(0, falling)
+    assert first.arrays is not None  # the large batch's path
+    run.take(worker, first, 1.0)
+    series = run.series[("rank-0", "loss")]
+    assert list(series.window[series.at :] + series.window[: series.at]) == falling[-128:]
+    run.evaluate(2.0, workers=False)
+    assert series.armed and 0.5 < series.threshold < 2.0
+    steady, high = [falling[-1]] * 100, [5.0] * 100
+    run.take(worker, _framed_loss(300, steady + high), 3.0)
+    holds, _ = run.evaluate(4.0, workers=False)
+    finding = holds[("divergence", "job", "loss")]
+    assert (finding.rank, finding.step, finding.value) == ("rank-0", 400, 5.0)
+    ordered = series.window[series.at :] + series.window[: series.at]
+    assert list(ordered) == (falling + steady)[-128:]  # the points over the threshold are not the baseline
 
 
 def test_a_nan_in_many_tags_fires_a_bounded_number_of_findings() -> None:
