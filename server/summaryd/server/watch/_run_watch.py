@@ -70,8 +70,8 @@ class Series:
         """Take a batch's points of the series, in order (`clean`: the batch has no non-finite value); `steps`
         gives their steps, asked for only when a point is not simply kept."""
         if clean and not self.firing and self.over == 0:
-            # The common case: every point under threshold goes to the baseline at once. Under no threshold yet
-            # (too few points, or not armed) a clean batch's points all are, without a look at them.
+            # The common case: every point under threshold goes to the baseline at once. Under an infinite one
+            # (none yet: too few points, or not armed) a clean batch's points all are, without a look at them.
             unbound = self.threshold == _INF
             if isinstance(values, np.ndarray):
                 if unbound or float(values.max()) <= self.threshold:
