@@ -16,6 +16,20 @@ from summaryd.v1 import summaryd_pb2 as pb
 _TAG, _VALUE, _STEP, _WALL = itemgetter(1), itemgetter(2), itemgetter(3), itemgetter(4)
 
 
+# `ScalarColumns.tag_index` (field 2) as a packed field on the wire: its key (wire type 2, length-delimited).
+_TAG_INDEX_FIELD = b"\x12"
+
+
+def _varint(number: int) -> bytes:
+    """`number` (not negative) as a protobuf varint."""
+    out = bytearray()
+    while number >= 0x80:
+        out.append(number & 0x7F | 0x80)
+        number >>= 7
+    out.append(number)
+    return bytes(out)
+
+
 @dataclass(frozen=True, eq=False)
 class ScalarRun:
     """A run of queued scalars `(SCALAR, tag, value, step, wall_time, estimated bytes)` as columns, in queue order.
@@ -63,7 +77,13 @@ class ScalarRun:
         """Extend `columns` (empty: the write request's own field, which saves copying a message into it) with
         these, as the request carries them."""
         columns.tags.extend(self.tags)
-        columns.tag_index.extend(self.tag_index)
+        if len(self.tags) == 1:
+            # One tag: its index column is all zeros, which read from their packed encoding (a zero byte each)
+            # costs nothing per scalar, where `extend` converted and appended each of them.
+            count = len(self.tag_index)
+            columns.MergeFromString(_TAG_INDEX_FIELD + _varint(count) + bytes(count))
+        else:
+            columns.tag_index.extend(self.tag_index)
         columns.step.extend(self.steps)
         columns.wall_time.extend(self.wall_times)
         columns.value.extend(self.values)
