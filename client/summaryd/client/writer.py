@@ -374,7 +374,7 @@ class SummaryWriter:
             return
         items.append(item)
         queued = len(items)
-        if queued == 1 or queued == sender.max_batch_events or not sender.status.accepting:
+        if queued == 1 or queued == sender.max_batch_events or not sender.status.accepting:  # noqa: PLR1714 (no tuple per call)
             sender.appended(item, queued)
 
     def add_scalars(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from array import array
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -16,8 +17,11 @@ from summaryd.v1 import summaryd_pb2 as pb
 _TAG, _VALUE, _STEP, _WALL = itemgetter(1), itemgetter(2), itemgetter(3), itemgetter(4)
 
 
-# `ScalarColumns.tag_index` (field 2) as a packed field on the wire: its key (wire type 2, length-delimited).
-_TAG_INDEX_FIELD = b"\x12"
+# The keys of `ScalarColumns`' packed fields on the wire (field number << 3 | wire type 2, length-delimited):
+# tag_index (2), wall_time (4), value (5).
+_TAG_INDEX_FIELD, _WALL_TIME_FIELD, _VALUE_FIELD = b"\x12", b"\x22", b"\x2a"
+_LITTLE_ENDIAN = sys.byteorder == "little"
+"""Whether an array's bytes are the wire's (protobuf's fixed-width fields are little-endian)."""
 
 
 def _varint(number: int) -> bytes:
@@ -85,8 +89,18 @@ class ScalarRun:
         else:
             columns.tag_index.extend(self.tag_index)
         columns.step.extend(self.steps)
-        columns.wall_time.extend(self.wall_times)
-        columns.value.extend(self.values)
+        if _LITTLE_ENDIAN:
+            # Wall times and values are fixed-width: an array's bytes are their packed encoding, read in one copy,
+            # where `extend` converted and appended each (the C casts are the same: a float32 value rounds, or
+            # overflows to an infinity, as there).
+            walls = array("d", self.wall_times).tobytes()
+            values = array("f", self.values).tobytes()
+            columns.MergeFromString(
+                _WALL_TIME_FIELD + _varint(len(walls)) + walls + _VALUE_FIELD + _varint(len(values)) + values
+            )
+        else:
+            columns.wall_time.extend(self.wall_times)
+            columns.value.extend(self.values)
         return columns
 
     def encoded(self) -> list[bytes]:
