@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import sys
+import struct
 from array import array
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -20,8 +20,6 @@ _TAG, _VALUE, _STEP, _WALL = itemgetter(1), itemgetter(2), itemgetter(3), itemge
 # The keys of `ScalarColumns`' packed fields on the wire (field number << 3 | wire type 2, length-delimited):
 # tag_index (2), wall_time (4), value (5).
 _TAG_INDEX_FIELD, _WALL_TIME_FIELD, _VALUE_FIELD = b"\x12", b"\x22", b"\x2a"
-_LITTLE_ENDIAN = sys.byteorder == "little"
-"""Whether an array's bytes are the wire's (protobuf's fixed-width fields are little-endian)."""
 
 
 def _varint(number: int) -> bytes:
@@ -89,18 +87,19 @@ class ScalarRun:
         else:
             columns.tag_index.extend(self.tag_index)
         columns.step.extend(self.steps)
-        if _LITTLE_ENDIAN:
-            # Wall times and values are fixed-width: an array's bytes are their packed encoding, read in one copy,
-            # where `extend` converted and appended each (the C casts are the same: a float32 value rounds, or
-            # overflows to an infinity, as there).
-            walls = array("d", self.wall_times).tobytes()
-            values = array("f", self.values).tobytes()
+        count = len(self.steps)
+        try:
+            # Wall times and values are fixed-width: packed (little-endian, as protobuf's) in one call, their
+            # bytes are read in one copy, where `extend` converted and appended each.
+            walls = struct.pack(f"<{count}d", *self.wall_times)
+            values = struct.pack(f"<{count}f", *self.values)
+        except OverflowError:  # a value beyond float32, which `extend` turns into an infinity as torch does
+            columns.wall_time.extend(self.wall_times)
+            columns.value.extend(self.values)
+        else:
             columns.MergeFromString(
                 _WALL_TIME_FIELD + _varint(len(walls)) + walls + _VALUE_FIELD + _varint(len(values)) + values
             )
-        else:
-            columns.wall_time.extend(self.wall_times)
-            columns.value.extend(self.values)
         return columns
 
     def encoded(self) -> list[bytes]:
