@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import struct
 from array import array
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -14,6 +15,21 @@ from summaryd.v1 import summaryd_pb2 as pb
 
 # The fields of a queued scalar `(SCALAR, tag, value, step, wall_time, estimated bytes)`.
 _TAG, _VALUE, _STEP, _WALL = itemgetter(1), itemgetter(2), itemgetter(3), itemgetter(4)
+
+
+# The keys of `ScalarColumns`' packed fields on the wire (field number << 3 | wire type 2, length-delimited):
+# tag_index (2), wall_time (4), value (5).
+_TAG_INDEX_FIELD, _WALL_TIME_FIELD, _VALUE_FIELD = b"\x12", b"\x22", b"\x2a"
+
+
+def _varint(number: int) -> bytes:
+    """`number` (not negative) as a protobuf varint."""
+    out = bytearray()
+    while number >= 0x80:
+        out.append(number & 0x7F | 0x80)
+        number >>= 7
+    out.append(number)
+    return bytes(out)
 
 
 @dataclass(frozen=True, eq=False)
@@ -63,10 +79,27 @@ class ScalarRun:
         """Extend `columns` (empty: the write request's own field, which saves copying a message into it) with
         these, as the request carries them."""
         columns.tags.extend(self.tags)
-        columns.tag_index.extend(self.tag_index)
+        if len(self.tags) == 1:
+            # One tag: its index column is all zeros, which read from their packed encoding (a zero byte each)
+            # costs nothing per scalar, where `extend` converted and appended each of them.
+            count = len(self.tag_index)
+            columns.MergeFromString(_TAG_INDEX_FIELD + _varint(count) + bytes(count))
+        else:
+            columns.tag_index.extend(self.tag_index)
         columns.step.extend(self.steps)
-        columns.wall_time.extend(self.wall_times)
-        columns.value.extend(self.values)
+        count = len(self.steps)
+        try:
+            # Wall times and values are fixed-width: packed (little-endian, as protobuf's) in one call, their
+            # bytes are read in one copy, where `extend` converted and appended each.
+            walls = struct.pack(f"<{count}d", *self.wall_times)
+            values = struct.pack(f"<{count}f", *self.values)
+        except OverflowError:  # a value beyond float32, which `extend` turns into an infinity as torch does
+            columns.wall_time.extend(self.wall_times)
+            columns.value.extend(self.values)
+        else:
+            columns.MergeFromString(
+                _WALL_TIME_FIELD + _varint(len(walls)) + walls + _VALUE_FIELD + _varint(len(values)) + values
+            )
         return columns
 
     def encoded(self) -> list[bytes]:

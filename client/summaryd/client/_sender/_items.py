@@ -27,6 +27,8 @@ QueuedScalar = tuple[int, str, float, int, float, int]
 """`(SCALAR, tag, value, step, wall_time, estimated bytes)`: built into an event, or sent as columns
 (`_columns`)."""
 Queued = QueuedSource | QueuedSummary | QueuedScalar
+# Their lengths differ (3, 5, 6), and the sender thread relies on it: only a scalar has a sixth field, so summing
+# that field over a run tells whether the run is all scalars (`EventQueue.take_scalars`).
 
 FAST_ITEM_BYTES = 256
 """The largest event (estimated bytes) a caller queues without the lock: a scalar or a small summary. Larger

@@ -65,7 +65,10 @@ class EventQueue:
             # this thread keeps the GIL throughout and no caller can append under the iterator. (Not by index:
             # a deque's `items[i]` walks its blocks from the nearer end, so a count by index over a long queue
             # cost time quadratic in its length.)
-            self._counted_bytes += sum(map(_SIZE, islice(items, self._counted, end)))
+            try:  # all scalars, the usual queue: their size by the quicker index (see `_SCALAR_SIZE`)
+                self._counted_bytes += sum(map(_SCALAR_SIZE, islice(items, self._counted, end)))
+            except IndexError:
+                self._counted_bytes += sum(map(_SIZE, islice(items, self._counted, end)))
             self._counted = end
             self._large_bytes = 0
         return self._counted_bytes
@@ -136,19 +139,21 @@ class EventQueue:
         queue = self.items
         head = list(starmap(queue.popleft, repeat((), min(max_events, len(queue)))))
         count = len(head)
-        # The first event of another kind ends the run. `SCALAR` is the largest kind, so one C-level `min` over
-        # the kinds tells the usual run (all scalars) without a list of them.
-        if head and min(map(_KIND, head)) != SCALAR:
+        # The first event of another kind ends the run. Only a scalar's tuple has a sixth field, so the sum of the
+        # sizes (that field) tells the usual run (all scalars) with no pass over the kinds: another kind's tuple
+        # raises `IndexError` there.
+        try:
+            nbytes = sum(map(_SCALAR_SIZE, head))
+        except IndexError:
             kinds = list(map(_KIND, head))
             count = min(kinds.index(other) for other in _NOT_SCALAR if other in kinds)
-        if count < len(head):
             queue.extendleft(reversed(head[count:]))
             del head[count:]
+            nbytes = sum(map(_SCALAR_SIZE, head))
         if not count:
             return head, 0
-        nbytes = sum(map(_SIZE, head))
         if nbytes > max_bytes:  # rare: cut where the sizes cross `max_bytes`
-            ends = list(accumulate(map(_SIZE, head)))
+            ends = list(accumulate(map(_SCALAR_SIZE, head)))
             cut = bisect_left(ends, max_bytes) + 1
             if cut < count:
                 queue.extendleft(reversed(head[cut:]))  # before the other kinds put back above
@@ -194,3 +199,7 @@ _KIND = itemgetter(0)
 
 _SIZE = itemgetter(-1)
 """A queued event's estimated bytes."""
+
+_SCALAR_SIZE = itemgetter(5)
+"""A queued scalar's estimated bytes: its last field by a non-negative index, which `itemgetter` reads from a
+tuple without the generic lookup a negative one takes; the other kinds' tuples are shorter (`_items`)."""

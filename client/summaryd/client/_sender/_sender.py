@@ -71,7 +71,7 @@ class Sender:
         run_dir_parts(run, worker, max_bytes=None, max_depth=None)
         self.options = options
         # Read on the caller's hot path: plain attributes, one lookup each.
-        self._max_batch_events = options.max_batch_events
+        self.max_batch_events = options.max_batch_events
         self._max_batch_bytes = options.max_batch_bytes
         self.run = run
         self.worker = worker
@@ -107,6 +107,8 @@ class Sender:
         self._encoding = core.encoding
         self._queue, self._ledger, self._batches = core.queue, core.ledger, core.batches
         self._status, self._budget = core.status, core.budget
+        # The same two, public for `SummaryWriter.add_scalar`, which inlines `enqueue`'s lock-free append.
+        self.queue, self.status = core.queue, core.status
         # What takes the events logged after close() (see `hand_over_after_close`); None: they are dropped.
         self._successor: Callable[[], Sender] | None = None
         self._spiller = Spiller(core)
@@ -181,14 +183,18 @@ class Sender:
         if len(items) >= queue.fast_until or item[-1] > FAST_ITEM_BYTES:
             return self._enqueue_locked(item)
         items.append(item)
+        return self.appended(item, len(items))
+
+    def appended(self, item: Queued, queued: int) -> bool:
+        """After the lock-free append of `item`, with `queued` events then in the queue: what the caller does next
+        (`SummaryWriter.add_scalar` calls it only when one of these applies)."""
         # Read after the append: a sender that stops accepting sets this first, then drains the queue under the
         # lock; an event appended after its last look is taken back here, never left behind uncounted.
         if not self._status.accepting:
             return self._appended_while_closed(item)
-        queued = len(items)
         if queued == 1:  # the first of a batch: the linger clock starts, the sender may be asleep
             self._first_queued()
-        elif queued == self._max_batch_events:  # a full batch: once, not at every event after it
+        elif queued == self.max_batch_events:  # a full batch: once, not at every event after it
             self._wake.set()
         return True
 
@@ -246,7 +252,7 @@ class Sender:
             queue.append(item)
             if not wake:
                 wake = (
-                    len(items) == self._max_batch_events
+                    len(items) == self.max_batch_events
                     or before < self._max_batch_bytes <= before + nbytes
                     or 0 <= room < nbytes  # this event takes memory over the bound: the sender thread spills
                 )
