@@ -78,12 +78,22 @@ def _has_soundfile() -> bool:
     return importlib.util.find_spec("soundfile") is not None
 
 
+class _NoRoom:
+    """A muted writer's queue as the inlined append sees it: never room for a lock-free append."""
+
+    items: tuple[()] = ()
+    fast_until = 0
+
+
 class MutedSender:
     """The sender of a writer made with `write_to_disk=False`: takes every event and ships nothing, as
     tensorboardX's `DummyFileWriter` writes nothing (no connection, no thread, no directory)."""
 
     def __init__(self, run: str) -> None:
         self.run = run
+        # What `SummaryWriter.add_scalar`'s inlined append reads: a queue with no room for the lock-free append
+        # (`fast_until` 0), so every scalar goes to `enqueue`, which drops it.
+        self.queue = _NoRoom()
 
     def submit(self, source: Any, nbytes: int = 64) -> bool:
         return True
