@@ -14,6 +14,7 @@ from pathlib import Path
 
 import grpc
 import pytest
+from tensorboard.compat.proto.event_pb2 import Event
 
 from _aggregation import (
     REDUCTIONS,
@@ -31,6 +32,7 @@ from summaryd.client import SummaryWriter
 from summaryd.server.aggregation.aggregator import AggregationSettings
 from summaryd.v1 import summaryd_pb2 as pb
 from summaryd.v1 import summaryd_pb2_grpc as pb_grpc
+from summaryd.v1.wire import frame_all, whole_records
 
 
 def assert_steps_never_go_back(run_dir: Path) -> dict[str, list[int]]:
@@ -197,6 +199,40 @@ def test_a_daemon_restart_writes_no_aggregate_step_twice(tmp_path: Path, stop: s
     finally:
         for daemon in daemons:
             daemon.stop()
+
+
+def cut_records_from(run_dir: Path, step: int) -> None:
+    """Drop the run's events at `step` and beyond from its files, as if the daemon had never written them."""
+    for path in event_files(run_dir):
+        kept = [r for r in whole_records(path.read_bytes()) if Event.FromString(r).step < step]
+        path.write_bytes(frame_all(kept))
+
+
+def test_a_daemon_killed_between_the_aggregate_runs_writes_completes_each_of_them_once(tmp_path: Path) -> None:
+    """The daemon writes a finalised step to the five aggregate runs one after the other, so a SIGKILL can fall
+    between them, leaving some runs steps ahead of others. The next daemon aggregates the steps the runs lack
+    again from the workers' runs and writes them only where they are missing: every run has every step once,
+    exact. (A real SIGKILL hits that moment only by chance: the files here are cut as it would leave them.)"""
+    daemon = start_daemon(tmp_path)
+    procs, _ = start_workers(daemon, tmp_path, 4, steps=[0, 300])
+    finish(procs)
+    wait_aggregates_closed(daemon)
+    assert daemon.terminate() == 0
+    job = daemon.logdir / "job"
+    cut_records_from(job / "summaryd", 200)  # the counts and lags of 200..299 never reached the disk
+    cut_records_from(job / "max", 250)
+    daemon = start_daemon(tmp_path, logdir=daemon.logdir)
+    try:
+        procs, _ = start_workers(daemon, tmp_path, 4, steps=[300, 400])
+        finish(procs)
+        wait_aggregates_closed(daemon)
+        for name in REDUCTIONS:
+            assert assert_steps_never_go_back(job / name) == {"loss": list(range(400))}, name
+            points = scalars(job / name, "loss")
+            assert [v for _, v in points] == [expected(step, range(4))[name] for step in range(400)], name
+        assert scalars(job / "summaryd", "count/loss") == [(step, 4.0) for step in range(400)]
+    finally:
+        daemon.stop()
 
 
 @pytest.fixture

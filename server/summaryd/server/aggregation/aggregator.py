@@ -52,7 +52,9 @@ _failures = Throttle(log)
 
 REDUCTIONS = ("mean", "min", "max", "std")
 STATS_RUN = "summaryd"
-RESERVED_WORKERS = frozenset((*REDUCTIONS, STATS_RUN))
+AGGREGATE_RUNS = (*REDUCTIONS, STATS_RUN)
+RESERVED_WORKERS = frozenset(AGGREGATE_RUNS)
+NO_STEP = -(2**63)  # before every step: a tag one aggregate run lacks is aggregated again from its first step
 COUNT_PREFIX = "count/"
 LAG_PREFIX = "lag_steps/"
 MAX_TAG_PATTERNS = 64
@@ -143,6 +145,9 @@ class AggregateRuns:
         self._limits = limits
         self._writers: dict[str, RunWriter] = {}
         self._owned = False  # the run (a bucket logdir: its lease), one count for the five runs
+        # Per aggregate run, the tags it holds steps of beyond what the others reached (`WrittenThrough.ahead`):
+        # those steps are not written to it again. Empty but for a daemon killed amid writing the five.
+        self._ahead: dict[str, dict[str, int]] = {}
 
     @property
     def open(self) -> bool:
@@ -158,7 +163,7 @@ class AggregateRuns:
         try:
             await self._storage.own(self.run)  # what its workers hold: the run, all its directories
             self._owned = True
-            for name in (*REDUCTIONS, STATS_RUN):
+            for name in AGGREGATE_RUNS:
                 self._writers[name] = await registry.acquire([*self.run.split("/"), name], self._limits)
         except BaseException:
             await self.let_go()
@@ -172,6 +177,8 @@ class AggregateRuns:
         run_path = os.path.join(registry.logdir, self.run)
         await run_to_completion(registry.executor, lambda: written.read_local(run_path))
         await written.read_published(self._storage, self.run, registry.executor)
+        written.settle()
+        self._ahead = written.ahead
         return written
 
     async def unfinished(self, written: WrittenThrough) -> dict[str, list[Point]]:
@@ -183,35 +190,32 @@ class AggregateRuns:
         return await run_to_completion(registry.executor, lambda: _read_unfinished(run_path, written.last))
 
     async def write(self, done: list[Reduction], lag: Mapping[str, int] | None) -> None:
-        """Write the reductions of `done` and, when given, each worker's `lag` at the last step of `done`."""
-        table: dict[str, int] = {}
-        index = [table.setdefault(r.tag, len(table)) for r in done]
-        steps, wall_times = [r.step for r in done], [r.wall_time for r in done]
-        columns = {
-            name: pb.ScalarColumns(
-                tags=table, tag_index=index, step=steps, wall_time=wall_times, value=[getattr(r, name) for r in done]
-            )
-            for name in REDUCTIONS
-        }
-        counts = columns[STATS_RUN] = pb.ScalarColumns(
-            tags=[COUNT_PREFIX + tag for tag in table],
-            tag_index=index,
-            step=steps,
-            wall_time=wall_times,
-            value=[r.count for r in done],
-        )
-        if lag is not None:
-            last, workers = done[-1], sorted(lag)
-            counts.tags.extend(LAG_PREFIX + worker for worker in workers)
-            counts.tag_index.extend(range(len(table), len(table) + len(workers)))
-            counts.step.extend([last.step] * len(workers))
-            counts.wall_time.extend([last.wall_time] * len(workers))
-            counts.value.extend(lag[worker] for worker in workers)
+        """Write the reductions of `done` (ascending steps) and, when given, each worker's `lag` at the last step
+        of `done`."""
+        shared = _Columns(done)
         for name, writer in self._writers.items():
+            columns = shared
+            ahead = self._ahead.get(name)
+            if ahead is not None:
+                columns = _Columns(self._beyond(name, ahead, done))
+            records = columns.count(lag, done[-1]) if name == STATS_RUN else columns.reduction(name)
+            if records is None:
+                continue
             try:
-                await writer.write("", 0, ScalarRecords(columns[name]))
+                await writer.write("", 0, ScalarRecords(records))
             except (OSError, EventError) as exc:
                 _failures.warning(name, "run %s: aggregates not written: %s", writer.run_dir, exc)
+
+    def _beyond(self, name: str, ahead: dict[str, int], done: list[Reduction]) -> list[Reduction]:
+        """The reductions of `done` beyond what the aggregate run `name` already holds; a tag whose steps went
+        past it is forgotten (and the run, once none is left)."""
+        kept = [r for r in done if r.step > ahead.get(r.tag, NO_STEP)]
+        for r in done:
+            if ahead.get(r.tag, r.step) < r.step:
+                del ahead[r.tag]
+        if not ahead:
+            del self._ahead[name]
+        return kept
 
     async def let_go(self, shutdown: bool = False) -> list[ClosedFile]:
         """Let go of the writers (their closed files returned) and leases; at `shutdown` a bucket logdir's leases
@@ -225,6 +229,49 @@ class AggregateRuns:
             await self._storage.let_go(self.run, ends)
         self._owned = False
         return [file for file in closed if file is not None]
+
+
+class _Columns:
+    """The scalar columns of finalised reductions, one column of values per aggregate run."""
+
+    def __init__(self, done: list[Reduction]) -> None:
+        self.done = done
+        table: dict[str, int] = {}
+        self.index = [table.setdefault(r.tag, len(table)) for r in done]
+        self.tags = list(table)
+        self.steps, self.wall_times = [r.step for r in done], [r.wall_time for r in done]
+
+    def reduction(self, name: str) -> pb.ScalarColumns | None:
+        if not self.done:
+            return None
+        return pb.ScalarColumns(
+            tags=self.tags,
+            tag_index=self.index,
+            step=self.steps,
+            wall_time=self.wall_times,
+            value=[getattr(r, name) for r in self.done],
+        )
+
+    def count(self, lag: Mapping[str, int] | None, last: Reduction) -> pb.ScalarColumns | None:
+        """How many workers each step had and, when given, each worker's `lag` at the step of `last`."""
+        if not self.done and lag is None:
+            return None
+        counts = pb.ScalarColumns(
+            tags=[COUNT_PREFIX + tag for tag in self.tags],
+            tag_index=self.index,
+            step=self.steps,
+            wall_time=self.wall_times,
+            value=[r.count for r in self.done],
+        )
+        if lag is not None:
+            workers = sorted(lag)
+            start = len(self.tags)
+            counts.tags.extend(LAG_PREFIX + worker for worker in workers)
+            counts.tag_index.extend(range(start, start + len(workers)))
+            counts.step.extend([last.step] * len(workers))
+            counts.wall_time.extend([last.wall_time] * len(workers))
+            counts.value.extend(lag[worker] for worker in workers)
+        return counts
 
 
 class RunAggregator:
@@ -439,7 +486,7 @@ def _read_unfinished(run_path: str, last: Mapping[str, int]) -> dict[str, list[P
     except FileNotFoundError:
         return found
     for entry in entries:
-        if entry.name in (*REDUCTIONS, STATS_RUN) or not entry.is_dir():
+        if entry.name in RESERVED_WORKERS or not entry.is_dir():
             continue
         files = sorted(n for n in os.listdir(entry.path) if "tfevents" in n)
         kept: list[Point] = []
@@ -453,18 +500,36 @@ def _read_unfinished(run_path: str, last: Mapping[str, int]) -> dict[str, list[P
 
 
 class WrittenThrough:
-    """Each tag's last step found in the aggregate runs' records, and the last step of the lag scalars."""
+    """Each tag's last step in the aggregate runs' records, and the last step of the lag scalars.
+
+    The five runs are written one after the other, so a daemon killed between two of them leaves some runs a
+    step ahead of the others: `last` is, per tag, the step every run reached (the steps beyond are aggregated
+    again from the workers' runs), and `ahead` what each run holds beyond it (not written to it again).
+    """
 
     def __init__(self) -> None:
         self.last: dict[str, int] = {}
+        self.ahead: dict[str, dict[str, int]] = {}
         self.lag_step: int | None = None
+        self._runs: dict[str, dict[str, int]] = {name: {} for name in AGGREGATE_RUNS}
 
     def merge(self, other: WrittenThrough | None) -> None:
-        """Take the later of each tag's step here and in `other`."""
+        """Take the later of each tag's step here and in `other` (in every run: `other` was written whole)."""
         if other is not None:
-            for tag, step in other.last.items():
-                self.last[tag] = max(self.last.get(tag, step), step)
+            for steps in self._runs.values():
+                for tag, step in other.last.items():
+                    steps[tag] = max(steps.get(tag, step), step)
             self._lag_at(other.lag_step)
+
+    def settle(self) -> None:
+        """Compute `last` and `ahead` from what was read of each run."""
+        tags = set().union(*self._runs.values())
+        self.last = {tag: min(steps.get(tag, NO_STEP) for steps in self._runs.values()) for tag in tags}
+        self.ahead = {}
+        for name, steps in self._runs.items():
+            beyond = {tag: step for tag, step in steps.items() if step > self.last[tag]}
+            if beyond:
+                self.ahead[name] = beyond
 
     def _lag_at(self, step: int | None) -> None:
         if step is not None and (self.lag_step is None or step > self.lag_step):
@@ -473,7 +538,7 @@ class WrittenThrough:
     def read(self, name: str, data: bytes) -> None:
         """Take the whole records of `data` (an event file, or a segment of one) of the aggregate run `name`
         (blocking: parses them)."""
-        last = self.last
+        last = self._runs[name]
         for record in whole_records(data):
             try:
                 event = Event.FromString(record)
@@ -491,7 +556,7 @@ class WrittenThrough:
 
     def read_local(self, run_path: str) -> None:
         """Read the event files of the aggregate runs below `run_path` (blocking)."""
-        for name in (*REDUCTIONS, STATS_RUN):
+        for name in AGGREGATE_RUNS:
             directory = os.path.join(run_path, name)
             try:
                 files = sorted(n for n in os.listdir(directory) if "tfevents" in n)
@@ -505,7 +570,7 @@ class WrittenThrough:
         """Read what the storage holds of the aggregate runs of `run` beyond the disk (a bucket's segments: a
         staged file is emptied once it is uploaded, so the bucket holds what the staging directory no longer
         does)."""
-        for name in (*REDUCTIONS, STATS_RUN):
+        for name in AGGREGATE_RUNS:
             async for data in storage.published(f"{run}/{name}"):
                 await run_to_completion(executor, functools.partial(self.read, name, data))
 
