@@ -11,12 +11,21 @@ from tensorboard.compat.proto.summary_pb2 import Summary, SummaryMetadata
 from tensorboard.compat.proto.tensor_pb2 import TensorProto
 from tensorboard.compat.proto.tensor_shape_pb2 import TensorShapeProto
 
-from summaryd.server.aggregation.aggregator import AggregateRuns, AggregationSettings, RunAggregator
+from summaryd.server.aggregation.aggregator import (
+    NO_STEP,
+    REDUCTIONS,
+    STATS_RUN,
+    AggregateRuns,
+    AggregationSettings,
+    RunAggregator,
+    WrittenThrough,
+)
 from summaryd.server.aggregation.step_table import Reduction, StepTable
 from summaryd.server.records.scalar_points import points
 from summaryd.server.records.scalar_records import ScalarRecords
 from summaryd.server.security.limits import DEFAULT
 from summaryd.v1 import summaryd_pb2 as pb
+from summaryd.v1.wire import frame_all
 
 
 def steps_of(done: list[Reduction]) -> list[tuple[str, int, int]]:
@@ -120,6 +129,49 @@ def test_steps_already_written_are_never_taken_again() -> None:
     assert table.late_points == 2
     assert [r.step for r in table.complete()] == [11]
     assert table.last_final() == {"loss": 11}
+
+
+def written_through(files: dict[str, list[tuple[str, int]]]) -> WrittenThrough:
+    """What a restarted aggregator reads back of aggregate runs holding `files` (run name: tag and step)."""
+    written = WrittenThrough()
+    for name, logged in files.items():
+        records = (event(Summary.Value(tag=tag, simple_value=1.0), step=step) for tag, step in logged)
+        written.read(name, frame_all(records))
+    written.settle()
+    return written
+
+
+def test_each_aggregate_run_is_read_back_on_its_own_and_the_lagging_one_sets_the_frontier() -> None:
+    """A daemon killed between the five runs' writes: the tag's last final step is the one every run reached,
+    and each run ahead of it says how far; the watch's findings and the lag in `summaryd` are not tags."""
+    files = {name: [("loss", 0), ("loss", 9)] for name in REDUCTIONS}
+    files["max"] = [("loss", 0), ("loss", 12)]
+    files[STATS_RUN] = [("count/loss", 7), ("lag_steps/rank-0", 7), ("watch/nonfinite", 8)]
+    written = written_through(files)
+    assert written.last == {"loss": 7}
+    assert written.lag_step == 7
+    assert written.ahead == {name: {"loss": 12 if name == "max" else 9} for name in REDUCTIONS}
+    files[STATS_RUN] = [("watch/nonfinite", 8)]  # the tag's first step reached some runs, not the counts
+    assert written_through(files).last == {"loss": NO_STEP}
+
+
+def test_an_aggregate_run_ahead_is_written_only_the_steps_it_lacks() -> None:
+    written = []
+
+    class Writer:
+        def __init__(self, name: str) -> None:
+            self.name = name
+
+        async def write(self, _session: str, _sequence: int, records: ScalarRecords) -> None:
+            written.append((self.name, [Event.FromString(r).step for r in records]))
+
+    runs = AggregateRuns("job", None, DEFAULT)  # type: ignore[arg-type]
+    runs._writers = {name: Writer(name) for name in (*REDUCTIONS, STATS_RUN)}  # type: ignore[misc]
+    runs._ahead = {"max": {"loss": 11}, STATS_RUN: {"loss": 12}}
+    done = [Reduction("loss", step, 0.0, 2, 1.0, 1.0, 1.0, 0.0) for step in (10, 11, 12)]
+    asyncio.run(runs.write(done, None))
+    assert dict(written) == {"mean": [10, 11, 12], "min": [10, 11, 12], "max": [12], "std": [10, 11, 12]}
+    assert runs._ahead == {STATS_RUN: {"loss": 12}}  # max went past its step: forgotten; the counts not yet
 
 
 def event(*values: Summary.Value, step: int = 3) -> bytes:

@@ -550,8 +550,9 @@ class WrittenThrough:
                 if name == STATS_RUN:
                     if tag.startswith(LAG_PREFIX):
                         self._lag_at(step)
-                        continue
-                    tag = tag.removeprefix(COUNT_PREFIX)
+                    if not tag.startswith(COUNT_PREFIX):
+                        continue  # the lag, or not aggregation's (the watch's `watch/<rule>` findings)
+                    tag = tag[len(COUNT_PREFIX) :]
                 last[tag] = max(last.get(tag, step), step)
 
     def read_local(self, run_path: str) -> None:
