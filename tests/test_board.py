@@ -35,10 +35,12 @@ from _credentials import Pki, tls_credentials
 from _support import Daemon, TensorBoard, event_files, read_events, start_daemon, stop_process, unused_port, wait_for
 from summaryd.cli import main
 from summaryd.client import SummaryWriter
+from summaryd.server.board.backfill import Backfill, runs_on_disk
 from summaryd.server.board.index import BoardIndex, Datum, Reservoir, RunIndex, SamplesPerPlugin, ScalarPoints
-from summaryd.server.board.provider import Backfill, BoardService, downsample, sample_indices
+from summaryd.server.board.provider import BoardService, downsample, sample_indices
 from summaryd.server.config import Config
 from summaryd.server.server import ListenError, Server
+from summaryd.v1.wire import frame_all
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -396,6 +398,8 @@ def test_the_reservoir_keeps_the_newest_point_and_a_uniform_sample() -> None:
         (["--board-listen", "127.0.0.1:0", "--samples-per-plugin", "images"], "needs PLUGIN=N or PLUGIN=all"),
         (["--samples-per-plugin", "images=3"], "settings of --board-listen: give it too"),
         (["--board-runs", "team-a"], "settings of --board-listen: give it too"),
+        (["--board-readers", "2"], "settings of --board-listen: give it too"),
+        (["--board-listen", "127.0.0.1:0", "--board-readers", "-1"], "--board-readers -1: give 0 (one a core)"),
     ],
 )
 def test_a_bad_board_setting_is_one_usage_line(
@@ -642,3 +646,43 @@ def test_a_restarted_board_takes_its_saved_index_up_and_reads_only_what_the_file
         assert list((logdir / ".summaryd").glob("damaged-*-board-index"))
     finally:
         damaged.close()
+
+
+def _backfilled(logdir: Path, samples: SamplesPerPlugin, readers: int) -> BoardIndex:
+    """An index of the runs in `logdir`, read by a `Backfill` of `readers` (processes whatever the size)."""
+    index = BoardIndex(samples)
+    backfill = Backfill(index, runs_on_disk(str(logdir)), readers=readers, parallel_bytes=0)
+    backfill.start()
+    try:
+        wait_for(lambda: index.pending_runs == 0, 120, "every run to be read")
+    finally:
+        backfill.stop()
+    return index
+
+
+def test_runs_read_in_processes_are_indexed_exactly_as_one_thread_reads_them(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """`--board-readers`: the runs on disk read in reading processes give the very index the daemon's thread
+    gives (the same series, samples, draws and offsets), torn and corrupt records included."""
+    logdir = tmp_path / "runs"
+    for number in range(5):
+        run = logdir / f"run-{number}"
+        run.mkdir(parents=True)
+        for part in range(2):
+            data = frame_all(_stream(number * 10 + part))
+            torn = data[: len(data) - 7] if part == 1 else data  # the last file is cut amid its last record
+            (run / f"events.out.tfevents.{1000 + part}.host").write_bytes(torn)
+    samples = SamplesPerPlugin({"scalars": 50})
+    one = _backfilled(logdir, samples, readers=1)
+    caplog.set_level("INFO", logger="summaryd.server.board")
+    several = _backfilled(logdir, samples, readers=2)
+    assert "in 2 processes" in caplog.text
+    on_disk = runs_on_disk(str(logdir))
+    assert sorted((n, m) for n, _, m in several.marked(on_disk)) == sorted((n, m) for n, _, m in one.marked(on_disk))
+    runs = dict(several.snapshot())
+    for name, run in one.snapshot():
+        assert sorted(runs[name].series) == sorted(run.series), name
+        for tag, series in run.series.items():
+            theirs = runs[name].series[tag].reservoir
+            assert (list(theirs.items), theirs.seen) == (list(series.reservoir.items), series.reservoir.seen), tag

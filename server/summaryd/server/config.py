@@ -219,6 +219,12 @@ class Config:
         "... (defaults scalars=1000, images=10, audio=10, histograms=500, pr_curves=100, others 10)",
         "PLUGIN=N,...",
     )
+    board_readers: int = option(
+        0,
+        "processes that read the runs already on a local logdir into --board-listen's index when the daemon starts, "
+        "when there is over 256 MiB to read (0: one a core, up to 8; 1: a thread of the daemon, whatever the size)",
+        "N",
+    )
     log_format: str = option("text", "log lines as 'text' or 'json' (one object a line, for log shippers)", "FORMAT")
     aggregation: AggregationSettings = field(default_factory=AggregationSettings)
     watch: WatchSettings = field(default_factory=WatchSettings)
@@ -295,8 +301,12 @@ class Config:
             self._check_metrics_listen()
         if self.board_listen:
             self._check_board_listen()
-        elif self.board_runs or self.samples_per_plugin:
-            raise ValueError("--board-runs and --samples-per-plugin are settings of --board-listen: give it too")
+        elif self.board_runs or self.samples_per_plugin or self.board_readers:
+            raise ValueError(
+                "--board-runs, --samples-per-plugin and --board-readers are settings of --board-listen: give it too"
+            )
+        if self.board_readers < 0:
+            raise ValueError(f"--board-readers {self.board_readers}: give 0 (one a core) or a count of processes")
         _ = self.tokens  # read now, so that a bad file is one line before anything is created
 
     @functools.cached_property
@@ -341,6 +351,13 @@ class Config:
                 "(--tls-cert, --tls-key), or give --insecure"
             )
         _ = self.samples  # a bad --samples-per-plugin is one line before anything is created
+
+    @property
+    def board_reader_count(self) -> int:
+        """The processes that read the runs on disk at start (`--board-readers`, 0 resolved to the cores)."""
+        if self.board_readers:
+            return self.board_readers
+        return min(len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1, 8)
 
     @functools.cached_property
     def samples(self) -> SamplesPerPlugin:

@@ -21,9 +21,10 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1.health import aio as health_aio  # type: ignore[attr-defined]  # stubs predate aio
 from grpc_reflection.v1alpha import reflection
 
+from summaryd.server.board.backfill import Backfill, runs_on_disk, save_board
 from summaryd.server.board.follower import BucketFollower
 from summaryd.server.board.index import BoardIndex
-from summaryd.server.board.provider import Backfill, BoardService, add_board_service, runs_on_disk, save_board
+from summaryd.server.board.provider import BoardService, add_board_service
 from summaryd.server.board.saved import STATE_NAME as SAVED_NAME
 from summaryd.server.board.saved import SavedIndex
 from summaryd.server.config import Config
@@ -510,7 +511,8 @@ class Server:
             resources.push_async_callback(_cancelled, asyncio.create_task(follower.follow()))
         else:
             saved = SavedIndex(os.path.join(config.state_path, SAVED_NAME), config.samples)
-            backfill = Backfill(index, await asyncio.to_thread(runs_on_disk, registry.logdir), saved)
+            on_disk = await asyncio.to_thread(runs_on_disk, registry.logdir)
+            backfill = Backfill(index, on_disk, saved, readers=config.board_reader_count)
             # Saved when every batch is written and the reading has stopped (callbacks run in reverse).
             resources.push_async_callback(asyncio.to_thread, save_board, index, saved, registry.logdir)
             backfill.start()

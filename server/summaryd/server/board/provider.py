@@ -10,15 +10,10 @@ among them (TensorBoard reads the latest value as a read of one point).
 from __future__ import annotations
 
 import logging
-import os
 import random
-import struct
-import threading
-import time
 from collections.abc import AsyncIterator, Iterator, Sequence, Set
 from typing import Any, Protocol, TypeVar
 
-import google_crc32c
 import grpc
 from tensorboard.compat.proto.summary_pb2 import DATA_CLASS_BLOB_SEQUENCE, DATA_CLASS_SCALAR, DATA_CLASS_TENSOR
 from tensorboard.data.proto import data_provider_pb2 as dp
@@ -34,8 +29,6 @@ from summaryd.server.board.index import (
     blob_key,
     parse_blob_key,
 )
-from summaryd.server.board.saved import SavedIndex
-from summaryd.v1.wire import header
 
 log = logging.getLogger("summaryd.server.board")  # the name log lines carry, kept across moves
 
@@ -263,152 +256,3 @@ def add_board_service(service: BoardService, server: grpc.aio.Server) -> None:
             getattr(service, method.name), request_deserializer=request_type.FromString, response_serializer=serialize
         )
     server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(descriptor.full_name, handlers),))
-
-
-def runs_on_disk(logdir: str) -> dict[str, list[str]]:
-    """The event files already in a local logdir, by run (its directory relative to the logdir; "." for the
-    logdir itself, as TensorBoard names it), each run's files in name order (TensorBoard's reading order)."""
-    found: dict[str, list[str]] = {}
-    for directory, _, files in os.walk(logdir):
-        events = sorted(f for f in files if "tfevents" in f)
-        if events:
-            run = os.path.relpath(directory, logdir).replace(os.sep, "/")
-            found[run] = [os.path.join(directory, f) for f in events]
-    return found
-
-
-def save_board(index: BoardIndex, saved: SavedIndex, logdir: str) -> None:
-    """Save the index's runs (`SavedIndex`), with how far into its files on disk each goes; never raises (a
-    daemon restarted without it reads its logdir again)."""
-    started = time.monotonic()
-    try:
-        count = saved.save(index.marked(runs_on_disk(logdir)))
-    except OSError as exc:
-        log.error("board: saving the index to %s failed (%s); a restart reads every run again", saved.path, exc)
-        return
-    log.info("board: saved %d runs' samples to %s in %.1fs", count, saved.path, time.monotonic() - started)
-
-
-class Backfill:
-    """Reads the runs already on disk into the index, on a thread of its own, one run after another; their live
-    batches wait meanwhile (`BoardIndex.hold`), so that older points never come after newer ones. With `saved`,
-    a run the daemon indexed before its restart is taken up from there and only what its files gained since is
-    read."""
-
-    def __init__(self, index: BoardIndex, runs: dict[str, list[str]], saved: SavedIndex | None = None) -> None:
-        self._index = index
-        self._runs = runs
-        self._saved = saved
-        self._stop = threading.Event()
-        for run in runs:
-            index.hold(run)
-        self._thread = threading.Thread(target=self._read_all, name="summaryd-board-backfill", daemon=True)
-
-    def start(self) -> None:
-        self._thread.start()
-
-    def stop(self) -> None:
-        """Stop after the chunk being read (blocks until the thread ends); the run being read stays held."""
-        self._stop.set()
-        if self._thread.is_alive():
-            self._thread.join()
-
-    def next_run(self, remaining: dict[str, list[str]]) -> str:
-        """The run to read next: one being written to now (its live batches wait for it), else one TensorBoard
-        asked for by name (the dashboard open on it waits), else the next in order."""
-        for run in (*self._index.awaited(), *self._index.wanted()):
-            if run in remaining:
-                return run
-        return next(iter(remaining))
-
-    def _read_all(self) -> None:
-        started = time.monotonic()
-        restored = self._saved.load(self._runs) if self._saved is not None else {}
-        taken_up = len(restored)
-        remaining = dict(self._runs)
-        while remaining and not self._stop.is_set():
-            name = self.next_run(remaining)
-            paths = remaining.pop(name)
-            saved = restored.pop(name, None)
-            run = saved.run if saved is not None else RunIndex(self._index.samples)
-            read = self._read(name, run, paths, saved.offsets if saved is not None else {})
-            if read is None:
-                return
-            self._index.backfilled(name, run, read)
-        if not self._stop.is_set():
-            log.info(
-                "board: read %d runs already on disk (%d taken up from the saved index) in %.1fs",
-                len(self._runs),
-                taken_up,
-                time.monotonic() - started,
-            )
-
-    def _read(self, name: str, run: RunIndex, paths: list[str], offsets: dict[str, int]) -> dict[str, int] | None:
-        """Read `paths` into `run`, each from its offset; how far each was read (None: stopped meanwhile).
-
-        Records are read whole, CRCs checked in C, up to the first torn or corrupt one (where TensorBoard stops),
-        and indexed in bulk (`RunIndex.add_records`): about 4 µs an event of one `simple_value`."""
-        read: dict[str, int] = {}
-        for path in paths:
-            file_name = os.path.basename(path)
-            read[file_name] = offsets.get(file_name, 0)
-            try:
-                for records, end in file_records(path, read[file_name]):
-                    if self._stop.is_set():
-                        return None
-                    run.add_records(records)
-                    read[file_name] = end
-            except OSError as exc:
-                log.warning("board: run %s: reading %s stopped: %s", name, path, exc)
-        return read
-
-
-_READ_BYTES = 4 << 20
-_LENGTH = struct.Struct("<Q")
-_CRC = struct.Struct("<I")
-
-
-def file_records(path: str, offset: int = 0) -> Iterator[tuple[list[bytes], int]]:
-    """The whole records of an event file from `offset` on, a chunk at a time, each chunk with the offset its
-    last record ends at; up to the first torn or corrupt record (where TensorBoard stops)."""
-    with open(path, "rb") as f:
-        f.seek(offset)
-        pending = b""
-        while chunk := f.read(_READ_BYTES):
-            pending += chunk
-            records, consumed = _whole(pending)
-            offset += consumed
-            if records:
-                yield records, offset
-            pending = pending[consumed:]
-            if consumed == 0 and not _torn_at_end(pending):
-                return  # a corrupt record, not one still being written: TensorBoard stops here too
-
-
-def _torn_at_end(data: bytes) -> bool:
-    """Whether `data` (starting at a record) is the start of one record longer than it, whose header is sound."""
-    if len(data) < 12:
-        return True
-    (length,) = _LENGTH.unpack_from(data)
-    return data[:12] == header(length) and 16 + length > len(data)
-
-
-def _whole(data: bytes) -> tuple[list[bytes], int]:
-    """The whole records at the start of `data` and the bytes they take: `wire.read_records` in one loop of
-    locals, the length's CRC compared with the cached header of that length (a third quicker)."""
-    records: list[bytes] = []
-    offset, size = 0, len(data)
-    unpack_length, unpack_crc, crc32c = _LENGTH.unpack_from, _CRC.unpack_from, google_crc32c.value
-    while offset + 12 <= size:
-        (length,) = unpack_length(data, offset)
-        start = offset + 12
-        end = start + length + 4
-        if end > size or data[offset:start] != header(length):
-            break
-        record = data[start : end - 4]
-        crc = crc32c(record)
-        if unpack_crc(data, end - 4)[0] != (((crc >> 15) | (crc << 17)) + 0xA282EAD8) & 0xFFFFFFFF:
-            break
-        records.append(record)
-        offset = end
-    return records, offset
