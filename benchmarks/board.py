@@ -10,6 +10,7 @@ TensorBoard first answers with it; a point not served `wait_s` after the last wa
 
     python -m benchmarks.board [--points 200] [--interval-ms 50] [--poll-ms 10] [--wait-s 15]
     python -m benchmarks.board --startup [--runs 200] [--tags 10] [--steps 1000] [--limit-s 900] [--limit-mib 6144]
+                               [--board-readers N] [--board-only]
     python -m benchmarks.board --bucket [--runs 200] [--tags 10] [--steps 1000]      (needs boto3)
 
 `--startup`: a logdir of `runs` x `tags` x `steps` scalars (one `simple_value` an event, as `add_scalar` writes;
@@ -316,13 +317,14 @@ def _measure(name: str, tb: TensorBoard, started: float, daemon: Daemon | None, 
     return [name, None, why, "-", "-", "-", f"{peak:.0f} MiB ({holder})"]
 
 
-def _board_rows(workdir: Path, logdir: Path, size: Logdir) -> list[list[Any]]:
+def _board_rows(workdir: Path, logdir: Path, size: Logdir, flags: list[str]) -> list[list[Any]]:
     """The board's three rows: a daemon started on the logdir with no saved index (it reads every run), the
     same daemon already running (what a user meets most: it indexed the points as they were written, or read
     them when it started), and the daemon restarted (its index saved at its stop, taken up at its start)."""
     home = workdir / "board"
     home.mkdir()
-    state = ["--state-dir", str(home / "state")]  # not inside the cached logdir: each run starts with none
+    # Not inside the cached logdir: each run starts with none.
+    state = ["--state-dir", str(home / "state"), *flags]
     name = "TensorBoard on the board (--grpc_data_provider)"
     rows: list[list[Any]] = []
 
@@ -358,13 +360,14 @@ def _board_rows(workdir: Path, logdir: Path, size: Logdir) -> list[list[Any]]:
     return rows
 
 
-def startup(size: Logdir) -> str:
-    """The table of start → every run's scalars served, query p99 and RSS, one row per reader."""
+def startup(size: Logdir, daemon_flags: list[str], file_readers: bool = True) -> str:
+    """The table of start → every run's scalars served, query p99 and RSS, one row per reader (the daemon's
+    with `daemon_flags`; without `file_readers`, its rows alone)."""
     logdir = cached_logdir(size.runs, size.tags, size.steps)
     with tempfile.TemporaryDirectory(prefix="summaryd-board-startup-") as tmp:
         workdir = Path(tmp)
-        rows = _board_rows(workdir, logdir, size)
-        for name, flags in list(READERS.items())[1:]:
+        rows = _board_rows(workdir, logdir, size, daemon_flags)
+        for name, flags in list(READERS.items())[1:] if file_readers else ():
             home = workdir / f"tb-{len(rows)}"
             home.mkdir()
             started = time.perf_counter()
@@ -374,7 +377,7 @@ def startup(size: Logdir) -> str:
             finally:
                 stop_process(tb.proc, 10)
             print(rows[-1], file=sys.stderr)
-    rustboard = next(r[1] for r in rows if r[0].startswith("RustBoard"))
+    rustboard = next((r[1] for r in rows if r[0].startswith("RustBoard")), None)
     for row in rows:
         seconds = row[1]
         row[1] = f"{seconds:.1f} s" if seconds is not None else row[2]
@@ -468,6 +471,8 @@ def main() -> None:
     parser.add_argument("--interval-ms", type=float, default=50.0)
     parser.add_argument("--poll-ms", type=float, default=10.0)
     parser.add_argument("--wait-s", type=float, default=15.0)
+    parser.add_argument("--board-readers", type=int, help="the daemon's --board-readers (its default when absent)")
+    parser.add_argument("--board-only", action="store_true", help="--startup: the daemon's rows alone")
     args = parser.parse_args()
     if args.bucket:
         print(bucket(args.runs, args.tags, args.steps, args.limit_s))
@@ -477,7 +482,9 @@ def main() -> None:
         )
         return
     if args.startup:
-        print(startup(Logdir(args.runs, args.tags, args.steps, args.limit_s, args.limit_mib)))
+        readers = [] if args.board_readers is None else ["--board-readers", str(args.board_readers)]
+        size = Logdir(args.runs, args.tags, args.steps, args.limit_s, args.limit_mib)
+        print(startup(size, readers, file_readers=not args.board_only))
         print(
             f"\n{args.runs} runs x {args.tags} tags x {args.steps} steps on disk at start; default sampling "
             "(1,000 scalars a series); one reader at a time."
