@@ -605,10 +605,11 @@ def switching() -> Iterator[None]:
 
 
 def _log_from_threads(
-    sender: Sender, threads: int, calls: int, during: Callable[[], None], after: int = 0
+    sender: Sender, threads: int, calls: int, during: Callable[[], None], after: int = 0, refused: int = 0
 ) -> list[list[bool]]:
-    """`threads` threads each enqueue `calls` scalars of their own tag while `during()` runs on this thread, and
-    `after` more once it returned; what each call returned."""
+    """`threads` threads each enqueue `calls` scalars of their own tag while `during()` runs on this thread (and
+    on until `refused` of them were refused: however the threads are scheduled, `during` then ran while they
+    logged), and `after` more once it returned; what each call returned."""
     outcomes: list[list[bool]] = [[] for _ in range(threads)]
     begun = threading.Barrier(threads + 1)
     returned = threading.Event()
@@ -616,8 +617,12 @@ def _log_from_threads(
     def log(which: int) -> None:
         begun.wait()
         out = outcomes[which]
-        for step in range(calls):
-            out.append(sender.enqueue((SCALAR, f"thread-{which}", 0.5, step, 1.0, 32)))
+        step = refusals = 0
+        while step < calls or refusals < refused:
+            accepted = sender.enqueue((SCALAR, f"thread-{which}", 0.5, step, 1.0, 32))
+            out.append(accepted)
+            refusals += not accepted
+            step += 1
         if after:
             returned.wait()
             for step in range(calls, calls + after):
@@ -654,9 +659,9 @@ def test_threads_logging_while_close_runs_have_every_event_counted_once(
 ) -> None:
     fake.columns = columns
     sender = make_sender(max_batch_events=64)
-    outcomes = _log_from_threads(sender, 4, 5000, sender.close)
+    outcomes = _log_from_threads(sender, 4, 5000, sender.close, refused=100)
     accepted, refused = sum(map(sum, outcomes)), sum(len(out) - sum(out) for out in outcomes)
-    assert accepted and refused, "the close ran while the threads logged"
+    assert accepted and refused >= 400, "the close ran while the threads logged"
     report = sender.report()  # after every thread ended: the events appended after close() returned count too
     assert report.delivered == accepted and report.undelivered == 0
     assert report.dropped == {"closed": refused}
