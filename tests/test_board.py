@@ -10,8 +10,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import os
 import random
+import signal
 import socket
+import subprocess
+import sys
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -686,3 +690,48 @@ def test_runs_read_in_processes_are_indexed_exactly_as_one_thread_reads_them(
         for tag, series in run.series.items():
             theirs = runs[name].series[tag].reservoir
             assert (list(theirs.items), theirs.seen) == (list(series.reservoir.items), series.reservoir.seen), tag
+
+
+def _alive(pid: int) -> bool:
+    """Whether process `pid` runs (a zombie, ended and not yet reaped, does not)."""
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except FileNotFoundError:
+        return False
+    return "\nState:\tZ" not in status
+
+
+def test_reading_processes_end_with_a_daemon_killed_while_they_read(tmp_path: Path) -> None:
+    """A daemon SIGKILLed while its reading processes read leaves none behind, even one stuck in a read (a
+    FIFO stands in for a disk that hangs: the process opening it waits for ever)."""
+    logdir = tmp_path / "runs"
+    for run in ("stuck", "also-stuck"):
+        (logdir / run).mkdir(parents=True)
+        os.mkfifo(logdir / run / "events.out.tfevents.1.host")
+    script = f"""
+import multiprocessing, time
+from summaryd.server.board.backfill import Backfill, runs_on_disk
+from summaryd.server.board.index import BoardIndex
+backfill = Backfill(BoardIndex(), runs_on_disk({str(logdir)!r}), readers=2, parallel_bytes=0)
+backfill.start()
+while len(multiprocessing.active_children()) < 2:
+    time.sleep(0.05)
+print(" ".join(str(p.pid) for p in multiprocessing.active_children()), flush=True)
+time.sleep(600)
+"""
+    daemon = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    readers: list[int] = []
+    try:
+        assert daemon.stdout is not None
+        readers = [int(pid) for pid in daemon.stdout.readline().split()]
+        assert len(readers) == 2 and all(map(_alive, readers))
+        daemon.kill()
+        daemon.wait(10)
+        wait_for(lambda: not any(map(_alive, readers)), 10, "the reading processes to end")
+    finally:
+        for pid in [daemon.pid, *readers]:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        daemon.wait(10)
+        if daemon.stdout is not None:
+            daemon.stdout.close()

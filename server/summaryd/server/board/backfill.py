@@ -143,7 +143,8 @@ class Backfill:
         log.info("board: reading %d runs already on disk in %d processes", len(remaining), self._readers)
         done: queue.SimpleQueue[tuple[str, RunRead | BaseException]] = queue.SimpleQueue()
         context = multiprocessing.get_context("spawn")
-        with context.Pool(self._readers, initializer=_reader_started) as pool:  # leaving it terminates them
+        # Leaving the pool terminates its processes.
+        with context.Pool(self._readers, initializer=_reader_started, initargs=(os.getpid(),)) as pool:
             reading: set[str] = set()
             while remaining or reading:
                 while remaining and len(reading) < self._readers:
@@ -198,9 +199,20 @@ def _tell(done: queue.SimpleQueue[tuple[str, RunRead | BaseException]], name: st
     done.put((name, found))
 
 
-def _reader_started() -> None:
-    """A reading process: the daemon's Ctrl-C and stop are for the daemon, which ends its readers itself."""
+def _reader_started(daemon: int) -> None:
+    """A reading process of the process `daemon`: the daemon's Ctrl-C and stop are for the daemon, which ends
+    its readers itself; a daemon killed outright cannot, so the process ends itself once the daemon is no longer
+    its parent (a run's reading can take minutes, or hang on a stuck disk, and a process of a dead daemon must
+    not outlive it). The daemon's pid comes from the daemon: one killed before this process got here has
+    already left it to another parent."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    threading.Thread(target=_end_with, args=(daemon,), name="summaryd-board-reader-parent", daemon=True).start()
+
+
+def _end_with(parent: int) -> None:
+    while os.getppid() == parent:
+        time.sleep(0.5)
+    os._exit(0)  # at once and quietly: nothing of its work is wanted any more
 
 
 def read_run(
