@@ -323,8 +323,8 @@ def _board_rows(workdir: Path, logdir: Path, size: Logdir, flags: list[str]) -> 
     them when it started), and the daemon restarted (its index saved at its stop, taken up at its start)."""
     home = workdir / "board"
     home.mkdir()
-    # Not inside the cached logdir: each run starts with none.
-    state = ["--state-dir", str(home / "state"), *flags]
+    # The state directory not inside the cached logdir: each run starts with no saved index.
+    daemon_flags = ["--state-dir", str(home / "state"), *flags]
     name = "TensorBoard on the board (--grpc_data_provider)"
     rows: list[list[Any]] = []
 
@@ -340,7 +340,7 @@ def _board_rows(workdir: Path, logdir: Path, size: Logdir, flags: list[str]) -> 
 
     board = f"127.0.0.1:{_free_port()}"
     started = time.perf_counter()
-    daemon = start_daemon(home, "--log-level", "info", "--board-listen", board, *state, logdir=logdir)
+    daemon = start_daemon(home, "--log-level", "info", "--board-listen", board, *daemon_flags, logdir=logdir)
     try:
         rows.append(one("daemon started with no saved index (from its start)", started, daemon, board))
         print(rows[-1], file=sys.stderr)
@@ -351,7 +351,7 @@ def _board_rows(workdir: Path, logdir: Path, size: Logdir, flags: list[str]) -> 
         daemon.stop(timeout=600)
         print(f"daemon stopped (index saved) in {time.perf_counter() - stopped:.1f} s", file=sys.stderr)
     started = time.perf_counter()
-    daemon = start_daemon(home, "--log-level", "info", "--board-listen", board, *state, logdir=logdir)
+    daemon = start_daemon(home, "--log-level", "info", "--board-listen", board, *daemon_flags, logdir=logdir)
     try:
         rows.append(one("daemon restarted, saved index (from its start)", started, daemon, board))
         print(rows[-1], file=sys.stderr)

@@ -10,6 +10,7 @@ gRPC and event-loop threads' state), are the only ones it unpickles from.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import multiprocessing
@@ -154,14 +155,10 @@ class Backfill:
                     args = (self._index.samples, paths, restored.pop(name, None))
                     pool.apply_async(read_run, args, callback=tell, error_callback=tell)
                     reading.add(name)
-                while True:
-                    if self._stop.is_set():
-                        return False
-                    try:
-                        name, found = done.get(timeout=0.1)
-                    except queue.Empty:
-                        continue
-                    break
+                answer = self._next_answer(done)
+                if answer is None:
+                    return False
+                name, found = answer
                 reading.discard(name)
                 if isinstance(found, BaseException):
                     # Not an unreadable file (those end its reading, as below): a process that failed. The run
@@ -173,6 +170,15 @@ class Backfill:
                     found = again
                 self._install(name, found)
         return True
+
+    def _next_answer(
+        self, done: queue.SimpleQueue[tuple[str, RunRead | BaseException]]
+    ) -> tuple[str, RunRead | BaseException] | None:
+        """The next run a process finished with what it answered; None once stopped (looked at every 0.1 s)."""
+        while not self._stop.is_set():
+            with contextlib.suppress(queue.Empty):
+                return done.get(timeout=0.1)
+        return None
 
     def _install(self, name: str, found: RunRead) -> None:
         for problem in found.problems:
