@@ -8,8 +8,10 @@ about `--pace-messages` a second) and to keep at most `PACED_IN_FLIGHT` batches 
 `OpenSessionResponse` and, when it changes, in the next ack of every stream (`summaryd.v1.Pacing`). Below a
 quarter of the rate it lifts the pacing (0: the clients' own settings), so that at low load nothing changes
 but, from `MANY_STREAMS` streams on, the window of batches in flight.
-The linger is rounded up to one of `LINGER_STEPS` (whole seconds beyond them), so that it changes seldom, and
-is at most `--pace-max-linger` (2 s): the clients' visibility stays within it.
+The linger is one of `LINGER_STEPS` (whole seconds beyond them), so that it changes seldom: the first step that
+keeps the streams within `LINGER_SLACK` of the pace (the steps are up to 1.5x apart: rounding `streams / pace` up
+to the next would add up to half of it to every scalar's visibility, to save a few messages a second). It is at
+most `--pace-max-linger` (2 s): the clients' visibility stays within it.
 
 The messages taken are not the load offered: a daemon starved of CPU takes few messages a second because it gets
 round to few, and would never pace the clients that swamp it. So the pacer also keeps time on the event loop
@@ -37,6 +39,9 @@ PACED_IN_FLIGHT = 2
 # busy: a thousand ranks' first steps, before their acks bring the pacing, are otherwise eight batches each
 # queued in the daemon (seconds of backlog); at low load an ack comes back long before a third batch is due.
 MANY_STREAMS = 64
+# The pace is aimed at, not a wall: a linger that keeps the streams within a quarter over it is taken (1,024
+# streams at 1,000 messages/s linger 1 s, not 1.5 s).
+LINGER_SLACK = 1.25
 WINDOW_SECS = 0.5
 DEFAULT_PACE = 1000.0
 TICK_SECS = 0.1
@@ -116,7 +121,7 @@ class Pacer:
         busy = self.rate > pace / (4 if paced else 2) or self._clock() < self._starved_until
         linger = 0.0
         if busy:
-            wanted = self.streams / pace
+            wanted = self.streams / (pace * LINGER_SLACK)
             at = bisect.bisect_left(LINGER_STEPS, wanted)
             linger = min(LINGER_STEPS[at] if at < len(LINGER_STEPS) else float(math.ceil(wanted)), self.max_linger)
         in_flight = PACED_IN_FLIGHT if busy or self.streams >= MANY_STREAMS else 0
