@@ -17,9 +17,11 @@ from tensorboard.compat.proto.summary_pb2 import Summary
 from _support import assert_whole_records, event_files, read_events
 from summaryd.server.errors import EventError
 from summaryd.server.io_threads import io_executor
+from summaryd.server.records.scalar_records import ScalarRecords
 from summaryd.server.storage import event_file
 from summaryd.server.storage.runs import RunRegistry
 from summaryd.server.storage.state import StateDir
+from summaryd.v1 import summaryd_pb2 as pb
 
 
 def scalars(worker: int, first: int, count: int) -> list[bytes]:
@@ -61,6 +63,20 @@ def appends(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[int]]:
 
     monkeypatch.setattr(event_file.EventFile, "append", counted)
     yield sizes
+
+
+def columns(worker: int, first: int, count: int, wall_time: float = 1.7e9) -> ScalarRecords:
+    """A rank's batch of scalar columns, as a client sends it: `count` steps of two tags."""
+    steps = [step for step in range(first, first + count) for _ in range(2)]
+    return ScalarRecords(
+        pb.ScalarColumns(
+            tags=[f"loss/{worker}", "lr"],
+            tag_index=[0, 1] * count,
+            step=steps,
+            value=[step / 2 for step in steps],
+            wall_time=[wall_time] * len(steps),
+        )
+    )
 
 
 def steps_by_tag(run: Path) -> dict[str, list[int]]:
@@ -123,3 +139,32 @@ async def test_a_batch_is_freed_when_its_write_returns_not_by_the_cyclic_collect
             assert freed() is None, f"a {'refused' if refused else 'written'} batch outlived its write"
     finally:
         gc.enable()
+
+
+async def test_many_runs_batches_of_columns_framed_together_are_each_written_as_sent(
+    registry: RunRegistry, tmp_path: Path
+) -> None:
+    # 32 ranks' runs, 4 batches each, all queued at once: one commit frames them in one pass
+    # (`framed_together`); one batch with a bad wall time among them fails alone, named as it is.
+    writers = [await registry.acquire(["job", f"rank-{rank}"]) for rank in range(32)]
+    for rank, writer in enumerate(writers):
+        await writer.write("s", 1, columns(rank, 1, 1))  # opens the file: a commit of its own
+    batches = [
+        writer.write("s", 10 * n + 11, columns(rank, 10 * n + 2, 10))
+        for n in range(4)
+        for rank, writer in enumerate(writers)
+    ]
+    bad = writers[5].write("bad", 3, columns(5, 100, 3, wall_time=float("nan")))
+    results = await asyncio.gather(*batches, bad, return_exceptions=True)
+    assert results[:-1] == [None] * len(batches)
+    assert isinstance(results[-1], EventError) and "wall_time nan" in str(results[-1])
+    for rank in range(32):
+        found: dict[str, list[tuple[int, float]]] = {}
+        for path in event_files(tmp_path / "runs" / "job" / f"rank-{rank}"):
+            assert_whole_records(path)
+            for e in read_events(path):
+                for value in e.summary.value:
+                    assert e.wall_time == 1.7e9
+                    found.setdefault(value.tag, []).append((e.step, value.simple_value))
+        expected = [(step, step / 2) for step in range(1, 42)]
+        assert found == {f"loss/{rank}": expected, "lr": expected}, f"rank {rank}"

@@ -10,7 +10,8 @@ import pytest
 
 from summaryd.client._sender._columns import ScalarRun
 from summaryd.client._sender._kinds import SCALAR
-from summaryd.server.records.scalar_records import ScalarRecords
+from summaryd.server.errors import EventError
+from summaryd.server.records.scalar_records import ScalarRecords, framed_together
 from summaryd.v1 import summaryd_pb2 as pb
 from summaryd.v1.wire import frame_all
 
@@ -80,3 +81,28 @@ def test_shapes_interleaved_record_by_record_frame_in_batch_order() -> None:
     ]
     run = ScalarRun.of(items)
     assert ScalarRecords(run.fill(pb.ScalarColumns())).framed() == frame_all(run.encoded())
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_many_batches_framed_together_are_each_framed_as_the_clients_events(seed: int) -> None:
+    # A group commit's batches of other runs (other tags, steps, shapes, tails), framed in one pass.
+    rng = random.Random(seed)
+    runs = [_batch(rng) for _ in range(rng.randrange(2, 30))]
+    batches, expected = [], []
+    for run in runs:
+        events = run.encoded()
+        start = rng.choice([0, 0, len(events) - 1])
+        batches.append(ScalarRecords(run.fill(pb.ScalarColumns()))[start:])
+        expected.append(frame_all(events[start:]))
+    assert framed_together(batches) == expected, seed
+
+
+def test_batches_framed_together_leave_a_bad_one_to_be_framed_alone() -> None:
+    # One bad wall time among good batches: nothing is framed together, and the bad batch's own framing names
+    # its scalar.
+    good = ScalarRun.of([(SCALAR, "loss", 1.0, step, 1.7e9, 0) for step in range(100)])
+    bad = pb.ScalarColumns(tags=["loss"], tag_index=[0, 0], step=[1, 2], value=[1.0, 2.0], wall_time=[1.7e9, -1.0])
+    batches = [ScalarRecords(good.fill(pb.ScalarColumns())), ScalarRecords(bad)]
+    assert framed_together(batches) is None
+    with pytest.raises(EventError, match=r"wall_time -1\.0"):
+        batches[1].framed()

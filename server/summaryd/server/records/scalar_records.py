@@ -212,6 +212,64 @@ class ScalarRecords(Sequence[bytes]):
         return problems
 
 
+def framed_together(batches: Sequence[ScalarRecords], limits: Limits = DEFAULT) -> list[bytes] | None:
+    """Each batch's blob, as its own `framed` would return it, built in one numpy pass over their columns joined.
+
+    A group commit takes many small batches at once (a rank's step of 20 scalars each): framed one by one they
+    cost some 2.5 µs a record in Python; joined, the batches cost what one large batch costs (`_Layout`), about
+    a third. None when a batch fails a check, for each batch's own `framed` to name its bad scalar.
+    """
+    index: dict[str, int] = {}  # the batches' tags, each once
+    tables: dict[tuple[str, ...], int] = {}  # each distinct tag list: where its global indices start in `flat`
+    flat: list[int] = []
+    bases: list[int] = []
+    counts: list[int] = []
+    tag_counts: list[int] = []
+    tag_index: list[int] = []
+    steps: list[int] = []
+    wall: list[float] = []
+    values: list[float] = []
+    for batch in batches:
+        columns, start = batch.columns
+        tags = tuple(columns.tags)
+        base = tables.get(tags)
+        if base is None:
+            base = tables[tags] = len(flat)
+            flat.extend(index.setdefault(tag, len(index)) for tag in tags)
+        bases.append(base)
+        counts.append(len(columns.step) - start)
+        tag_counts.append(len(tags))
+        tag_index += columns.tag_index[start:]
+        steps += columns.step[start:]
+        wall += columns.wall_time[start:]
+        values += columns.value[start:]
+    local = np.array(tag_index, dtype=np.int64)
+    if local.size == 0 or len(local) != len(steps) or len(wall) != len(steps) or len(values) != len(steps):
+        return None  # columns of unequal lengths: refused by the checks before this; framed alone if ever
+    sizes = np.array(counts, dtype=np.int64)
+    if (local >= np.repeat(np.array(tag_counts, dtype=np.int64), sizes)).any() or (local < 0).any():
+        return None
+    if any(len(tag.encode()) > limits.max_tag_bytes for tag in index):
+        return None
+    wall_times = np.array(wall, dtype=np.float64)
+    if not (wall_times.min() >= 0.0 and wall_times.max() < np.inf):  # NaN fails both
+        return None
+    global_index = np.array(flat, dtype=np.int64)[local + np.repeat(np.array(bases, dtype=np.int64), sizes)]
+    layout = _Layout(
+        list(index),
+        global_index,
+        np.array(steps, dtype=np.int64).view(np.uint64),
+        wall_times,
+        np.array(values, dtype=np.float32),
+    )
+    if layout.widest > limits.max_event_bytes and (layout.lengths() > limits.max_event_bytes).any():
+        return None
+    blob = layout.framed()
+    # Each batch's records end where the framed sizes of it and the batches before it add up to.
+    ends = np.cumsum(layout.lengths() + 16)[np.cumsum(sizes) - 1].tolist()
+    return [blob[begin:end] for begin, end in zip([0, *ends[:-1]], ends, strict=True)]
+
+
 _VARINT_SHIFTS = np.arange(0, 70, 7, dtype=np.uint64)  # an int64's varint has up to 10 bytes of 7 bits
 _VARINT_BOUNDS = np.array([1 << (7 * k) for k in range(10)], dtype=np.uint64)  # each adds a varint byte
 _FEW_SCALARS = 128  # up to which a batch's records are built one by one (`ScalarRecords._framed_each`)

@@ -23,7 +23,7 @@ from summaryd.server.errors import EventError
 from summaryd.server.io_threads import run_to_completion
 from summaryd.server.operations.metrics import Metrics
 from summaryd.server.records.event_check import check_and_frame
-from summaryd.server.records.scalar_records import ScalarRecords
+from summaryd.server.records.scalar_records import ScalarRecords, framed_together
 from summaryd.server.security.limits import DEFAULT, LimitError, Limits
 from summaryd.server.storage.event_file import EventFile, EventSink, next_name
 from summaryd.server.storage.journal import FileJournal
@@ -373,8 +373,32 @@ def _retrieved(done: asyncio.Future[int]) -> None:
 
 
 def _write_groups(groups: dict[RunWriter, list[_Pending]]) -> None:
+    _frame_scalars_together([entry for group in groups.values() for entry in group])
     for writer, group in groups.items():
         writer._write_group(group)
+
+
+_TOGETHER_SCALARS = 128  # from how many scalars a commit's small batches are framed together
+
+
+def _frame_scalars_together(entries: list[_Pending]) -> None:
+    """Frame the commit's batches of scalar columns in one pass over them all (`framed_together`), whatever run
+    each is for: a job's ranks send a small batch each, and one by one their records cost three times as much.
+    When one fails a check, each is framed on its own (`RunWriter._frame`), and the refused one gets its error."""
+    limits = entries[0].writer.limits
+    # (The batches of one registry share its limits: the test is for a commit of writers made otherwise.)
+    batches = [
+        (entry, entry.events)
+        for entry in entries
+        if not entry.framed and isinstance(entry.events, ScalarRecords) and entry.writer.limits is limits
+    ]
+    if len(batches) < 2 or sum(len(events) for _, events in batches) < _TOGETHER_SCALARS:
+        return
+    blobs = framed_together([events for _, events in batches], limits)
+    if blobs is None:
+        return
+    for (entry, _), blob in zip(batches, blobs, strict=True):
+        entry.blob, entry.framed = blob, True
 
 
 @dataclass(frozen=True)
