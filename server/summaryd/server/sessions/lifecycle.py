@@ -96,18 +96,17 @@ class SessionLifecycle:
         """Carry `work` out to its end even if the calling RPC is cancelled; `wait_quiet` waits for it."""
         self._busy += 1
         self._quiet.clear()
-
-        async def tracked() -> T:
-            try:
-                return await work
-            finally:
-                self._busy -= 1
-                if self._busy == 0:
-                    self._quiet.set()
-
-        task = asyncio.ensure_future(tracked())
-        task.add_done_callback(_retrieve)
+        # The work's own task, counted out by its done callback: a coroutine around it to count would be one more
+        # frame and resumption per batch.
+        task = asyncio.get_running_loop().create_task(work)
+        task.add_done_callback(self._done)
         return await asyncio.shield(task)
+
+    def _done(self, task: asyncio.Task[Any]) -> None:
+        _retrieve(task)
+        self._busy -= 1
+        if self._busy == 0:
+            self._quiet.set()
 
     async def wait_quiet(self) -> None:
         """Return once no batch, flush, close or release is being carried out."""
