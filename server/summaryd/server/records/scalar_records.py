@@ -15,7 +15,7 @@ import itertools
 import struct
 import threading
 from collections.abc import Iterator, Sequence
-from typing import overload
+from typing import TypeVar, overload
 
 import numpy as np
 from numpy.typing import NDArray
@@ -225,10 +225,7 @@ def framed_together(batches: Sequence[ScalarRecords], limits: Limits = DEFAULT) 
     bases: list[int] = []
     counts: list[int] = []
     tag_counts: list[int] = []
-    tag_index: list[int] = []
-    steps: list[int] = []
-    wall: list[float] = []
-    values: list[float] = []
+    joined = _Joined()
     for batch in batches:
         columns, start = batch.columns
         tags = tuple(columns.tags)
@@ -239,35 +236,82 @@ def framed_together(batches: Sequence[ScalarRecords], limits: Limits = DEFAULT) 
         bases.append(base)
         counts.append(len(columns.step) - start)
         tag_counts.append(len(tags))
-        tag_index += columns.tag_index[start:]
-        steps += columns.step[start:]
-        wall += columns.wall_time[start:]
-        values += columns.value[start:]
-    local = np.array(tag_index, dtype=np.int64)
-    if local.size == 0 or len(local) != len(steps) or len(wall) != len(steps) or len(values) != len(steps):
+        joined.add(columns, start)
+    local, steps, wall_times, values = joined.arrays()
+    if local.size == 0 or not len(local) == len(steps) == len(wall_times) == len(values) == sum(counts):
         return None  # columns of unequal lengths: refused by the checks before this; framed alone if ever
     sizes = np.array(counts, dtype=np.int64)
     if (local >= np.repeat(np.array(tag_counts, dtype=np.int64), sizes)).any() or (local < 0).any():
         return None
     if any(len(tag.encode()) > limits.max_tag_bytes for tag in index):
         return None
-    wall_times = np.array(wall, dtype=np.float64)
     if not (wall_times.min() >= 0.0 and wall_times.max() < np.inf):  # NaN fails both
         return None
     global_index = np.array(flat, dtype=np.int64)[local + np.repeat(np.array(bases, dtype=np.int64), sizes)]
-    layout = _Layout(
-        list(index),
-        global_index,
-        np.array(steps, dtype=np.int64).view(np.uint64),
-        wall_times,
-        np.array(values, dtype=np.float32),
-    )
+    layout = _Layout(list(index), global_index, steps.view(np.uint64), wall_times, values)
     if layout.widest > limits.max_event_bytes and (layout.lengths() > limits.max_event_bytes).any():
         return None
     blob = layout.framed()
     # Each batch's records end where the framed sizes of it and the batches before it add up to.
     ends = np.cumsum(layout.lengths() + 16)[np.cumsum(sizes) - 1].tolist()
     return [blob[begin:end] for begin, end in zip([0, *ends[:-1]], ends, strict=True)]
+
+
+class _Joined:
+    """The columns of many batches joined in order, as numpy arrays: a small batch's slices gathered into lists
+    (one conversion for a run of them), a large one copied by numpy from its packed fields (at C speed, but at a
+    fixed cost per call that a slice of a few dozen values does not have)."""
+
+    _NUMPY_FROM = 64  # scalars in a batch from which its fields are copied by numpy
+
+    def __init__(self) -> None:
+        self._index_chunks: list[NDArray[np.int64]] = []
+        self._step_chunks: list[NDArray[np.int64]] = []
+        self._wall_chunks: list[NDArray[np.float64]] = []
+        self._value_chunks: list[NDArray[np.float32]] = []
+        self._tag_index: list[int] = []
+        self._steps: list[int] = []
+        self._wall: list[float] = []
+        self._values: list[float] = []
+
+    def add(self, columns: pb.ScalarColumns, start: int) -> None:
+        if len(columns.step) - start < self._NUMPY_FROM:
+            self._tag_index += columns.tag_index[start:]
+            self._steps += columns.step[start:]
+            self._wall += columns.wall_time[start:]
+            self._values += columns.value[start:]
+            return
+        self._flush()
+        self._index_chunks.append(np.asarray(columns.tag_index, dtype=np.int64)[start:])
+        self._step_chunks.append(np.asarray(columns.step, dtype=np.int64)[start:])
+        self._wall_chunks.append(np.asarray(columns.wall_time, dtype=np.float64)[start:])
+        self._value_chunks.append(np.asarray(columns.value, dtype=np.float32)[start:])
+
+    def _flush(self) -> None:
+        if self._steps:
+            self._index_chunks.append(np.array(self._tag_index, dtype=np.int64))
+            self._step_chunks.append(np.array(self._steps, dtype=np.int64))
+            self._wall_chunks.append(np.array(self._wall, dtype=np.float64))
+            self._value_chunks.append(np.array(self._values, dtype=np.float32))
+            self._tag_index, self._steps, self._wall, self._values = [], [], [], []
+
+    def arrays(self) -> tuple[NDArray[np.int64], NDArray[np.int64], NDArray[np.float64], NDArray[np.float32]]:
+        """Tag indices, steps, wall times and values (of unequal lengths when a batch's columns are: the caller
+        checks)."""
+        self._flush()
+        return (
+            _concatenated(self._index_chunks),
+            _concatenated(self._step_chunks),
+            _concatenated(self._wall_chunks),
+            _concatenated(self._value_chunks),
+        )
+
+
+_Item = TypeVar("_Item", bound=np.generic)
+
+
+def _concatenated(chunks: list[NDArray[_Item]]) -> NDArray[_Item]:
+    return chunks[0] if len(chunks) == 1 else np.concatenate(chunks)
 
 
 _VARINT_SHIFTS = np.arange(0, 70, 7, dtype=np.uint64)  # an int64's varint has up to 10 bytes of 7 bits
