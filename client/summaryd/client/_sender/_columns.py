@@ -97,8 +97,9 @@ class ScalarRun:
             columns.wall_time.extend(self.wall_times)
             columns.value.extend(self.values)
         else:
+            # Joined, not added: `+` copied the wall times' bytes four times and the values' twice.
             columns.MergeFromString(
-                _WALL_TIME_FIELD + _varint(len(walls)) + walls + _VALUE_FIELD + _varint(len(values)) + values
+                b"".join((_WALL_TIME_FIELD, _varint(len(walls)), walls, _VALUE_FIELD, _varint(len(values)), values))
             )
         return columns
 
