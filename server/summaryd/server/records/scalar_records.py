@@ -367,7 +367,7 @@ class _Layout:
         values: NDArray[np.float32],
     ) -> None:
         self._templates = [_template(tag) for tag in tags]
-        self._words: dict[int, list[tuple[int, NDArray[np.generic]]]] = {}  # by template size
+        self._words: dict[int, list[tuple[int, NDArray[np.generic]]]] = {}  # by template size (`_template_words`)
         self._tag_index, self._steps = tag_index, steps
         self._wall, self._values = wall.astype("<f8", copy=False), values.astype("<f4", copy=False)
         self._has_wall = wall.view(np.uint64) != 0  # only +0.0 is left out, -0.0 is written
@@ -465,7 +465,7 @@ class _Layout:
         crcs = column_crcs(rows[:, 12 : 12 + length], varying)
         if len(self._templates) > 1 and (tag_index != tag_index[0]).any():
             # Templates of one size but other tags: their bytes' share of the CRC, against the first row's.
-            terms = np.fromiter(map(_template_term, self._templates), dtype=np.uint32, count=len(self._templates))
+            terms = self._template_terms()
             crcs ^= terms.take(tag_index) ^ terms[tag_index[0]]
         masked = ((crcs >> np.uint32(15)) | (crcs << np.uint32(17))) + np.uint32(_MASK_DELTA)
         _field(rows, 12 + length, "<u4")[:] = masked
@@ -492,20 +492,38 @@ class _Layout:
         """Where the templates of `size` bytes differ between tags, as words to write over a record's first
         template: `(offset in the template, each tag's 8 bytes there)`, the last one ending at the template's end."""
         if size not in self._words:
-            table = np.zeros((len(self._templates), size), dtype=np.uint8)
-            rows = [row for row, template in enumerate(self._templates) if len(template) == size]
-            table[rows] = np.frombuffer(b"".join(self._templates[row] for row in rows), dtype=np.uint8).reshape(
-                len(rows), size
-            )
-            differ = np.flatnonzero((table[rows] != table[rows[0]]).any(axis=0)).tolist()
-            # Two tags' templates of one size are 8 bytes or more (under 8 is the empty tag's alone).
-            starts = range(differ[0], differ[-1] + 1, 8) if differ else range(0)
-            pieces: list[tuple[int, NDArray[np.generic]]] = [
-                (start, np.ascontiguousarray(table[:, start : start + 8]).view("<u8").ravel())
-                for start in (min(start, size - 8) for start in starts)
-            ]
-            self._words[size] = pieces
+            self._words[size] = _template_words(tuple(self._templates), size)
         return self._words[size]
+
+    def _template_terms(self) -> NDArray[np.uint32]:
+        """Each tag template's share of its record's CRC-32C (`_template_term`)."""
+        return _template_terms(tuple(self._templates))
+
+
+# Per table of templates: a batch's tags are a job's tags, the same batch after batch (and a group commit's
+# batches joined have the same table), so these are made once, not per batch.
+@functools.lru_cache(maxsize=256)
+def _template_words(templates: tuple[bytes, ...], size: int) -> list[tuple[int, NDArray[np.generic]]]:
+    table = np.zeros((len(templates), size), dtype=np.uint8)
+    rows = [row for row, template in enumerate(templates) if len(template) == size]
+    table[rows] = np.frombuffer(b"".join(templates[row] for row in rows), dtype=np.uint8).reshape(len(rows), size)
+    differ = np.flatnonzero((table[rows] != table[rows[0]]).any(axis=0)).tolist()
+    # Two tags' templates of one size are 8 bytes or more (under 8 is the empty tag's alone).
+    starts = range(differ[0], differ[-1] + 1, 8) if differ else range(0)
+    words = [
+        (start, np.ascontiguousarray(table[:, start : start + 8]).view("<u8").ravel())
+        for start in (min(start, size - 8) for start in starts)
+    ]
+    for _, column in words:
+        column.flags.writeable = False  # shared by every batch of the table
+    return words
+
+
+@functools.lru_cache(maxsize=256)
+def _template_terms(templates: tuple[bytes, ...]) -> NDArray[np.uint32]:
+    terms = np.fromiter(map(_template_term, templates), dtype=np.uint32, count=len(templates))
+    terms.flags.writeable = False  # shared by every batch of the table
+    return terms
 
 
 @functools.lru_cache(maxsize=65536)

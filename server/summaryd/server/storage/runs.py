@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 import functools
 import logging
+import math
 import os
 import time
 from collections.abc import Sequence
@@ -272,19 +273,27 @@ class _Pending:
     framed: bool = False
 
 
+COMMIT_TICK = 0.005
+"""The least time between the starts of two commits (`GroupCommit`): what a batch may wait when the daemon is
+busy, a tenth of a client's own linger."""
+
+
 class GroupCommit:
     """Writes the batches of every run of one registry: while a commit is under way on an I/O thread, the
     batches that arrive wait, and the next commit takes all of them at once (so the groups grow with the load,
-    and a lone batch goes at once). One commit is under way at a time; each run's batches keep their order.
+    and a lone batch goes at once); busy, commits begin at most a tick (`COMMIT_TICK`) apart. One commit is under
+    way at a time; each run's batches keep their order.
 
     A commit holds the lock of each run it writes (a sync or a close of the run waits for it, as before); a run
     whose lock is held meanwhile (its fsync, its close) waits for a later commit, without holding up the others.
     """
 
-    def __init__(self, executor: Executor) -> None:
+    def __init__(self, executor: Executor, tick: float = COMMIT_TICK) -> None:
         self._executor = executor
+        self._tick = tick
         self._queue: list[_Pending] = []
         self._task: asyncio.Task[None] | None = None
+        self._started = -math.inf  # when the last commit began (the event loop's clock)
 
     def write(self, writer: RunWriter, session_id: str, last: int, events: Sequence[bytes]) -> asyncio.Future[int]:
         """Queue a batch; the future is done once it is written and journaled (or raises why not)."""
@@ -298,7 +307,16 @@ class GroupCommit:
         return entry.done
 
     async def _commit_all(self) -> None:
+        loop = asyncio.get_running_loop()
         while self._queue:
+            # Busy (the last commit began less than a tick ago), the commit waits out the tick and takes all that
+            # came meanwhile: a commit's cost (the hop to a thread, a write and a journal line a run) is then
+            # shared by many ranks' batches, and their columns are framed together. After a quiet tick a batch
+            # goes at once.
+            wait = self._started + self._tick - loop.time()
+            if wait > 0:
+                await asyncio.sleep(wait)
+            self._started = loop.time()
             queued, self._queue = self._queue, []
             groups: dict[RunWriter, list[_Pending]] = {}
             waiting: set[RunWriter] = set()
