@@ -106,3 +106,13 @@ def test_batches_framed_together_leave_a_bad_one_to_be_framed_alone() -> None:
     assert framed_together(batches) is None
     with pytest.raises(EventError, match=r"wall_time -1\.0"):
         batches[1].framed()
+
+
+def test_batches_with_columns_of_unequal_lengths_are_not_framed_together() -> None:
+    # Two such batches joined would shift each other's points onto the wrong tags; each is left to frame alone.
+    longer = pb.ScalarColumns(tags=["a", "b"], tag_index=[0, 1, 1], step=[1, 2], value=[1.0, 2.0], wall_time=[1.0, 1.0])
+    shorter = pb.ScalarColumns(tags=["a", "b"], tag_index=[0], step=[1, 2], value=[1.0, 2.0], wall_time=[1.0, 1.0])
+    assert framed_together([ScalarRecords(longer), ScalarRecords(shorter)]) is None
+    # Nor an empty one (a tail of nothing), whose end would be taken for the last batch's.
+    good = pb.ScalarColumns(tags=["a"], tag_index=[0], step=[1], value=[1.0], wall_time=[1.0])
+    assert framed_together([ScalarRecords(good)[1:], ScalarRecords(good)]) is None

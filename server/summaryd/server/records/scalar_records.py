@@ -14,7 +14,7 @@ import functools
 import itertools
 import struct
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from typing import TypeVar, overload
 
 import numpy as np
@@ -228,24 +228,23 @@ def framed_together(batches: Sequence[ScalarRecords], limits: Limits = DEFAULT) 
     joined = _Joined()
     for batch in batches:
         columns, start = batch.columns
+        count = len(columns.step)
+        if start >= count or not len(columns.tag_index) == count == len(columns.wall_time) == len(columns.value):
+            # An empty batch, or columns of unequal lengths (refused by the request checks before this): joined,
+            # two such would shift each other's points.
+            return None
         tags = tuple(columns.tags)
         base = tables.get(tags)
         if base is None:
             base = tables[tags] = len(flat)
             flat.extend(index.setdefault(tag, len(index)) for tag in tags)
         bases.append(base)
-        counts.append(len(columns.step) - start)
+        counts.append(count - start)
         tag_counts.append(len(tags))
         joined.add(columns, start)
     local, steps, wall_times, values = joined.arrays()
-    if local.size == 0 or not len(local) == len(steps) == len(wall_times) == len(values) == sum(counts):
-        return None  # columns of unequal lengths: refused by the checks before this; framed alone if ever
     sizes = np.array(counts, dtype=np.int64)
-    if (local >= np.repeat(np.array(tag_counts, dtype=np.int64), sizes)).any() or (local < 0).any():
-        return None
-    if any(len(tag.encode()) > limits.max_tag_bytes for tag in index):
-        return None
-    if not (wall_times.min() >= 0.0 and wall_times.max() < np.inf):  # NaN fails both
+    if not _all_pass(local, np.repeat(np.array(tag_counts, dtype=np.int64), sizes), index, wall_times, limits):
         return None
     global_index = np.array(flat, dtype=np.int64)[local + np.repeat(np.array(bases, dtype=np.int64), sizes)]
     layout = _Layout(list(index), global_index, steps.view(np.uint64), wall_times, values)
@@ -255,6 +254,23 @@ def framed_together(batches: Sequence[ScalarRecords], limits: Limits = DEFAULT) 
     # Each batch's records end where the framed sizes of it and the batches before it add up to.
     ends = np.cumsum(layout.lengths() + 16)[np.cumsum(sizes) - 1].tolist()
     return [blob[begin:end] for begin, end in zip([0, *ends[:-1]], ends, strict=True)]
+
+
+def _all_pass(
+    local: NDArray[np.int64],
+    tag_counts: NDArray[np.int64],
+    tags: Iterable[str],
+    wall_times: NDArray[np.float64],
+    limits: Limits,
+) -> bool:
+    """Whether every scalar of batches joined passes `ScalarRecords.framed`'s checks: its tag index within its
+    batch's `tag_counts` tags, no tag over the limit, a finite wall time of 0 or more (the size of each record is
+    checked by the caller)."""
+    if local.size == 0 or (local >= tag_counts).any() or (local < 0).any():
+        return False
+    if any(len(tag.encode()) > limits.max_tag_bytes for tag in tags):
+        return False
+    return bool(wall_times.min() >= 0.0 and wall_times.max() < np.inf)  # NaN fails both
 
 
 class _Joined:
