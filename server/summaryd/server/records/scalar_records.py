@@ -14,7 +14,7 @@ import functools
 import itertools
 import struct
 import threading
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from typing import TypeVar, overload
 
 import numpy as np
@@ -219,6 +219,8 @@ def framed_together(batches: Sequence[ScalarRecords], limits: Limits = DEFAULT) 
     cost some 2.5 µs a record in Python; joined, the batches cost what one large batch costs (`_Layout`), about
     a third. None when a batch fails a check, for each batch's own `framed` to name its bad scalar.
     """
+    if not batches:
+        return []
     index: dict[str, int] = {}  # the batches' tags, each once
     tables: dict[tuple[str, ...], int] = {}  # each distinct tag list: where its global indices start in `flat`
     flat: list[int] = []
@@ -244,33 +246,21 @@ def framed_together(batches: Sequence[ScalarRecords], limits: Limits = DEFAULT) 
         joined.add(columns, start)
     local, steps, wall_times, values = joined.arrays()
     sizes = np.array(counts, dtype=np.int64)
-    if not _all_pass(local, np.repeat(np.array(tag_counts, dtype=np.int64), sizes), index, wall_times, limits):
+    # Each batch's tag indices within its own tags (beyond them, one would read the next batch's table), then the
+    # checks `framed` makes, over the tags joined.
+    if (local >= np.repeat(np.array(tag_counts, dtype=np.int64), sizes)).any() or (local < 0).any():
         return None
     global_index = np.array(flat, dtype=np.int64)[local + np.repeat(np.array(bases, dtype=np.int64), sizes)]
-    layout = _Layout(list(index), global_index, steps.view(np.uint64), wall_times, values)
+    joined_tags = list(index)
+    if ScalarRecords._problems(joined_tags, global_index, wall_times, limits):
+        return None
+    layout = _Layout(joined_tags, global_index, steps.view(np.uint64), wall_times, values)
     if layout.widest > limits.max_event_bytes and (layout.lengths() > limits.max_event_bytes).any():
         return None
     blob = layout.framed()
     # Each batch's records end where the framed sizes of it and the batches before it add up to.
     ends = np.cumsum(layout.lengths() + 16)[np.cumsum(sizes) - 1].tolist()
     return [blob[begin:end] for begin, end in zip([0, *ends[:-1]], ends, strict=True)]
-
-
-def _all_pass(
-    local: NDArray[np.int64],
-    tag_counts: NDArray[np.int64],
-    tags: Iterable[str],
-    wall_times: NDArray[np.float64],
-    limits: Limits,
-) -> bool:
-    """Whether every scalar of batches joined passes `ScalarRecords.framed`'s checks: its tag index within its
-    batch's `tag_counts` tags, no tag over the limit, a finite wall time of 0 or more (the size of each record is
-    checked by the caller)."""
-    if local.size == 0 or (local >= tag_counts).any() or (local < 0).any():
-        return False
-    if any(len(tag.encode()) > limits.max_tag_bytes for tag in tags):
-        return False
-    return bool(wall_times.min() >= 0.0 and wall_times.max() < np.inf)  # NaN fails both
 
 
 class _Joined:
@@ -382,8 +372,7 @@ class _Layout:
         wall: NDArray[np.float64],
         values: NDArray[np.float32],
     ) -> None:
-        self._templates = [_template(tag) for tag in tags]
-        self._words: dict[int, list[tuple[int, NDArray[np.generic]]]] = {}  # by template size (`_template_words`)
+        self._templates = tuple(_template(tag) for tag in tags)  # the key of `_template_words`, `_template_terms`
         self._tag_index, self._steps = tag_index, steps
         self._wall, self._values = wall.astype("<f8", copy=False), values.astype("<f4", copy=False)
         self._has_wall = wall.view(np.uint64) != 0  # only +0.0 is left out, -0.0 is written
@@ -472,7 +461,7 @@ class _Layout:
             varying += [step_at + 1 + piece for piece in step_pieces]
         if len(self._templates) > 1:  # the first row's template is every row's: write the others' differences
             offset = 8 + length - len(template)
-            for start, words in self._template_words(len(template)):
+            for start, words in _template_words(self._templates, len(template)):
                 _field(rows, offset + start, words.dtype.str)[:] = words.take(tag_index)
         value_bytes = varying_bytes(values.view("<u4"), 4)
         if value_bytes:
@@ -481,7 +470,7 @@ class _Layout:
         crcs = column_crcs(rows[:, 12 : 12 + length], varying)
         if len(self._templates) > 1 and (tag_index != tag_index[0]).any():
             # Templates of one size but other tags: their bytes' share of the CRC, against the first row's.
-            terms = self._template_terms()
+            terms = _template_terms(self._templates)
             crcs ^= terms.take(tag_index) ^ terms[tag_index[0]]
         masked = ((crcs >> np.uint32(15)) | (crcs << np.uint32(17))) + np.uint32(_MASK_DELTA)
         _field(rows, 12 + length, "<u4")[:] = masked
@@ -504,22 +493,13 @@ class _Layout:
         words |= np.uint64(after | continues)
         _field(rows, offset, "<u8")[:] = words
 
-    def _template_words(self, size: int) -> list[tuple[int, NDArray[np.generic]]]:
-        """Where the templates of `size` bytes differ between tags, as words to write over a record's first
-        template: `(offset in the template, each tag's 8 bytes there)`, the last one ending at the template's end."""
-        if size not in self._words:
-            self._words[size] = _template_words(tuple(self._templates), size)
-        return self._words[size]
-
-    def _template_terms(self) -> NDArray[np.uint32]:
-        """Each tag template's share of its record's CRC-32C (`_template_term`)."""
-        return _template_terms(tuple(self._templates))
-
 
 # Per table of templates: a batch's tags are a job's tags, the same batch after batch (and a group commit's
 # batches joined have the same table), so these are made once, not per batch.
 @functools.lru_cache(maxsize=256)
 def _template_words(templates: tuple[bytes, ...], size: int) -> list[tuple[int, NDArray[np.generic]]]:
+    """Where the templates of `size` bytes differ between tags, as words to write over a record's first
+    template: `(offset in the template, each tag's 8 bytes there)`, the last one ending at the template's end."""
     table = np.zeros((len(templates), size), dtype=np.uint8)
     rows = [row for row, template in enumerate(templates) if len(template) == size]
     table[rows] = np.frombuffer(b"".join(templates[row] for row in rows), dtype=np.uint8).reshape(len(rows), size)
@@ -537,6 +517,7 @@ def _template_words(templates: tuple[bytes, ...], size: int) -> list[tuple[int, 
 
 @functools.lru_cache(maxsize=256)
 def _template_terms(templates: tuple[bytes, ...]) -> NDArray[np.uint32]:
+    """Each tag template's share of its record's CRC-32C (`_template_term`)."""
     terms = np.fromiter(map(_template_term, templates), dtype=np.uint32, count=len(templates))
     terms.flags.writeable = False  # shared by every batch of the table
     return terms
