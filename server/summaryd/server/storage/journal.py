@@ -277,12 +277,9 @@ class FileJournal:
         """Record that the event file holds whole records up to `end` (after its `file_version` record)."""
         self._journal.append({"e": end})
 
-    def batch(self, session_id: str, last: int, end: int) -> None:
-        """Record that a batch of `session_id` through sequence `last` is whole in the file, which ends at `end`."""
-        self._journal.append({"s": session_id, "q": last, "e": end})
-
     def batches(self, ends: Sequence[tuple[str, int, int]]) -> None:
-        """`batch` for each (session id, last sequence, end) of a group commit, in one append."""
+        """Record that each batch (session id, last sequence, end) of a group commit is whole in the file, which
+        ends after it at `end`, in one append."""
         self._journal.append_lines(b"".join(batch_line(session_id, last, end) for session_id, last, end in ends))
 
     def sync(self) -> None:
