@@ -6,10 +6,11 @@ from __future__ import annotations
 import math
 from fractions import Fraction
 
+import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from summaryd.server.aggregation.step_table import Reduction, StepTable, reduce
+from summaryd.server.aggregation.step_table import ColumnBatch, Reduction, StepTable, reduce
 
 EXTREMES = [math.inf, -math.inf, math.nan, 0.0, -0.0, 5e-324, -5e-324, 2.2e-308, 1e308, -1e308, 1.7976931348623157e308]
 FLOATS = st.one_of(st.floats(allow_nan=True, allow_infinity=True, allow_subnormal=True), st.sampled_from(EXTREMES))
@@ -65,6 +66,19 @@ def test_reductions_follow_the_documented_arithmetic_whatever_the_order(values: 
     again = reduce("t", 0, 0.0, shuffled)
     for name in ("mean", "min", "max", "std"):
         assert same(getattr(again, name), getattr(r, name)), (name, values, shuffled)
+
+
+@settings(derandomize=True, max_examples=60, deadline=None, database=None)
+@given(st.lists(st.floats(-1e30, 1e30), min_size=64, max_size=300), st.randoms(use_true_random=False))
+def test_reductions_of_many_workers_follow_the_documented_arithmetic_whatever_the_order(
+    values: list[float], rng: object
+) -> None:
+    """The same over as many workers as a big job has (their squares are taken another way, `_sum_of_squares`)."""
+    r = reduce("t", 0, 0.0, values)
+    assert_documented(r, values)
+    shuffled = list(values)
+    rng.shuffle(shuffled)  # type: ignore[attr-defined]
+    assert r == reduce("t", 0, 0.0, shuffled)
 
 
 PRE = -(2**63)  # every worker's first point: the tags are shared (reduced) from their first step on
@@ -156,3 +170,95 @@ def test_one_worker_far_ahead_never_makes_the_others_late(spikes: list[int], oth
             assert table.late_points == late, (worker, step, table.last_final())
         done += table.complete() + table.overdue(now=float(step) + 100.0, straggler_secs=1.0)
     assert set(range(others)) <= {r.step for r in done}
+
+
+def _everything(_: str) -> bool:
+    return True
+
+
+def _all_but_c(tag: str) -> bool:
+    return tag != "c"
+
+
+BATCH_STEPS = st.one_of(st.integers(-2, 12), st.sampled_from([10**12, -(2**63), 2**63 - 1]))
+POINT = st.tuples(st.sampled_from("abc"), BATCH_STEPS, st.floats(0, 1e9), st.floats(width=32))
+TICKS = st.lists(
+    st.one_of(
+        st.tuples(st.just("batches"), st.lists(st.tuples(st.integers(0, 3), st.lists(POINT, max_size=6)), max_size=6)),
+        st.tuples(st.sampled_from(["time", "depart", "join"]), st.integers(0, 3)),
+    ),
+    max_size=25,
+)
+
+
+def _outcome(table: StepTable, done: list[Reduction]) -> tuple[object, ...]:
+    """What a user of the table sees: its reductions (NaN as text), where each worker stands, and its counts."""
+    reductions = sorted(
+        (r.tag, r.step, r.wall_time, r.count, *(repr(getattr(r, n)) for n in ("mean", "min", "max", "std")))
+        for r in done
+    )
+    return (
+        reductions,
+        dict(table.progress),
+        table.late_points,
+        table.refused_points,
+        table.dropped_steps,
+        table.held_steps,
+        len(table),
+        table.last_final(),
+        table.frontier(),
+        table.lag(),
+    )
+
+
+@settings(derandomize=True, max_examples=1000, deadline=None, database=None)
+@given(st.integers(2, 4), TICKS, st.sampled_from([10_000, 3]), st.sampled_from([10_000, 2]))
+def test_batches_taken_as_columns_are_taken_as_point_by_point(
+    world: int, ticks: list[tuple[object, ...]], max_pending: int, max_tags: int
+) -> None:
+    """Many batches taken at once as columns (`add_columns`, the group commit's path) leave the table exactly as
+    taking each batch's points one by one (`add_all`) does: the same reductions, positions and counts, whatever
+    the steps (repeated, out of order, far ahead, late), the tags (unwanted, beyond the limit) and the workers
+    (departed, joined again, one worker in several batches)."""
+    by_points = StepTable(world, max_pending, max_tags=max_tags)
+    by_columns = StepTable(world, max_pending, max_tags=max_tags)
+    workers = [f"w{i}" for i in range(4)]
+    wanted = [_everything, _all_but_c, _everything, _all_but_c]
+    now = 0.0
+    for kind, *rest in ticks:
+        done_points: list[Reduction] = []
+        done_columns: list[Reduction] = []
+        if kind == "batches":
+            batches: list[ColumnBatch] = []
+            for index, batch in rest[0]:  # type: ignore[attr-defined]
+                tags = sorted({tag for tag, *_ in batch})
+                by_points.add_all(
+                    workers[index], [(t, s, w, float(np.float32(v))) for t, s, w, v in batch], wanted[index], now
+                )
+                batches.append(
+                    ColumnBatch(
+                        workers[index],
+                        tags,
+                        np.array([tags.index(t) for t, *_ in batch], dtype=np.int64),
+                        np.array([s for _, s, _, _ in batch], dtype=np.int64),
+                        np.array([w for _, _, w, _ in batch], dtype=np.float64),
+                        np.array([v for *_, v in batch], dtype=np.float32),
+                        wanted[index],
+                    )
+                )
+            by_columns.add_columns(batches, now)
+            done_points += by_points.complete()
+            done_columns += by_columns.complete()
+        elif kind == "time":
+            now += rest[0]  # type: ignore[operator]
+            done_points += by_points.overdue(now, 1.0)
+            done_columns += by_columns.overdue(now, 1.0)
+        else:
+            for table, done in ((by_points, done_points), (by_columns, done_columns)):
+                if kind == "depart":
+                    table.departed(workers[rest[0]])  # type: ignore[index]
+                    done.extend(table.complete())
+                else:
+                    table.joined(workers[rest[0]], world)  # type: ignore[index]
+        assert _outcome(by_columns, done_columns) == _outcome(by_points, done_points), (kind, rest)
+    assert _outcome(by_columns, by_columns.drain()) == _outcome(by_points, by_points.drain())

@@ -33,7 +33,7 @@ from typing import Protocol
 from google.protobuf.message import DecodeError
 from tensorboard.compat.proto.event_pb2 import Event
 
-from summaryd.server.aggregation.step_table import Reduction, StepTable
+from summaryd.server.aggregation.step_table import ColumnBatch, Reduction, StepTable
 from summaryd.server.errors import EventError
 from summaryd.server.io_threads import run_to_completion
 from summaryd.server.operations.logs import Throttle
@@ -297,6 +297,7 @@ class RunAggregator:
         self._told = (0, 0, 0)  # the table's refused points, held and dropped steps when last logged
         self._final: WrittenThrough | None = None  # what it wrote through, once stopped (its table freed)
         self._completing: asyncio.Handle | None = None  # the finalising of the batches taken this loop iteration
+        self._taken: list[tuple[str, Callable[[str], bool], Sequence[bytes]]] = []  # those batches
 
     @property
     def live(self) -> bool:
@@ -339,25 +340,41 @@ class RunAggregator:
         return True
 
     def take(self, worker: str, wanted: Callable[[str], bool], events: Sequence[bytes]) -> None:
-        """Take the scalar points of a batch `worker` wrote (on the event loop, right after it was written)."""
+        """Take the scalar points of a batch `worker` wrote (on the event loop, right after it was written).
+
+        The batches written in one iteration of the event loop (a group commit's are answered in one) are taken
+        together at its end, and finalised once: each finalising looks at every tag it touched, and many ranks'
+        points of the same steps are taken as columns at once (`StepTable.add_columns`)."""
         if not self.live:
             return
-        try:
-            self.table.add_all(worker, points(events), wanted, time.monotonic())
-        except Exception:  # aggregation never fails the worker's batch
-            self._failed(f"a batch of worker {worker}")
-        # Finalised once for all the batches taken in this iteration of the event loop (a group commit's
-        # batches are answered in one), not once a batch: each finalising looks at every tag it touched.
+        self._taken.append((worker, wanted, events))
         if self._completing is None:
             self._completing = asyncio.get_running_loop().call_soon(self._complete_taken)
 
     def _complete_taken(self) -> None:
         self._completing = None
         if self.live:
+            self._take_batches()
             self._finalising(self.table.complete, "the batches just taken")
+
+    def _take_batches(self) -> None:
+        """Put the batches taken since into the step table (before anything else reads or changes it)."""
+        taken, self._taken = self._taken, []
+        if not taken:
+            return
+        try:
+            _add_batches(self.table, taken, time.monotonic())
+        except Exception:  # aggregation never fails the workers' batches
+            self._failed(f"{len(taken)} batches of workers {', '.join(sorted({worker for worker, _, _ in taken}))}")
+
+    def joined(self, worker: str, world_size: int) -> None:
+        """A session of `worker` opened (see `StepTable.joined`)."""
+        self._take_batches()
+        self.table.joined(worker, world_size)
 
     def departed(self, worker: str) -> None:
         if self.live:
+            self._take_batches()
             try:
                 self.table.departed(worker)
                 self._finish(self.table.complete())
@@ -369,6 +386,7 @@ class RunAggregator:
         while True:
             await asyncio.sleep(interval)
             now = time.monotonic()
+            self._take_batches()
             try:
                 self._finish(self.table.overdue(now, straggler))
             except Exception:  # one bad finalisation must not stop the timer (stragglers, idle release)
@@ -467,12 +485,38 @@ class RunAggregator:
             self._completing.cancel()
             self._completing = None
         if self.live:
+            self._take_batches()
             self._finalising(self.table.drain, "its pending steps")
         while self._writing is not None and not self._writing.done():
             await self._writing
         self._final = self.written()
         self.table = StepTable(0, 0, max_tags=0)
         return await self._runs.let_go(shutdown)
+
+
+_COLUMNS_FROM = 64  # points of a loop iteration's batches from which they are taken as columns (numpy)
+
+
+def _add_batches(table: StepTable, taken: list[tuple[str, Callable[[str], bool], Sequence[bytes]]], now: float) -> None:
+    """Put batches (worker, tag filter, events) into `table` in order: the batches of scalar columns as columns
+    (`StepTable.add_columns`) when there are enough points for numpy's fixed costs, the rest point by point."""
+    if sum(len(events) for _, _, events in taken) < _COLUMNS_FROM:
+        for worker, wanted, events in taken:
+            table.add_all(worker, points(events), wanted, now)
+        return
+    columns: list[ColumnBatch] = []
+    for worker, wanted, events in taken:
+        if isinstance(events, ScalarRecords):
+            arrays = events.column_arrays()
+            tags = events.columns[0].tags
+            columns.append(
+                ColumnBatch(worker, tags, arrays.tag_index, arrays.steps, arrays.wall_times, arrays.values, wanted)
+            )
+            continue
+        table.add_columns(columns, now)
+        columns = []
+        table.add_all(worker, points(events), wanted, now)
+    table.add_columns(columns, now)
 
 
 def _read_unfinished(run_path: str, last: Mapping[str, int]) -> dict[str, list[Point]]:
@@ -653,7 +697,7 @@ class Aggregation:
         self._members[session.session_id] = aggregator
         assert aggregator.starting is not None
         if await asyncio.shield(aggregator.starting) and session.ending is None:
-            aggregator.table.joined(session.worker, request.world_size)
+            aggregator.joined(session.worker, request.world_size)
             self._feeds[session.session_id] = functools.partial(
                 aggregator.take, session.worker, TagFilter(request.aggregate_tags)
             )

@@ -21,12 +21,34 @@ from __future__ import annotations
 import heapq
 import math
 from collections import deque
-from collections.abc import Callable, Collection, Iterable, Mapping
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+from numpy.typing import NDArray
 
 
 def _every_tag(_: str) -> bool:
     return True
+
+
+# A batch's tag not aggregated, one beyond `max_tags`, and one it does not use (`StepTable._tag_ids`).
+_UNWANTED, _REFUSED, _UNSEEN = -1, -2, -3
+_MAX_TABLES = 65_536  # tag tables remembered per run (one per rank, typically): beyond, forgotten at once
+
+
+@dataclass(frozen=True)
+class ColumnBatch:
+    """One batch's points as columns, for `StepTable.add_columns`: the points of tags `wanted` are taken."""
+
+    worker: str
+    tags: Sequence[str]
+    tag_index: NDArray[np.int64]
+    steps: NDArray[np.int64]
+    wall_times: NDArray[np.float64]
+    values: NDArray[np.floating[Any]]
+    wanted: Callable[[str], bool] = _every_tag
 
 
 @dataclass(frozen=True)
@@ -65,7 +87,7 @@ def reduce(tag: str, step: int, wall_time: float, values: Iterable[float]) -> Re
             low, high = _signed_min(points), _signed_max(points)
         if _UNSCALED_LOW <= max(-low, high) <= _UNSCALED_HIGH:
             mean = total / count
-            std = math.sqrt(math.fsum([(v - mean) ** 2 for v in points]) / count)
+            std = math.sqrt(_sum_of_squares(points, mean) / count)
             mean, std = min(max(mean, low), high) + 0.0, min(std, high / 2 - low / 2)
             return Reduction(tag, step, wall_time, count, mean, low, high, std)
     if any(map(math.isnan, points)):
@@ -90,6 +112,17 @@ def reduce(tag: str, step: int, wall_time: float, values: Iterable[float]) -> Re
     std = min(spread, high / 2 - low / 2)
     return Reduction(tag, step, wall_time, count, mean, low, high, std)
 
+
+def _sum_of_squares(points: list[float], mean: float) -> float:
+    """The correctly rounded sum of the squared deviations from `mean`: each square taken by numpy for many
+    points (the same IEEE operations as Python's, a tenth of the cost), summed by `math.fsum`."""
+    if len(points) < _SQUARES_BY_NUMPY:
+        return math.fsum([(v - mean) ** 2 for v in points])
+    deviations = np.array(points, dtype=np.float64) - mean
+    return math.fsum((deviations * deviations).tolist())
+
+
+_SQUARES_BY_NUMPY = 64  # points from which `_sum_of_squares` squares with numpy
 
 # Magnitudes whose sums of squares neither overflow nor reach subnormals: computed as they are.
 _UNSCALED_LOW, _UNSCALED_HIGH = 2.0**-400, 2.0**400
@@ -121,6 +154,8 @@ class _Step:
 
 @dataclass
 class _Tag:
+    name: str
+    index: int  # in `StepTable._states`
     pending: dict[int, _Step] = field(default_factory=dict)
     # Each worker's latest step of this tag (the step of its last point, not the largest: a restart lowers it).
     latest: dict[str, int] = field(default_factory=dict)
@@ -134,6 +169,14 @@ class _Tag:
     mark: int | None = None
     at_mark: int = 0
     mark_known: bool = False
+
+
+def _changes(column: NDArray[np.int64]) -> NDArray[np.bool_]:
+    """Where a sorted column's value differs from the one before (the first: always)."""
+    changed = np.empty(column.size, dtype=np.bool_)
+    changed[:1] = True
+    np.not_equal(column[1:], column[:-1], out=changed[1:])
+    return changed
 
 
 class StepTable:
@@ -150,6 +193,9 @@ class StepTable:
         self.max_pending = max_pending
         self.max_tags = max_tags
         self._tags: dict[str, _Tag] = {}
+        self._states: list[_Tag] = []  # the same states, by index (`add_columns`)
+        # Tag tables of batches, with their filter: each tag's state index (`_tag_ids`).
+        self._tables: dict[tuple[Callable[[str], bool], tuple[str, ...]], NDArray[np.int64]] = {}
         # Each tag's last step read back from the aggregate runs, taken into its state when the tag is next met.
         self._written: dict[str, int] = dict(last_final or {})
         # Pending steps in the order they were opened (entries of steps finalised since are skipped when met).
@@ -238,7 +284,7 @@ class StepTable:
         value of the same worker and step replaces the earlier one. The hot loop of aggregation: a batch's
         points come in runs of one tag, so the tag's state is looked up once per run."""
         tags, arrivals = self._tags, self._arrivals
-        state, current, skip, last = _Tag(), None, False, None
+        state, current, skip, last = _Tag("", -1), None, False, None
         if worker in self._departed:  # not while its session lives; but then no kept watermark may count it
             for known in tags.values():
                 known.mark_known = False
@@ -289,12 +335,144 @@ class StepTable:
         if last is not None:
             self.progress[worker] = last
 
+    def add_columns(self, batches: Sequence[ColumnBatch], now: float) -> None:
+        """Take the points of many batches at once, in order, as `add_all` of each would: the path of a group
+        commit's batches, many ranks' steps of the same tags. The points are sorted by tag and step (numpy) and
+        each (tag, step) takes its workers' values in one dict update, so the Python work is per tag and step of
+        the batches, not per point."""
+        batches = [batch for batch in batches if len(batch.steps)]
+        if not batches:
+            return
+        workers = [batch.worker for batch in batches]
+        sizes = np.array([len(batch.steps) for batch in batches], dtype=np.int64)
+        local = np.concatenate([batch.tag_index for batch in batches])
+        if local.min() < 0 or (local >= np.repeat([len(batch.tags) for batch in batches], sizes)).any():
+            raise ValueError("a batch's tag index is beyond its tags")
+        tables = [self._tag_ids(batch.wanted, batch.tags, batch.tag_index) for batch in batches]
+        bases = np.cumsum([0, *map(len, tables[:-1])])
+        tag = np.concatenate(tables)[local + np.repeat(bases, sizes)]
+        steps = np.concatenate([batch.steps for batch in batches])
+        # A worker's progress: the step of its batch's last point of a tag it aggregates (refused ones included).
+        firsts = np.cumsum(sizes) - sizes
+        last = np.maximum.reduceat(np.where(tag != _UNWANTED, np.arange(tag.size), -1), firsts)
+        moved = np.flatnonzero(last >= 0)
+        if moved.size:
+            movers = map(workers.__getitem__, moved.tolist())
+            self.progress.update(zip(movers, steps[last[moved]].tolist(), strict=True))
+        if self._departed and not self._departed.isdisjoint(workers):
+            for known in self._tags.values():  # as in add_all: no kept watermark may count a departed worker
+                known.mark_known = False
+        refused = int(np.count_nonzero(tag == _REFUSED))
+        self.refused_points += refused
+        kept = np.flatnonzero(tag >= 0)
+        if not kept.size:
+            return
+        tag, steps = tag[kept], steps[kept]
+        names = np.array(workers, dtype=object)[np.repeat(np.arange(len(batches)), sizes)[kept]]
+        states = self._states
+        # Each tag's points in arrival order: where its workers stand.
+        by_tag = np.argsort(tag, kind="stable")
+        tag_sorted = tag[by_tag]
+        name_list, step_list = names[by_tag].tolist(), steps[by_tag].tolist()
+        starts = np.flatnonzero(_changes(tag_sorted)).tolist()
+        for first, stop in zip(starts, [*starts[1:], tag.size], strict=True):
+            state = states[tag_sorted[first]]
+            self._stand(state, name_list[first:stop], step_list[first:stop])
+            self._touched.add(state.name)
+        # Each (tag, step)'s points in arrival order: the values of its workers (a later one replaces an earlier).
+        order = np.lexsort((steps, tag))
+        tag, steps = tag[order], steps[order]
+        wall_times = np.concatenate([batch.wall_times for batch in batches])[kept][order]
+        values = np.concatenate([batch.values for batch in batches])[kept][order].tolist()
+        name_list = names[order].tolist()
+        starts_array = np.flatnonzero(_changes(tag) | _changes(steps))
+        latest_wall = np.maximum.reduceat(wall_times, starts_array).tolist()
+        starts = starts_array.tolist()
+        opened: list[tuple[int, str, int]] = []  # steps opened: (their first point, tag, step)
+        for first, stop, step, which, wall_time, arrived in zip(
+            starts,
+            [*starts[1:], tag.size],
+            steps[starts_array].tolist(),
+            tag[starts_array].tolist(),
+            latest_wall,
+            order[starts_array].tolist(),  # the sort is stable: a group's first point is the first to arrive
+            strict=True,
+        ):
+            state = states[which]
+            if state.last_final is not None and step <= state.last_final:
+                self.late_points += stop - first
+                continue
+            pending = state.pending.get(step)
+            if pending is None:
+                pending = state.pending[step] = _Step(now, wall_time)
+                opened.append((arrived, state.name, step))
+            elif wall_time > pending.wall_time:
+                pending.wall_time = wall_time
+            pending.values.update(zip(name_list[first:stop], values[first:stop], strict=True))
+        # Queued in the order their first points came, as `add_all` queues them: the oldest goes first.
+        opened.sort()
+        self._arrivals.extend((now, tag_name, step) for _, tag_name, step in opened)
+        self._pending += len(opened)
+
+    @staticmethod
+    def _stand(state: _Tag, workers: list[str], steps: list[int]) -> None:
+        """Where `workers` now stand in the tag (each one's last step given), its kept watermark kept true."""
+        moved = dict(zip(workers, steps, strict=True))
+        latest = state.latest
+        mark = state.mark
+        if state.mark_known:
+            # Kept while every worker stays at or past it and one still stands at it; a first point (None) or
+            # one below it makes it computed again.
+            before = list(map(latest.get, moved))
+            now = list(moved.values())
+            if mark is None or None in before or min(now) < mark:
+                state.mark_known = False
+            else:
+                state.at_mark += now.count(mark) - before.count(mark)
+                state.mark_known = state.at_mark > 0
+        latest.update(moved)
+
+    def _tag_ids(
+        self, wanted: Callable[[str], bool], tags: Sequence[str], tag_index: NDArray[np.int64]
+    ) -> NDArray[np.int64]:
+        """The state index of each of a batch's tags (`_UNWANTED` when not `wanted`, `_REFUSED` beyond
+        `max_tags`), remembered per tag table and filter: a rank sends the same tags in every batch. Tags new to
+        the table get their states in the order the batch first uses them, as `add_all` gives them."""
+        key = (wanted, tuple(tags))
+        found = self._tables.get(key)
+        if found is not None:
+            return found
+        ids = np.full(len(tags), _UNSEEN, dtype=np.int64)
+        for which in dict.fromkeys(tag_index.tolist()):
+            tag = key[1][which]
+            if not wanted(tag):
+                ids[which] = _UNWANTED
+                continue
+            state = self._tags.get(tag) or self._new_tag(tag)
+            ids[which] = _REFUSED if state is None else state.index
+        complete = True
+        for which in np.flatnonzero(ids == _UNSEEN).tolist():  # tags of the table this batch does not use
+            tag = key[1][which]
+            state = self._tags.get(tag)
+            if not wanted(tag):
+                ids[which] = _UNWANTED
+            elif state is not None:
+                ids[which] = state.index
+            else:  # its state is made when a batch uses it: this table is not kept
+                complete = False
+        if complete:
+            if len(self._tables) >= _MAX_TABLES:
+                self._tables.clear()
+            self._tables[key] = ids
+        return ids
+
     def _new_tag(self, tag: str) -> _Tag | None:
         """The state of a tag met for the first time, or None when `max_tags` are held already."""
         if len(self._tags) >= self.max_tags:
             self.refused_tag = tag
             return None
-        state = self._tags[tag] = _Tag(last_final=self._written.pop(tag, None))
+        state = self._tags[tag] = _Tag(tag, len(self._states), last_final=self._written.pop(tag, None))
+        self._states.append(state)
         return state
 
     # ---- finalising ------------------------------------------------------------------------------------

@@ -15,7 +15,7 @@ import itertools
 import struct
 import threading
 from collections.abc import Iterator, Sequence
-from typing import TypeVar, overload
+from typing import NamedTuple, TypeVar, overload
 
 import numpy as np
 from numpy.typing import NDArray
@@ -68,15 +68,24 @@ def _wall_time_field(wall_time: float) -> bytes:
     return b"" if packed == b"\0\0\0\0\0\0\0\0" else _WALL_TIME_TAG + packed
 
 
+class ScalarArrays(NamedTuple):
+    """A batch's scalar columns (from its first scalar on) as numpy arrays."""
+
+    tag_index: NDArray[np.int64]
+    steps: NDArray[np.int64]
+    wall_times: NDArray[np.float64]
+    values: NDArray[np.float32]
+
+
 class ScalarRecords(Sequence[bytes]):
     """The serialized events of a batch's scalar columns (or a tail of them), built when framed."""
 
     def __init__(self, columns: pb.ScalarColumns, start: int = 0) -> None:
         self._columns = columns
         self._start = start
-        # The columns' tag indices, steps and values as numpy arrays, once `framed` read them (a large batch): the
-        # write observers that want them need not read the columns again.
-        self.arrays: tuple[NDArray[np.int64], NDArray[np.int64], NDArray[np.float32]] | None = None
+        # The columns as numpy arrays, once framing read them (a large batch, or one framed with others): the write
+        # observers that want them need not read the columns again.
+        self.arrays: ScalarArrays | None = None
 
     def __len__(self) -> int:
         return len(self._columns.step) - self._start
@@ -85,6 +94,18 @@ class ScalarRecords(Sequence[bytes]):
     def columns(self) -> tuple[pb.ScalarColumns, int]:
         """The batch's columns and the index in them of this sequence's first scalar."""
         return self._columns, self._start
+
+    def column_arrays(self) -> ScalarArrays:
+        """The columns as numpy arrays: those framing read, else read now."""
+        if self.arrays is None:
+            columns, start = self._columns, self._start
+            self.arrays = ScalarArrays(
+                np.asarray(columns.tag_index, dtype=np.int64)[start:],
+                np.asarray(columns.step, dtype=np.int64)[start:],
+                np.asarray(columns.wall_time, dtype=np.float64)[start:],
+                np.asarray(columns.value, dtype=np.float32)[start:],
+            )
+        return self.arrays
 
     @overload
     def __getitem__(self, index: int) -> bytes: ...
@@ -142,7 +163,7 @@ class ScalarRecords(Sequence[bytes]):
             raise min(problems, key=lambda problem: problem.index)
         steps = np.asarray(columns.step, dtype=np.int64)[start:].view(np.uint64)
         values = np.asarray(columns.value, dtype=np.float32)[start:]
-        self.arrays = tag_index, steps.view(np.int64), values
+        self.arrays = ScalarArrays(tag_index, steps.view(np.int64), wall, values)
         layout = _Layout(tags, tag_index, steps, wall, values)
         if layout.widest > limits.max_event_bytes:
             lengths = layout.lengths()
@@ -259,7 +280,11 @@ def framed_together(batches: Sequence[ScalarRecords], limits: Limits = DEFAULT) 
         return None
     blob = layout.framed()
     # Each batch's records end where the framed sizes of it and the batches before it add up to.
-    ends = np.cumsum(layout.lengths() + 16)[np.cumsum(sizes) - 1].tolist()
+    last = np.cumsum(sizes)
+    ends = np.cumsum(layout.lengths() + 16)[last - 1].tolist()
+    # Each batch keeps its slice of the joined columns (views), for the write observers (aggregation).
+    for batch, first, stop in zip(batches, (last - sizes).tolist(), last.tolist(), strict=True):
+        batch.arrays = ScalarArrays(local[first:stop], steps[first:stop], wall_times[first:stop], values[first:stop])
     return [blob[begin:end] for begin, end in zip([0, *ends[:-1]], ends, strict=True)]
 
 

@@ -33,6 +33,7 @@ _SAMPLES = 32  # batches a worker's cadence and step time are measured over
 _LONG_GAP_SECS = 600.0  # the period a worker's longest pause is remembered for (one to two of them)
 _MAD_SIGMA = 1.4826  # the MAD of a normal distribution times this is its standard deviation
 _INF = math.inf
+_FEW_SCALARS = 128  # scalars up to which a batch is read as lists: numpy's fixed cost per call is more
 Values = list[float] | NDArray[np.float32]
 
 
@@ -301,9 +302,9 @@ class RunWatch:
                 return
             worker.stepped(columns.step[-1], columns.wall_time[-1])
             tags: Sequence[str] = columns.tags
-            if events.arrays is not None:  # a large batch: its columns as arrays already (read to frame them)
-                tag_index, steps, values = events.arrays
-                batch = _Batch(tag_index, steps, values)
+            arrays = events.arrays
+            if arrays is not None and len(events) > _FEW_SCALARS:  # a large batch: its columns read to frame them
+                batch = _Batch(arrays.tag_index, arrays.steps, arrays.values)
             else:  # a small one: numpy's fixed cost per call is more than Python's per point
                 batch = _Batch(columns.tag_index, columns.step, columns.value, lazy=start)
         else:
