@@ -494,13 +494,15 @@ class RunAggregator:
         return await self._runs.let_go(shutdown)
 
 
-_COLUMNS_FROM = 64  # points of a loop iteration's batches from which they are taken as columns (numpy)
+# Batches in a loop iteration from which they are taken as columns (numpy): then a step of a tag takes many
+# ranks' points at once, and numpy's fixed costs per tag and step are less than those points one by one.
+_COLUMNS_FROM = 16
 
 
 def _add_batches(table: StepTable, taken: list[tuple[str, Callable[[str], bool], Sequence[bytes]]], now: float) -> None:
     """Put batches (worker, tag filter, events) into `table` in order: the batches of scalar columns as columns
-    (`StepTable.add_columns`) when there are enough points for numpy's fixed costs, the rest point by point."""
-    if sum(len(events) for _, _, events in taken) < _COLUMNS_FROM:
+    (`StepTable.add_columns`) when there are enough batches for numpy's fixed costs, the rest point by point."""
+    if len(taken) < _COLUMNS_FROM:
         for worker, wanted, events in taken:
             table.add_all(worker, points(events), wanted, now)
         return

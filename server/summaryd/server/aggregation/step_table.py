@@ -23,7 +23,7 @@ import math
 from collections import deque
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 from numpy.typing import NDArray
@@ -32,6 +32,8 @@ from numpy.typing import NDArray
 def _every_tag(_: str) -> bool:
     return True
 
+
+_Item = TypeVar("_Item", bound=np.generic)
 
 # A batch's tag not aggregated, one beyond `max_tags`, and one it does not use (`StepTable._tag_ids`).
 _UNWANTED, _REFUSED, _UNSEEN = -1, -2, -3
@@ -148,17 +150,23 @@ def _signed_max(points: list[float]) -> float:
 @dataclass
 class _Step:
     first_seen: float
-    wall_time: float = 0.0
-    values: dict[str, float] = field(default_factory=dict)
+    wall_time: float
+    # Each worker's value (by its slot, `StepTable._slot`) where `given`: arrays, so that a step of a thousand
+    # ranks takes their values in two numpy assignments, not a thousand dict entries.
+    values: NDArray[np.float64]
+    given: NDArray[np.bool_]
 
 
 @dataclass
 class _Tag:
     name: str
     index: int  # in `StepTable._states`
+    # Each worker's latest step of this tag (the step of its last point, not the largest: a restart lowers it),
+    # by slot, where `reported`.
+    latest: NDArray[np.int64]
+    reported: NDArray[np.bool_]
+    count: int = 0  # of workers reported
     pending: dict[int, _Step] = field(default_factory=dict)
-    # Each worker's latest step of this tag (the step of its last point, not the largest: a restart lowers it).
-    latest: dict[str, int] = field(default_factory=dict)
     last_final: int | None = None
     # Whether two workers ever reported the tag: a tag only one worker logs (frameworks log from rank 0 only)
     # has nothing to reduce, and its steps are finalised without a reduction.
@@ -171,12 +179,29 @@ class _Tag:
     mark_known: bool = False
 
 
+def _wider(array: NDArray[_Item], size: int) -> NDArray[_Item]:
+    """`array` with room for `size` slots (the new ones zero: not given, not reported)."""
+    if len(array) >= size:
+        return array
+    grown = np.zeros(max(size, 2 * len(array)), dtype=array.dtype)
+    grown[: len(array)] = array
+    return grown
+
+
 def _changes(column: NDArray[np.int64]) -> NDArray[np.bool_]:
     """Where a sorted column's value differs from the one before (the first: always)."""
     changed = np.empty(column.size, dtype=np.bool_)
     changed[:1] = True
     np.not_equal(column[1:], column[:-1], out=changed[1:])
     return changed
+
+
+def _run_ends(starts: NDArray[np.bool_]) -> NDArray[np.bool_]:
+    """Where a run ends, given where runs start (`_changes`): the element before each start, and the last."""
+    ends = np.empty(starts.size, dtype=np.bool_)
+    ends[-1:] = True
+    ends[:-1] = starts[1:]
+    return ends
 
 
 class StepTable:
@@ -205,6 +230,8 @@ class StepTable:
         self._pending = 0
         self._touched: set[str] = set()
         self._departed: set[str] = set()
+        # Each worker's slot in the tags' and steps' arrays, in the order they were first met.
+        self._slots: dict[str, int] = {}
         # Each worker's progress: the step of its last point of any tag.
         self.progress: dict[str, int] = {}
         self.late_points = 0
@@ -228,8 +255,11 @@ class StepTable:
         """A session of `worker` opened (anew, or after a restart: where it stood is forgotten until it reports)."""
         self.world_size = max(self.world_size, world_size)
         self._departed.discard(worker)
+        slot = self._slot(worker)
         for state in self._tags.values():
-            state.latest.pop(worker, None)
+            if slot < len(state.reported) and state.reported[slot]:
+                state.reported[slot] = False
+                state.count -= 1
             state.mark_known = False
 
     def departed(self, worker: str) -> None:
@@ -281,10 +311,14 @@ class StepTable:
         self, worker: str, points: Iterable[tuple[str, int, float, float]], wanted: Callable[[str], bool], now: float
     ) -> None:
         """Take the points (tag, step, wall time, value) of one batch of `worker` whose tag is `wanted`. A later
-        value of the same worker and step replaces the earlier one. The hot loop of aggregation: a batch's
+        value of the same worker and step replaces the earlier one. Point by point, for a few batches (numpy's
+        fixed costs per call are more than a few dozen points cost here; many go to `add_columns`): a batch's
         points come in runs of one tag, so the tag's state is looked up once per run."""
         tags, arrivals = self._tags, self._arrivals
-        state, current, skip, last = _Tag("", -1), None, False, None
+        slot = self._slot(worker)
+        width = len(self._slots)
+        state: _Tag | None = None
+        current, skip, last = None, False, None
         if worker in self._departed:  # not while its session lives; but then no kept watermark may count it
             for known in tags.values():
                 known.mark_known = False
@@ -293,24 +327,27 @@ class StepTable:
                 current, skip = tag, not wanted(tag)
                 if skip:
                     continue
-                found = tags.get(tag)
-                if found is None:
-                    found = self._new_tag(tag)
-                    if found is None:
-                        skip = True
-                        self.refused_points += 1
-                        last = step
-                        continue
-                state = found
+                state = tags.get(tag) or self._new_tag(tag)
+                if state is None:
+                    skip = True
+                    self.refused_points += 1
+                    last = step
+                    continue
+                if len(state.reported) < width:
+                    state.latest, state.reported = _wider(state.latest, width), _wider(state.reported, width)
                 self._touched.add(tag)
             elif skip:
                 if tag not in tags and wanted(tag):
                     self.refused_points += 1
                     last = step
                 continue
-            old = state.latest.get(worker)
+            assert state is not None
+            old = int(state.latest[slot]) if state.reported[slot] else None
             if old != step:
-                state.latest[worker] = step
+                state.latest[slot] = step
+                if old is None:
+                    state.reported[slot] = True
+                    state.count += 1
                 if state.mark_known:
                     mark = state.mark
                     if old is None or mark is None or step < mark:
@@ -326,12 +363,17 @@ class StepTable:
                 continue
             pending = state.pending.get(step)
             if pending is None:
-                pending = state.pending[step] = _Step(now, wall_time)
+                pending = state.pending[step] = _Step(
+                    now, wall_time, np.zeros(width, dtype=np.float64), np.zeros(width, dtype=np.bool_)
+                )
                 arrivals.append((now, tag, step))
                 self._pending += 1
-            elif wall_time > pending.wall_time:  # a call to max costs more on this path
-                pending.wall_time = wall_time
-            pending.values[worker] = value
+            else:
+                pending.wall_time = max(pending.wall_time, wall_time)
+                if len(pending.given) < width:
+                    pending.values, pending.given = _wider(pending.values, width), _wider(pending.given, width)
+            pending.values[slot] = value
+            pending.given[slot] = True
         if last is not None:
             self.progress[worker] = last
 
@@ -367,35 +409,44 @@ class StepTable:
         kept = np.flatnonzero(tag >= 0)
         if not kept.size:
             return
-        tag, steps = tag[kept], steps[kept]
-        names = np.array(workers, dtype=object)[np.repeat(np.arange(len(batches)), sizes)[kept]]
+        slots = np.array([self._slot(worker) for worker in workers], dtype=np.int64)
+        tag, steps, slot = tag[kept], steps[kept], np.repeat(slots, sizes)[kept]
+        width = len(self._slots)
         states = self._states
-        # Each tag's points in arrival order: where its workers stand.
-        by_tag = np.argsort(tag, kind="stable")
-        tag_sorted = tag[by_tag]
-        name_list, step_list = names[by_tag].tolist(), steps[by_tag].tolist()
-        starts = np.flatnonzero(_changes(tag_sorted)).tolist()
-        for first, stop in zip(starts, [*starts[1:], tag.size], strict=True):
-            state = states[tag_sorted[first]]
-            self._stand(state, name_list[first:stop], step_list[first:stop])
+        # Where each worker stands in each tag: the step of its last point of it (the sort is stable).
+        by_tag = np.lexsort((slot, tag))
+        last = by_tag[_run_ends(_changes(tag[by_tag]) | _changes(slot[by_tag]))]
+        stood_tag = tag[last]
+        starts = np.flatnonzero(_changes(stood_tag)).tolist()
+        for first, stop in zip(starts, [*starts[1:], stood_tag.size], strict=True):
+            state = states[int(stood_tag[first])]
+            self._stand(state, slot[last[first:stop]], steps[last[first:stop]], width)
             self._touched.add(state.name)
-        # Each (tag, step)'s points in arrival order: the values of its workers (a later one replaces an earlier).
-        order = np.lexsort((steps, tag))
-        tag, steps = tag[order], steps[order]
-        wall_times = np.concatenate([batch.wall_times for batch in batches])[kept][order]
-        values = np.concatenate([batch.values for batch in batches])[kept][order].tolist()
-        name_list = names[order].tolist()
-        starts_array = np.flatnonzero(_changes(tag) | _changes(steps))
-        latest_wall = np.maximum.reduceat(wall_times, starts_array).tolist()
-        starts = starts_array.tolist()
+        # Each (tag, step)'s points: each worker's last value of it, the step's latest wall time, and which of
+        # its points came first (the steps opened are queued in that order, the oldest first).
+        order = np.lexsort((slot, steps, tag))
+        tag, steps, slot = tag[order], steps[order], slot[order]
+        groups = _changes(tag) | _changes(steps)
+        group_starts = np.flatnonzero(groups)
+        wall_times = np.maximum.reduceat(np.concatenate([b.wall_times for b in batches])[kept][order], group_starts)
+        arrived = np.minimum.reduceat(order, group_starts)
+        given = _run_ends(groups | _changes(slot))  # a worker's last point of each (tag, step)
+        values = np.concatenate([batch.values for batch in batches]).astype(np.float64)[kept][order][given]
+        given_slots = slot[given]
+        # Where each group's given points end: they are in group order.
+        given_ends = np.searchsorted(np.cumsum(groups)[given], np.arange(1, group_starts.size + 1), side="right")
         opened: list[tuple[int, str, int]] = []  # steps opened: (their first point, tag, step)
-        for first, stop, step, which, wall_time, arrived in zip(
-            starts,
-            [*starts[1:], tag.size],
-            steps[starts_array].tolist(),
-            tag[starts_array].tolist(),
-            latest_wall,
-            order[starts_array].tolist(),  # the sort is stable: a group's first point is the first to arrive
+        group_list = group_starts.tolist()
+        given_list = given_ends.tolist()
+        for first, stop, begin, end, step, which, wall_time, came in zip(
+            group_list,
+            [*group_list[1:], tag.size],
+            [0, *given_list[:-1]],
+            given_list,
+            steps[group_starts].tolist(),
+            tag[group_starts].tolist(),
+            wall_times.tolist(),
+            arrived.tolist(),
             strict=True,
         ):
             state = states[which]
@@ -404,33 +455,48 @@ class StepTable:
                 continue
             pending = state.pending.get(step)
             if pending is None:
-                pending = state.pending[step] = _Step(now, wall_time)
-                opened.append((arrived, state.name, step))
-            elif wall_time > pending.wall_time:
-                pending.wall_time = wall_time
-            pending.values.update(zip(name_list[first:stop], values[first:stop], strict=True))
-        # Queued in the order their first points came, as `add_all` queues them: the oldest goes first.
+                pending = state.pending[step] = _Step(
+                    now, wall_time, np.zeros(width, dtype=np.float64), np.zeros(width, dtype=np.bool_)
+                )
+                opened.append((came, state.name, step))
+            else:
+                pending.wall_time = max(pending.wall_time, wall_time)
+                if len(pending.given) < width:
+                    pending.values, pending.given = _wider(pending.values, width), _wider(pending.given, width)
+            which_slots = given_slots[begin:end]
+            pending.values[which_slots] = values[begin:end]
+            pending.given[which_slots] = True
+        # Queued in the order their first points came: the oldest goes first.
         opened.sort()
         self._arrivals.extend((now, tag_name, step) for _, tag_name, step in opened)
         self._pending += len(opened)
 
     @staticmethod
-    def _stand(state: _Tag, workers: list[str], steps: list[int]) -> None:
-        """Where `workers` now stand in the tag (each one's last step given), its kept watermark kept true."""
-        moved = dict(zip(workers, steps, strict=True))
-        latest = state.latest
+    def _stand(state: _Tag, slots: NDArray[np.int64], steps: NDArray[np.int64], width: int) -> None:
+        """Where the workers of `slots` now stand in the tag (each one once), its kept watermark kept true."""
+        if len(state.reported) < width:
+            state.latest, state.reported = _wider(state.latest, width), _wider(state.reported, width)
+        latest, reported = state.latest, state.reported
         mark = state.mark
+        first = len(slots) - int(np.count_nonzero(reported[slots]))  # workers reporting the tag for the first time
+        state.count += first
         if state.mark_known:
-            # Kept while every worker stays at or past it and one still stands at it; a first point (None) or
-            # one below it makes it computed again.
-            before = list(map(latest.get, moved))
-            now = list(moved.values())
-            if mark is None or None in before or min(now) < mark:
+            # Kept while every worker stays at or past it and one still stands at it; a first point (one not
+            # reported) or one below it makes it computed again.
+            if mark is None or first or int(steps.min()) < mark:
                 state.mark_known = False
             else:
-                state.at_mark += now.count(mark) - before.count(mark)
+                state.at_mark += int(np.count_nonzero(steps == mark)) - int(np.count_nonzero(latest[slots] == mark))
                 state.mark_known = state.at_mark > 0
-        latest.update(moved)
+        latest[slots] = steps
+        reported[slots] = True
+
+    def _slot(self, worker: str) -> int:
+        """`worker`'s slot in the arrays (a new worker gets the next one)."""
+        slot = self._slots.get(worker)
+        if slot is None:
+            slot = self._slots[worker] = len(self._slots)
+        return slot
 
     def _tag_ids(
         self, wanted: Callable[[str], bool], tags: Sequence[str], tag_index: NDArray[np.int64]
@@ -471,7 +537,14 @@ class StepTable:
         if len(self._tags) >= self.max_tags:
             self.refused_tag = tag
             return None
-        state = self._tags[tag] = _Tag(tag, len(self._states), last_final=self._written.pop(tag, None))
+        width = len(self._slots)
+        state = self._tags[tag] = _Tag(
+            tag,
+            len(self._states),
+            np.zeros(width, dtype=np.int64),
+            np.zeros(width, dtype=np.bool_),
+            last_final=self._written.pop(tag, None),
+        )
         self._states.append(state)
         return state
 
@@ -544,27 +617,37 @@ class StepTable:
         self._held.clear()
         return done
 
+    def _departed_slots(self, width: int) -> NDArray[np.bool_]:
+        """Which of `width` slots are workers with no session left."""
+        departed = np.zeros(width, dtype=np.bool_)
+        departed[[self._slots[worker] for worker in self._departed if self._slots.get(worker, width) < width]] = True
+        return departed
+
     def _every_worker_left(self, state: _Tag) -> bool:
         if not self._departed:
             return False
-        return len(state.latest.keys() | self._departed) >= self.world_size and state.latest.keys() <= self._departed
+        reported = state.reported
+        departed = self._departed_slots(len(reported))
+        together = int(np.count_nonzero(reported | departed)) + len(self._departed) - int(np.count_nonzero(departed))
+        return together >= self.world_size and not (reported & ~departed).any()
 
     def _watermark(self, state: _Tag) -> int | None:
         """The step every worker of the world is at or past, or None while some worker of it has not reported
         (or every worker that reported has left: then the frontier decides)."""
         if state.mark_known:
             return state.mark
-        departed = self._departed
-        if len(state.latest) + len(departed) < self.world_size or len(state.latest.keys() | departed) < self.world_size:
+        if state.count + len(self._departed) < self.world_size:
+            return None  # not kept (as below), and known without a look at every worker
+        reported = state.reported
+        departed = self._departed_slots(len(reported))
+        together = int(np.count_nonzero(reported | departed)) + len(self._departed) - int(np.count_nonzero(departed))
+        if together < self.world_size:
             return None  # not kept: the next worker to report a first point may complete the world
-        if departed:
-            active = [step for worker, step in state.latest.items() if worker not in departed]
-        else:
-            active = list(state.latest.values())
-        if not active:
+        active = state.latest[reported & ~departed]
+        if not active.size:
             return None
-        state.mark = mark = min(active)
-        state.at_mark = active.count(mark)
+        state.mark = mark = int(active.min())
+        state.at_mark = int(np.count_nonzero(active == mark))
         state.mark_known = True
         return mark
 
@@ -606,9 +689,10 @@ class StepTable:
         done = []
         for step in steps:
             pending = state.pending.pop(step)
-            state.shared = state.shared or len(state.latest) > 1 or len(pending.values) > 1
+            given = pending.values[pending.given]
+            state.shared = state.shared or given.size > 1 or state.count > 1
             if state.shared:
-                done.append(reduce(tag, step, pending.wall_time, pending.values.values()))
+                done.append(reduce(tag, step, pending.wall_time, given.tolist()))
         self._pending -= len(steps)
         if steps:
             state.last_final = steps[-1]

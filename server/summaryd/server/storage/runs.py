@@ -101,6 +101,11 @@ class RunWriter:
         started = time.perf_counter()
         try:
             framed_bytes = await self.commit.write(self, session_id, last, events)
+        except BaseException:
+            # The error's traceback holds this frame for as long as the caller keeps the error (a future does):
+            # the refused batch must not stay with it.
+            del events
+            raise
         finally:
             if metrics is not None:
                 metrics.write_queue.dec()
