@@ -244,3 +244,36 @@ def test_a_raise_in_finalisation_never_stops_the_runs_timer() -> None:
 
     aggregator, idled = asyncio.run(asyncio.wait_for(tick(), 60))
     assert (aggregator.failures, aggregator.table.last_final(), idled > 0) == (1, {"loss": 0}, True)
+
+
+def test_a_loop_iterations_batches_are_taken_together_and_a_bad_one_fails_alone() -> None:
+    """Batches written in one iteration of the event loop are taken at its end, as columns from 16 on; a batch
+    that cannot be taken (a tag index beyond its batch's tags: refused before a write, so never seen in a
+    daemon) fails alone, logged and counted, and the others of its iteration are taken."""
+
+    def batch(step: int, tag_index: int = 0) -> ScalarRecords:
+        return ScalarRecords(
+            pb.ScalarColumns(tags=["loss"], tag_index=[tag_index], step=[step], wall_time=[1.0], value=[float(step)])
+        )
+
+    async def feed() -> tuple[RunAggregator, list[Reduction]]:
+        aggregator = RunAggregator(AggregateRuns("job", None, DEFAULT), AggregationSettings(True, 60.0))  # type: ignore[arg-type]
+        aggregator._runs._writers = {"mean": None}  # type: ignore[dict-item]  # live, with nothing to write to
+        workers = [f"rank-{rank}" for rank in range(20)]
+        for worker in workers:
+            aggregator.joined(worker, len(workers))
+        finalised: list[Reduction] = []
+        aggregator._finish = finalised.extend  # type: ignore[method-assign]
+        for worker in workers:
+            aggregator.take(worker, bool, batch(0, tag_index=1 if worker == "rank-7" else 0))
+        await asyncio.sleep(0)
+        assert aggregator.failures == 1 and not finalised  # step 0 waits for rank-7
+        for worker in workers:
+            aggregator.take(worker, bool, batch(1))
+        assert set(aggregator.table.progress.values()) == {0}  # nothing taken before the iteration's end
+        await asyncio.sleep(0)
+        return aggregator, finalised
+
+    aggregator, finalised = asyncio.run(asyncio.wait_for(feed(), 60))
+    assert [(r.tag, r.step, r.count, r.mean) for r in finalised] == [("loss", 0, 19, 0.0), ("loss", 1, 20, 1.0)]
+    assert aggregator.failures == 1

@@ -362,10 +362,15 @@ class RunAggregator:
         taken, self._taken = self._taken, []
         if not taken:
             return
+        now = time.monotonic()
         try:
-            _add_batches(self.table, taken, time.monotonic())
-        except Exception:  # aggregation never fails the workers' batches
-            self._failed(f"{len(taken)} batches of workers {', '.join(sorted({worker for worker, _, _ in taken}))}")
+            _add_batches(self.table, taken, now)
+        except Exception:  # aggregation never fails the workers' batches; one that cannot be taken fails alone
+            for worker, wanted, events in taken:
+                try:
+                    self.table.add_all(worker, points(events), wanted, now)
+                except Exception:
+                    self._failed(f"a batch of worker {worker}")
 
     def joined(self, worker: str, world_size: int) -> None:
         """A session of `worker` opened (see `StepTable.joined`)."""

@@ -37,7 +37,7 @@ _Item = TypeVar("_Item", bound=np.generic)
 
 # A batch's tag not aggregated, one beyond `max_tags`, and one it does not use (`StepTable._tag_ids`).
 _UNWANTED, _REFUSED, _UNSEEN = -1, -2, -3
-_MAX_TABLES = 65_536  # tag tables remembered per run (one per rank, typically): beyond, forgotten at once
+_MAX_TABLES = 8_192  # tag tables remembered per run (one per rank, typically): beyond, forgotten at once
 
 
 @dataclass(frozen=True)
