@@ -9,6 +9,7 @@ thread enters during each `add_*` call.
 
 from __future__ import annotations
 
+import gc
 import sys
 import threading
 from collections.abc import Callable, Iterator
@@ -51,18 +52,24 @@ def encodes(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, str, tuple[int, 
 
 
 def calls_on_this_thread(action: Callable[[], None]) -> list[Call]:
-    """The Python functions this thread enters while `action` runs (other threads are not profiled)."""
+    """The Python functions this thread enters while `action` runs (other threads are not profiled). The cyclic
+    collector is off meanwhile: a collection would run whatever `gc.callbacks` hold (hypothesis, loaded by other
+    tests in the same process, keeps one there) at a moment no call of the action chose."""
     entered: list[Call] = []
 
     def profile(frame: FrameType, event: str, arg: object) -> None:
         if event == "call":
             entered.append((frame.f_code.co_filename, frame.f_code.co_name))
 
+    collecting = gc.isenabled()
+    gc.disable()
     sys.setprofile(profile)
     try:
         action()
     finally:
         sys.setprofile(None)
+        if collecting:
+            gc.enable()
     return entered
 
 
