@@ -12,8 +12,10 @@ the run's end drop it (counted in `dropped_steps`), so that one point far ahead 
 the hundreds) never makes every later step late. At most `max_tags` tags are held; the points of further tags
 are counted in `refused_points` and not aggregated (they are in their worker's own run all the same).
 
-Nothing here does I/O or keeps time itself; the caller passes the clock. Per point the work is a few dict
-operations; completion is checked once per batch for each tag the batch touched.
+Nothing here does I/O or keeps time itself; the caller passes the clock. The state is numpy arrays by worker
+slot (each tag's workers' positions, each pending step's values): many batches taken together cost a few array
+operations per tag and step (`add_columns`), a few batches a few operations per point (`add_all`); completion is
+checked once per call of `complete` for each tag touched since.
 """
 
 from __future__ import annotations
@@ -379,9 +381,9 @@ class StepTable:
 
     def add_columns(self, batches: Sequence[ColumnBatch], now: float) -> None:
         """Take the points of many batches at once, in order, as `add_all` of each would: the path of a group
-        commit's batches, many ranks' steps of the same tags. The points are sorted by tag and step (numpy) and
-        each (tag, step) takes its workers' values in one dict update, so the Python work is per tag and step of
-        the batches, not per point."""
+        commit's batches, many ranks' steps of the same tags. The points are sorted by tag, step and worker
+        (numpy), and each tag takes its workers' positions, and each (tag, step) its workers' values, in a few
+        array assignments: the Python work is per tag and step of the batches, not per point."""
         batches = [batch for batch in batches if len(batch.steps)]
         if not batches:
             return
