@@ -151,12 +151,21 @@ def _signed_max(points: list[float]) -> float:
 
 @dataclass
 class _Step:
-    first_seen: float
     wall_time: float
     # Each worker's value (by its slot, `StepTable._slot`) where `given`: arrays, so that a step of a thousand
     # ranks takes their values in two numpy assignments, not a thousand dict entries.
     values: NDArray[np.float64]
     given: NDArray[np.bool_]
+
+    @classmethod
+    def opened(cls, wall_time: float, width: int) -> _Step:
+        """A step no worker gave a value of yet, with room for `width` workers."""
+        return cls(wall_time, np.zeros(width, dtype=np.float64), np.zeros(width, dtype=np.bool_))
+
+    def fit(self, width: int) -> None:
+        """Room for `width` workers."""
+        if len(self.given) < width:
+            self.values, self.given = _wider(self.values, width), _wider(self.given, width)
 
 
 @dataclass
@@ -179,6 +188,11 @@ class _Tag:
     mark: int | None = None
     at_mark: int = 0
     mark_known: bool = False
+
+    def fit(self, width: int) -> None:
+        """Room for `width` workers."""
+        if len(self.reported) < width:
+            self.latest, self.reported = _wider(self.latest, width), _wider(self.reported, width)
 
 
 def _wider(array: NDArray[_Item], size: int) -> NDArray[_Item]:
@@ -335,8 +349,7 @@ class StepTable:
                     self.refused_points += 1
                     last = step
                     continue
-                if len(state.reported) < width:
-                    state.latest, state.reported = _wider(state.latest, width), _wider(state.reported, width)
+                state.fit(width)
                 self._touched.add(tag)
             elif skip:
                 if tag not in tags and wanted(tag):
@@ -365,15 +378,12 @@ class StepTable:
                 continue
             pending = state.pending.get(step)
             if pending is None:
-                pending = state.pending[step] = _Step(
-                    now, wall_time, np.zeros(width, dtype=np.float64), np.zeros(width, dtype=np.bool_)
-                )
+                pending = state.pending[step] = _Step.opened(wall_time, width)
                 arrivals.append((now, tag, step))
                 self._pending += 1
             else:
                 pending.wall_time = max(pending.wall_time, wall_time)
-                if len(pending.given) < width:
-                    pending.values, pending.given = _wider(pending.values, width), _wider(pending.given, width)
+                pending.fit(width)
             pending.values[slot] = value
             pending.given[slot] = True
         if last is not None:
@@ -430,10 +440,11 @@ class StepTable:
         tag, steps, slot = tag[order], steps[order], slot[order]
         groups = _changes(tag) | _changes(steps)
         group_starts = np.flatnonzero(groups)
-        wall_times = np.maximum.reduceat(np.concatenate([b.wall_times for b in batches])[kept][order], group_starts)
+        picked = kept[order]  # each sorted point's index among the batches' points
+        wall_times = np.maximum.reduceat(np.concatenate([b.wall_times for b in batches])[picked], group_starts)
         arrived = np.minimum.reduceat(order, group_starts)
         given = _run_ends(groups | _changes(slot))  # a worker's last point of each (tag, step)
-        values = np.concatenate([batch.values for batch in batches]).astype(np.float64)[kept][order][given]
+        values = np.concatenate([batch.values for batch in batches])[picked[given]].astype(np.float64)
         given_slots = slot[given]
         # Where each group's given points end: they are in group order.
         given_ends = np.searchsorted(np.cumsum(groups)[given], np.arange(1, group_starts.size + 1), side="right")
@@ -457,14 +468,11 @@ class StepTable:
                 continue
             pending = state.pending.get(step)
             if pending is None:
-                pending = state.pending[step] = _Step(
-                    now, wall_time, np.zeros(width, dtype=np.float64), np.zeros(width, dtype=np.bool_)
-                )
+                pending = state.pending[step] = _Step.opened(wall_time, width)
                 opened.append((came, state.name, step))
             else:
                 pending.wall_time = max(pending.wall_time, wall_time)
-                if len(pending.given) < width:
-                    pending.values, pending.given = _wider(pending.values, width), _wider(pending.given, width)
+                pending.fit(width)
             which_slots = given_slots[begin:end]
             pending.values[which_slots] = values[begin:end]
             pending.given[which_slots] = True
@@ -476,8 +484,7 @@ class StepTable:
     @staticmethod
     def _stand(state: _Tag, slots: NDArray[np.int64], steps: NDArray[np.int64], width: int) -> None:
         """Where the workers of `slots` now stand in the tag (each one once), its kept watermark kept true."""
-        if len(state.reported) < width:
-            state.latest, state.reported = _wider(state.latest, width), _wider(state.reported, width)
+        state.fit(width)
         latest, reported = state.latest, state.reported
         mark = state.mark
         first = len(slots) - int(np.count_nonzero(reported[slots]))  # workers reporting the tag for the first time
@@ -619,19 +626,20 @@ class StepTable:
         self._held.clear()
         return done
 
-    def _departed_slots(self, width: int) -> NDArray[np.bool_]:
-        """Which of `width` slots are workers with no session left."""
+    def _world_covered(self, state: _Tag) -> tuple[bool, NDArray[np.bool_]]:
+        """Whether the workers that reported the tag and those with no session left make the whole world, and
+        which of the tag's slots are those departed (a departed worker beyond them counts all the same)."""
+        width = len(state.reported)
         departed = np.zeros(width, dtype=np.bool_)
         departed[[self._slots[worker] for worker in self._departed if self._slots.get(worker, width) < width]] = True
-        return departed
+        beyond = len(self._departed) - int(np.count_nonzero(departed))
+        return int(np.count_nonzero(state.reported | departed)) + beyond >= self.world_size, departed
 
     def _every_worker_left(self, state: _Tag) -> bool:
         if not self._departed:
             return False
-        reported = state.reported
-        departed = self._departed_slots(len(reported))
-        together = int(np.count_nonzero(reported | departed)) + len(self._departed) - int(np.count_nonzero(departed))
-        return together >= self.world_size and not (reported & ~departed).any()
+        covered, departed = self._world_covered(state)
+        return covered and not (state.reported & ~departed).any()
 
     def _watermark(self, state: _Tag) -> int | None:
         """The step every worker of the world is at or past, or None while some worker of it has not reported
@@ -640,12 +648,10 @@ class StepTable:
             return state.mark
         if state.count + len(self._departed) < self.world_size:
             return None  # not kept (as below), and known without a look at every worker
-        reported = state.reported
-        departed = self._departed_slots(len(reported))
-        together = int(np.count_nonzero(reported | departed)) + len(self._departed) - int(np.count_nonzero(departed))
-        if together < self.world_size:
+        covered, departed = self._world_covered(state)
+        if not covered:
             return None  # not kept: the next worker to report a first point may complete the world
-        active = state.latest[reported & ~departed]
+        active = state.latest[state.reported & ~departed]
         if not active.size:
             return None
         state.mark = mark = int(active.min())
