@@ -17,6 +17,9 @@ from summaryd.v1 import summaryd_pb2 as pb
 _TAG, _VALUE, _STEP, _WALL = itemgetter(1), itemgetter(2), itemgetter(3), itemgetter(4)
 
 
+_INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
+"""The steps a request carries (`ScalarColumns.step`, int64)."""
+
 # The keys of `ScalarColumns`' packed fields on the wire (field number << 3 | wire type 2, length-delimited):
 # tag_index (2), wall_time (4), value (5).
 _TAG_INDEX_FIELD, _WALL_TIME_FIELD, _VALUE_FIELD = b"\x12", b"\x22", b"\x2a"
@@ -48,6 +51,8 @@ class ScalarRun:
 
     @classmethod
     def of(cls, items: Sequence[tuple[Any, ...]]) -> ScalarRun:
+        """The columns of `items`. Raises `ValueError` for a scalar no request carries: a step beyond int64, or a
+        tag that is not UTF-8."""
         # One C-level pass per column (`itemgetter`); cheaper than transposing the tuples with `zip(*items)`.
         tags = list(map(_TAG, items))
         tag_index: Sequence[int]
@@ -58,21 +63,25 @@ class ScalarRun:
             table = {tag: index for index, tag in enumerate(dict.fromkeys(tags))}
             names = tuple(table)
             tag_index = list(map(table.__getitem__, tags))
-        return cls(names, tag_index, list(map(_VALUE, items)), list(map(_STEP, items)), list(map(_WALL, items)))
+        for name in names:
+            name.encode()  # a tag that is not UTF-8 (a lone surrogate) raises here, not in the request's field
+        steps = list(map(_STEP, items))
+        if steps and (max(steps) > _INT64_MAX or min(steps) < _INT64_MIN):  # two C-level passes, no Python per step
+            raise ValueError("a step beyond int64, which no request carries")
+        return cls(names, tag_index, list(map(_VALUE, items)), steps, list(map(_WALL, items)))
 
     def __len__(self) -> int:
         return len(self.steps)
 
     def packed(self) -> ScalarRun:
         """The same columns in packed arrays, for a batch that waits (no stream open): a few bytes a scalar
-        instead of its objects, which go back to the allocator for the caller's next ones. Itself when a step is
-        beyond int64 (then the daemon refuses that scalar, as it would anyway)."""
-        try:
-            steps = array("q", self.steps)
-        except OverflowError:
-            return self
+        instead of its objects, which go back to the allocator for the caller's next ones."""
         return ScalarRun(
-            self.tags, array("L", self.tag_index), array("d", self.values), steps, array("d", self.wall_times)
+            self.tags,
+            array("L", self.tag_index),
+            array("d", self.values),
+            array("q", self.steps),
+            array("d", self.wall_times),
         )
 
     def fill(self, columns: pb.ScalarColumns) -> pb.ScalarColumns:

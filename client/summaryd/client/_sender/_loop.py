@@ -23,6 +23,18 @@ FLUSH_GAP_SECS = 0.01
 than `linger_secs`): a framework that flushes after every step of a fast loop costs one message per gap, not one
 per step (each message a wake-up of this thread, and the GIL taken from the loop)."""
 
+_INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
+"""The steps an event carries."""
+
+
+def _sendable(scalar: Queued) -> bool:
+    """Whether an event carries this queued scalar: its step within int64, its tag UTF-8."""
+    try:
+        scalar[1].encode()  # type: ignore[union-attr]
+    except UnicodeEncodeError:
+        return False
+    return bool(_INT64_MIN <= scalar[3] <= _INT64_MAX)  # type: ignore[misc]
+
 AFTER_POLL_SECS = 0.05
 """How often a sender waiting for its predecessor's session to end looks again."""
 
@@ -207,7 +219,13 @@ class SenderLoop(SenderPart):
             items, nbytes = self._queue.take_scalars(most, options.max_batch_bytes)
         if not items:
             return None
-        scalars = ScalarRun.of(items)
+        try:
+            scalars = ScalarRun.of(items)
+        except ValueError:
+            items, nbytes = self._drop_unsendable(items, nbytes)
+            if not items:
+                return None
+            scalars = ScalarRun.of(items)
         if not self._connection.streaming:  # it waits for the daemon: its objects are freed for the caller's reuse
             scalars = scalars.packed()
         with self._cond:
@@ -215,6 +233,23 @@ class SenderLoop(SenderPart):
             self._refill()
             self._cond.notify_all()
         return batch
+
+    def _drop_unsendable(self, items: list[Queued], nbytes: int) -> tuple[list[Queued], int]:
+        """The scalars of `items` that an event carries, and their bytes. The others (a step beyond int64, a tag
+        that is not UTF-8) are dropped before they are numbered, counted and logged as events that could not be
+        built: bad input costs that scalar alone, never the batch or the sender."""
+        kept = [item for item in items if _sendable(item)]
+        dropped = len(items) - len(kept)
+        with self._cond:
+            self._ledger.settle(dropped, "encode_error")
+            self._cond.notify_all()
+        log.warning(
+            "summaryd: dropped %d scalar(s) of run %r that no event carries (a step beyond int64 or a tag that is "
+            "not UTF-8)",
+            dropped,
+            self._identity.run,
+        )
+        return kept, nbytes - sum(item[-1] for item in items) + sum(item[-1] for item in kept)
 
     def _refill(self) -> None:
         """Holding the lock: give callers lock-free room again when they used up half of it."""
