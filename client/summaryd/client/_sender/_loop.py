@@ -35,6 +35,7 @@ def _sendable(scalar: Queued) -> bool:
         return False
     return bool(_INT64_MIN <= scalar[3] <= _INT64_MAX)  # type: ignore[misc]
 
+
 AFTER_POLL_SECS = 0.05
 """How often a sender waiting for its predecessor's session to end looks again."""
 
