@@ -128,8 +128,7 @@ def measure(counts: tuple[int, int], functions: int) -> str:
             ours = {count: _profile(workdir, daemon.address, count) for count in counts}
         floor = {count: _profile(workdir, "floor", count) for count in counts}
         per_thread = {
-            thread: (_totals(ours[high])[thread] - _totals(ours[low])[thread]) / span
-            for thread in _totals(ours[high])
+            thread: (_totals(ours[high])[thread] - _totals(ours[low])[thread]) / span for thread in _totals(ours[high])
         }
         floor_total = sum(_totals(floor[high]).values()) - sum(_totals(floor[low]).values())
         floor_per = floor_total / span
