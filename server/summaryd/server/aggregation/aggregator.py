@@ -710,11 +710,11 @@ class Aggregation:
             )
 
     async def left(self, session: Member, others: Sequence[Member], stopping: bool = False) -> list[ClosedFile]:
-        """`session` ended; `others` are the live sessions. When it was the run's last and the whole world has
-        left (every worker's last session closed or released), or the daemon is `stopping`, the run's aggregator
-        stops: its pending steps are finalised and written, and the closed files of its aggregate runs returned
-        for their records. Otherwise the aggregator waits for the other workers (which a daemon restart, or
-        their own, may bring back later) until `--straggler-secs` pass without a session."""
+        """`session` ended; `others` are the live sessions of its worker (or more). When it was the run's last and
+        the whole world has left (every worker's last session closed or released), or the daemon is `stopping`,
+        the run's aggregator stops: its pending steps are finalised and written, and the closed files of its
+        aggregate runs returned for their records. Otherwise the aggregator waits for the other workers (which a
+        daemon restart, or their own, may bring back later) until `--straggler-secs` pass without a session."""
         aggregator = self._members.pop(session.session_id, None)
         if aggregator is None:
             return []

@@ -329,7 +329,7 @@ class SessionLifecycle:
                 f"the daemon holds {len(self.sessions)} live sessions, its limit (--max-sessions); close finished "
                 "sessions or raise the limit"
             )
-        from_peer = sum(1 for s in self.sessions if s.peer == peer)
+        from_peer = self.sessions.from_peer(peer)
         if from_peer >= limits.max_sessions_per_peer:
             return (
                 f"{peer} holds {from_peer} live sessions, the limit per client address (--max-sessions-per-peer); "
@@ -536,7 +536,8 @@ class SessionLifecycle:
                 end,
                 (session.session_id, session.run.run_dir, session.acked) if closing else None,
             )
-            await self._record_closed(await self.aggregation.left(session, list(self.sessions), self._stopping))
+            others = self.sessions.of_worker(session)  # the worker's other live sessions, not every session
+            await self._record_closed(await self.aggregation.left(session, others, self._stopping))
         return True
 
     async def _close_record(self, session_id: str) -> int:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections import Counter
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
@@ -133,10 +134,14 @@ class Session:
 
 
 class SessionTable:
-    """Live sessions by id."""
+    """Live sessions by id, counted by client address and grouped by run and worker: the limit per address and
+    a departure's look for the worker's other sessions cost the same with 16 sessions or 16,384 (a scan of every
+    session on each open and close cost a big job's daemon time quadratic in its ranks)."""
 
     def __init__(self) -> None:
         self._live: dict[str, Session] = {}
+        self._per_peer: Counter[str] = Counter()
+        self._by_worker: dict[tuple[str, str], dict[str, Session]] = {}
         # Counts of sessions that have ended, so that totals (metrics) never go backwards.
         self.ended_duplicates = 0
         self.ended_events = 0
@@ -150,11 +155,40 @@ class SessionTable:
     def get(self, session_id: str) -> Session | None:
         return self._live.get(session_id)
 
+    def _unindex(self, session: Session) -> None:
+        self._per_peer[session.peer] -= 1
+        if not self._per_peer[session.peer]:
+            del self._per_peer[session.peer]
+        key = _worker_key(session)
+        group = self._by_worker[key]
+        del group[session.session_id]
+        if not group:
+            del self._by_worker[key]
+
+    def from_peer(self, peer: str) -> int:
+        """Live sessions opened from the client address `peer`."""
+        return self._per_peer[peer]
+
+    def of_worker(self, session: Session) -> list[Session]:
+        """The live sessions of `session`'s run and worker (itself too while it is live)."""
+        return list(self._by_worker.get(_worker_key(session), {}).values())
+
     def add(self, session: Session) -> None:
+        replaced = self._live.get(session.session_id)
+        if replaced is not None:  # not expected (an open checks first), but never counted twice
+            self._unindex(replaced)
         self._live[session.session_id] = session
+        self._per_peer[session.peer] += 1
+        self._by_worker.setdefault(_worker_key(session), {})[session.session_id] = session
 
     def remove(self, session: Session, ending: Ending) -> None:
         session.ending = ending
-        if self._live.pop(session.session_id, None) is not None:
+        if self._live.get(session.session_id) is session:
+            del self._live[session.session_id]
+            self._unindex(session)
             self.ended_duplicates += session.duplicates_dropped
             self.ended_events += session.events_written
+
+
+def _worker_key(session: Session) -> tuple[str, str]:
+    return session.run.run_dir, session.worker
