@@ -38,7 +38,7 @@ from summaryd.server.operations.metrics import Metrics, WriteCounts
 from summaryd.server.records.scalar_records import ScalarRecords
 from summaryd.server.security.auth import UNAUTHENTICATED_MESSAGE, Grant, RelayCallers, current_caller
 from summaryd.server.security.refusals import WRITE_METHOD, Unparsed, unparsed_problem
-from summaryd.server.security.request_checks import batch_count, open_problem, session_id_problem, write_problem
+from summaryd.server.security.request_checks import counted_write_problem, open_problem, session_id_problem
 from summaryd.server.sessions.lifecycle import SessionLifecycle
 from summaryd.server.sessions.live import Session
 from summaryd.server.sessions.pacing import Pacer
@@ -227,8 +227,9 @@ class SummariesService(pb_grpc.SummariesServicer):
                                 )
                             # Every batch: a token removed or narrowed by a re-read token file stops here.
                             await self._authorize_run(session.run.run_dir, context)
-                        counts.received(request, session.run.run_dir)
-                        await self._check_batch(request, context)
+                        size = request.ByteSize()  # computed by serializing: once, for the counts and the check
+                        counts.received(request, session.run.run_dir, size)
+                        await self._check_batch(request, context, size)
                         acked = await self.lifecycle.write(session, request.first_sequence, _batch_events(request))
                         pacer.took()
                         ack = pb.WriteAck(
@@ -320,8 +321,9 @@ class SummariesService(pb_grpc.SummariesServicer):
                 async with _answered(relayed):
                     session = await self._live_session(session_id, relayed)
                     await self._authorize_run(session.run.run_dir, relayed)
-                    counts.received(request, session.run.run_dir)
-                    await self._check_batch(request, relayed)
+                    size = request.ByteSize()
+                    counts.received(request, session.run.run_dir, size)
+                    await self._check_batch(request, relayed, size)
                     acked = await self.lifecycle.write(session, request.first_sequence, _batch_events(request))
                 ack = pb.RelaySessionAck(session_id=session_id)
                 ack.ack.acked_sequence = acked
@@ -338,18 +340,17 @@ class SummariesService(pb_grpc.SummariesServicer):
             acks.append(refused.ack(session_id))
         return acks
 
-    async def _check_batch(self, request: pb.WriteRequest, context: Context) -> None:
-        problem = write_problem(request)
+    async def _check_batch(self, request: pb.WriteRequest, context: Context, size: int) -> None:
+        """Refuse a batch whose numbering or shape is wrong, or over the limits; `size` is its `ByteSize()`."""
+        problem, count = counted_write_problem(request)
         if problem is not None:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, problem)
-        size = request.ByteSize()
         if size > self.limits.max_message_bytes:
             await context.abort(
                 grpc.StatusCode.RESOURCE_EXHAUSTED,
                 f"batch from sequence {request.first_sequence} is a {size}-byte message, over the limit of "
                 f"{self.limits.max_message_bytes} bytes (--max-message-bytes); send smaller batches",
             )
-        count = batch_count(request)
         if count > self.limits.max_batch_events:
             await context.abort(
                 grpc.StatusCode.INVALID_ARGUMENT,

@@ -86,12 +86,15 @@ class ScalarRecords(Sequence[bytes]):
     def __init__(self, columns: pb.ScalarColumns, start: int = 0) -> None:
         self._columns = columns
         self._start = start
+        # The length, read once: a batch's length is asked for some ten times on its way (checks, counts, the
+        # observers), and each read of a repeated field's length costs a lookup of the field and a wrapper.
+        self._length = len(columns.step) - start
         # The columns as numpy arrays, once framing read them (a large batch, or one framed with others): the write
         # observers that want them need not read the columns again.
         self.arrays: ScalarArrays | None = None
 
     def __len__(self) -> int:
-        return len(self._columns.step) - self._start
+        return self._length
 
     @property
     def columns(self) -> tuple[pb.ScalarColumns, int]:
