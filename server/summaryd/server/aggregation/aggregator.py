@@ -515,7 +515,7 @@ def _add_batches(table: StepTable, taken: list[tuple[str, Callable[[str], bool],
     for worker, wanted, events in taken:
         if isinstance(events, ScalarRecords):
             arrays = events.column_arrays()
-            tags = events.columns[0].tags
+            tags = events.tags
             columns.append(
                 ColumnBatch(worker, tags, arrays.tag_index, arrays.steps, arrays.wall_times, arrays.values, wanted)
             )

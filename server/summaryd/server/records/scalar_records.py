@@ -89,12 +89,21 @@ class ScalarRecords(Sequence[bytes]):
         # The length, read once: a batch's length is asked for some ten times on its way (checks, counts, the
         # observers), and each read of a repeated field's length costs a lookup of the field and a wrapper.
         self._length = len(columns.step) - start
+        self._tags: tuple[str, ...] | None = None
         # The columns as numpy arrays, once framing read them (a large batch, or one framed with others): the write
         # observers that want them need not read the columns again.
         self.arrays: ScalarArrays | None = None
 
     def __len__(self) -> int:
         return self._length
+
+    @property
+    def tags(self) -> tuple[str, ...]:
+        """The batch's tag table, read out of the message once: each read of the field makes every string anew,
+        and framing, the watch and aggregation each want them."""
+        if self._tags is None:
+            self._tags = tuple(self._columns.tags)
+        return self._tags
 
     @property
     def columns(self) -> tuple[pb.ScalarColumns, int]:
@@ -132,7 +141,7 @@ class ScalarRecords(Sequence[bytes]):
 
     def _records(self, start: int, stop: int) -> Iterator[bytes]:
         columns = self._columns
-        templates = [_template(tag) for tag in columns.tags]
+        templates = [_template(tag) for tag in self.tags]
         float_pack = _FLOAT.pack
         # The columns sliced into lists first: indexing a repeated field per element costs more than the record.
         for wall_time, step, which, value in zip(
@@ -160,7 +169,7 @@ class ScalarRecords(Sequence[bytes]):
             blob = self._framed_each(limits)
             if blob is not None:
                 return blob
-        tags = list(columns.tags)
+        tags = list(self.tags)
         # The columns are read whole (numpy copies a packed field at C speed) and cut here, not in protobuf.
         tag_index = np.asarray(columns.tag_index, dtype=np.int64)[start:]
         wall = np.asarray(columns.wall_time, dtype=np.float64)[start:]
@@ -188,7 +197,7 @@ class ScalarRecords(Sequence[bytes]):
         batch, is more than a few dozen records cost in Python); None when a check fails, for `framed`'s own
         checks to name the first bad scalar."""
         columns, start = self._columns, self._start
-        tags = columns.tags
+        tags = self.tags
         wall_times = columns.wall_time[start:]
         tag_index = columns.tag_index[start:]
         if not all(0.0 <= wall_time < _INFINITY for wall_time in wall_times):  # NaN fails too
@@ -280,7 +289,7 @@ def framed_together(batches: Sequence[ScalarRecords], limits: Limits = DEFAULT) 
             # An empty batch, or columns of unequal lengths (refused by the request checks before this): joined,
             # two such would shift each other's points.
             return None
-        tags = tuple(columns.tags)
+        tags = batch.tags
         base = tables.get(tags)
         if base is None:
             base = tables[tags] = len(flat)
