@@ -31,7 +31,8 @@ import numpy as np
 from numpy.typing import NDArray
 
 
-def _every_tag(_: str) -> bool:
+def every_tag(_: str) -> bool:
+    """The filter that takes every tag (`StepTable.add_all` knows it, and calls it for no tag)."""
     return True
 
 
@@ -52,7 +53,7 @@ class ColumnBatch:
     steps: NDArray[np.int64]
     wall_times: NDArray[np.float64]
     values: NDArray[np.floating[Any]]
-    wanted: Callable[[str], bool] = _every_tag
+    wanted: Callable[[str], bool] = every_tag
 
 
 @dataclass(frozen=True)
@@ -336,7 +337,7 @@ class StepTable:
 
     def add(self, worker: str, tag: str, step: int, wall_time: float, value: float, now: float) -> None:
         """Take one point of `worker` (see `add_all`)."""
-        self.add_all(worker, [(tag, step, wall_time, value)], _every_tag, now)
+        self.add_all(worker, [(tag, step, wall_time, value)], every_tag, now)
 
     def add_all(
         self, worker: str, points: Iterable[tuple[str, int, float, float]], wanted: Callable[[str], bool], now: float
@@ -354,12 +355,13 @@ class StepTable:
         latest: memoryview | None = None
         reported: memoryview | None = None
         current, skip, last = None, False, None
+        every = wanted is every_tag  # then no call per tag
         if worker in self._departed:  # not while its session lives; but then no kept watermark may count it
             for known in tags.values():
                 known.mark_known = False
         for tag, step, wall_time, value in points:
             if tag != current:
-                current, skip = tag, not wanted(tag)
+                current, skip = tag, not (every or wanted(tag))
                 if skip:
                     continue
                 state = tags.get(tag) or self._new_tag(tag)
@@ -368,7 +370,8 @@ class StepTable:
                     self.refused_points += 1
                     last = step
                     continue
-                state.fit(width)
+                if len(state.reported) < width:  # (`fit` tells the same; a call per point costs more)
+                    state.fit(width)
                 latest, reported = state.latest_view, state.reported_view
                 touched.add(tag)
             elif skip:
@@ -403,7 +406,8 @@ class StepTable:
                 self._pending += 1
             else:
                 pending.wall_time = max(pending.wall_time, wall_time)
-                pending.fit(width)
+                if len(pending.given) < width:
+                    pending.fit(width)
             pending.value_view[slot] = value
             pending.given_view[slot] = True
         if last is not None:
