@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import resource
 import threading
+import time
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -314,6 +315,31 @@ def test_stream_idle_time(spawn: Spawn) -> None:
     # The session itself lives on: the client reconnects and continues.
     assert write(stub, session, 3, [scalar(2)]) == 3
     assert steps_in(daemon, "lim") == [0, 1, 2]
+
+
+def test_stream_idle_time_is_per_wait(spawn: Spawn) -> None:
+    """The limit is on each wait for the next message, not on the stream: a stream whose messages come closer
+    together than the limit lives on past it; then a silence as long as the limit ends it."""
+    daemon, stub = spawn("--stream-idle-timeout", "1", "--session-lease", "2.9")
+    session = open_session(stub)
+    hang_up = threading.Event()
+
+    def requests() -> Iterator[pb.WriteRequest]:
+        for i in range(8):  # 8 messages 0.3 s apart: 2.4 s of stream, over twice the limit
+            yield pb.WriteRequest(session_id=session, first_sequence=i + 1, events=[scalar(i)])
+            time.sleep(0.3)
+        hang_up.wait(30)
+
+    acks = []
+    try:
+        with pytest.raises(grpc.RpcError) as caught:
+            for ack in stub.Write(requests(), timeout=20):
+                acks.append(ack.acked_sequence)
+    finally:
+        hang_up.set()
+    assert acks == list(range(1, 9))
+    assert caught.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+    assert steps_in(daemon, "lim") == list(range(8))
 
 
 def test_idle_time_must_outlast_heartbeats() -> None:

@@ -33,7 +33,7 @@ from typing import Protocol
 from google.protobuf.message import DecodeError
 from tensorboard.compat.proto.event_pb2 import Event
 
-from summaryd.server.aggregation.step_table import ColumnBatch, Reduction, StepTable
+from summaryd.server.aggregation.step_table import ColumnBatch, Reduction, StepTable, every_tag
 from summaryd.server.errors import EventError
 from summaryd.server.io_threads import run_to_completion
 from summaryd.server.operations.logs import Throttle
@@ -515,7 +515,7 @@ def _add_batches(table: StepTable, taken: list[tuple[str, Callable[[str], bool],
     for worker, wanted, events in taken:
         if isinstance(events, ScalarRecords):
             arrays = events.column_arrays()
-            tags = events.columns[0].tags
+            tags = events.tags
             columns.append(
                 ColumnBatch(worker, tags, arrays.tag_index, arrays.steps, arrays.wall_times, arrays.values, wanted)
             )
@@ -705,9 +705,9 @@ class Aggregation:
         assert aggregator.starting is not None
         if await asyncio.shield(aggregator.starting) and session.ending is None:
             aggregator.joined(session.worker, request.world_size)
-            self._feeds[session.session_id] = functools.partial(
-                aggregator.take, session.worker, TagFilter(request.aggregate_tags)
-            )
+            # Every tag: the step table's own filter, which it knows without a call per tag.
+            wanted = TagFilter(request.aggregate_tags) if request.aggregate_tags else every_tag
+            self._feeds[session.session_id] = functools.partial(aggregator.take, session.worker, wanted)
 
     async def left(self, session: Member, others: Sequence[Member], stopping: bool = False) -> list[ClosedFile]:
         """`session` ended; `others` are the live sessions of its worker (or more). When it was the run's last and

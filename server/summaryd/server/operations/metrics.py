@@ -174,7 +174,8 @@ class WriteCounts:
         self._metrics = metrics
         self._run: tuple[LoopCount, LoopCount] | None = None
 
-    def received(self, request: Any, run_dir: str) -> None:
+    def received(self, request: Any, run_dir: str, size: int) -> None:
+        """A batch received on the stream: `size` is the message's `ByteSize()` (the caller's, computed once)."""
         metrics = self._metrics
         if metrics is None:
             return
@@ -184,7 +185,7 @@ class WriteCounts:
             counters = self._run = metrics.events_received.labels(run_dir), metrics.bytes_received.labels(run_dir)
         counters[0].inc(len(request.events) + len(request.scalars.step))
         # The message's size, computed in C: summing the events' sizes would copy each one out.
-        counters[1].inc(request.ByteSize())
+        counters[1].inc(size)
 
     def acked(self) -> None:
         if self._metrics is not None:

@@ -169,7 +169,7 @@ def _event_points(events: Sequence[bytes]) -> Iterator[Point]:
 
 def _column_points(records: ScalarRecords) -> Iterator[Point]:
     columns, start = records.columns
-    tags = list(columns.tags)
+    tags = records.tags
     # Slices of the packed fields are plain lists; the value column reads back exactly the float32 written.
     return zip(
         map(tags.__getitem__, columns.tag_index[start:]),

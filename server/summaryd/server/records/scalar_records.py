@@ -17,6 +17,7 @@ import threading
 from collections.abc import Iterator, Sequence
 from typing import NamedTuple, TypeVar, overload
 
+import google_crc32c
 import numpy as np
 from numpy.typing import NDArray
 
@@ -24,11 +25,13 @@ from summaryd.server.errors import EventError
 from summaryd.server.records.crc_columns import column_crcs, linear_crc, varying_bytes
 from summaryd.server.security.limits import DEFAULT, Limits
 from summaryd.v1 import summaryd_pb2 as pb
-from summaryd.v1.wire import frame, frame_all, header
+from summaryd.v1.wire import frame, header
 
 _DOUBLE = struct.Struct("<d")
 _MASK_DELTA = 0xA282EAD8  # TFRecord's CRC mask (see `wire.masked_crc32c`)
 _FLOAT = struct.Struct("<f")
+_CRC = struct.Struct("<I")  # a record's masked CRC-32C (`wire.footer`)
+_U32 = 0xFFFFFFFF
 _WALL_TIME_TAG = b"\x09"  # Event.wall_time: field 1, 64-bit
 _STEP_TAG = b"\x10"  # Event.step: field 2, varint
 _U64 = (1 << 64) - 1
@@ -83,12 +86,24 @@ class ScalarRecords(Sequence[bytes]):
     def __init__(self, columns: pb.ScalarColumns, start: int = 0) -> None:
         self._columns = columns
         self._start = start
+        # The length, read once: a batch's length is asked for some ten times on its way (checks, counts, the
+        # observers), and each read of a repeated field's length costs a lookup of the field and a wrapper.
+        self._length = len(columns.step) - start
+        self._tags: tuple[str, ...] | None = None
         # The columns as numpy arrays, once framing read them (a large batch, or one framed with others): the write
         # observers that want them need not read the columns again.
         self.arrays: ScalarArrays | None = None
 
     def __len__(self) -> int:
-        return len(self._columns.step) - self._start
+        return self._length
+
+    @property
+    def tags(self) -> tuple[str, ...]:
+        """The batch's tag table, read out of the message once: each read of the field makes every string anew,
+        and framing, the watch and aggregation each want them."""
+        if self._tags is None:
+            self._tags = tuple(self._columns.tags)
+        return self._tags
 
     @property
     def columns(self) -> tuple[pb.ScalarColumns, int]:
@@ -126,7 +141,7 @@ class ScalarRecords(Sequence[bytes]):
 
     def _records(self, start: int, stop: int) -> Iterator[bytes]:
         columns = self._columns
-        templates = [_template(tag) for tag in columns.tags]
+        templates = [_template(tag) for tag in self.tags]
         float_pack = _FLOAT.pack
         # The columns sliced into lists first: indexing a repeated field per element costs more than the record.
         for wall_time, step, which, value in zip(
@@ -154,7 +169,7 @@ class ScalarRecords(Sequence[bytes]):
             blob = self._framed_each(limits)
             if blob is not None:
                 return blob
-        tags = list(columns.tags)
+        tags = list(self.tags)
         # The columns are read whole (numpy copies a packed field at C speed) and cut here, not in protobuf.
         tag_index = np.asarray(columns.tag_index, dtype=np.int64)[start:]
         wall = np.asarray(columns.wall_time, dtype=np.float64)[start:]
@@ -182,7 +197,7 @@ class ScalarRecords(Sequence[bytes]):
         batch, is more than a few dozen records cost in Python); None when a check fails, for `framed`'s own
         checks to name the first bad scalar."""
         columns, start = self._columns, self._start
-        tags = columns.tags
+        tags = self.tags
         wall_times = columns.wall_time[start:]
         tag_index = columns.tag_index[start:]
         if not all(0.0 <= wall_time < _INFINITY for wall_time in wall_times):  # NaN fails too
@@ -192,10 +207,28 @@ class ScalarRecords(Sequence[bytes]):
             and any(len(tag.encode()) > limits.max_tag_bytes for tag in tags)
         ):
             return None
-        records = list(self._records(start, len(columns.step)))
-        if max(map(len, records)) > limits.max_event_bytes:
+        # As `frame_all` of `_records`, in one loop: a batch's scalars share their wall time and step in runs (a
+        # step's tags), whose fields are built once a run, and each record's CRC is masked inline.
+        templates = [_template(tag) for tag in tags]
+        float_pack, crc_pack, crc_of = _FLOAT.pack, _CRC.pack, google_crc32c.value
+        parts: list[bytes] = []
+        fields, field_step, field_wall = b"", None, 0.0  # the wall time and step fields, and what they are of
+        stop = len(columns.step)
+        for wall_time, step, which, value in zip(
+            columns.wall_time[start:stop],
+            columns.step[start:stop],
+            columns.tag_index[start:stop],
+            columns.value[start:stop],
+            strict=True,
+        ):
+            if step != field_step or wall_time != field_wall or not wall_time:  # 0.0 == -0.0, written apart
+                fields, field_step, field_wall = _wall_time_field(wall_time) + _step_field(step), step, wall_time
+            record = fields + templates[which] + float_pack(value)
+            crc = crc_of(record)
+            parts += (header(len(record)), record, crc_pack((((crc >> 15) | (crc << 17)) + _MASK_DELTA) & _U32))
+        if max(map(len, parts[1::3])) > limits.max_event_bytes:
             return None
-        return frame_all(records)
+        return b"".join(parts)
 
     @staticmethod
     def _problems(
@@ -256,7 +289,7 @@ def framed_together(batches: Sequence[ScalarRecords], limits: Limits = DEFAULT) 
             # An empty batch, or columns of unequal lengths (refused by the request checks before this): joined,
             # two such would shift each other's points.
             return None
-        tags = tuple(columns.tags)
+        tags = batch.tags
         base = tables.get(tags)
         if base is None:
             base = tables[tags] = len(flat)

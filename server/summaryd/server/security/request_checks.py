@@ -82,18 +82,27 @@ def batch_count(request: pb.WriteRequest) -> int:
 def write_problem(request: pb.WriteRequest) -> str | None:
     """What is wrong with a batch's numbering (its events must be numbered within 1..`MAX_SEQUENCE`) or its
     shape (serialized events or scalar columns, never both; columns of one length)."""
+    return counted_write_problem(request)[0]
+
+
+def counted_write_problem(request: pb.WriteRequest) -> tuple[str | None, int]:
+    """`write_problem`, and the batch's `batch_count` (read on the way: each read of a field costs a lookup)."""
     if request.HasField("scalars"):
         if request.events:
-            return "a batch carries events or scalars, not both; send them as two batches in sequence order"
-        problem = column_problem(request.scalars)
+            return "a batch carries events or scalars, not both; send them as two batches in sequence order", 0
+        columns = request.scalars
+        problem = column_problem(columns)
         if problem is not None:
-            return problem
-    first, count = request.first_sequence, batch_count(request)
+            return problem, 0
+        count = len(columns.step)  # as `batch_count`: no events
+    else:
+        count = len(request.events)  # as `batch_count`: no columns, so no steps
+    first = request.first_sequence
     if count and first < 1:
-        return "first_sequence starts at 1"
+        return "first_sequence starts at 1", count
     if first > MAX_SEQUENCE or (count and first + count - 1 > MAX_SEQUENCE):
         return (
             f"a batch of {count} events from first_sequence {first} reaches beyond {MAX_SEQUENCE}, the highest "
             "sequence number; open a new session"
-        )
-    return None
+        ), count
+    return None, count

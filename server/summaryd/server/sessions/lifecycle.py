@@ -20,6 +20,7 @@ uploads and session state); the rules here hold for both.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import time
 from collections.abc import Coroutine, Iterator, Sequence
@@ -96,17 +97,28 @@ class SessionLifecycle:
         """Carry `work` out to its end even if the calling RPC is cancelled; `wait_quiet` waits for it."""
         self._busy += 1
         self._quiet.clear()
-        # The work's own task, counted out by its done callback: a coroutine around it to count would be one more
-        # frame and resumption per batch.
-        task = asyncio.get_running_loop().create_task(work)
-        task.add_done_callback(self._done)
-        return await asyncio.shield(task)
+        # The work's own task, counted out and its outcome handed to the caller by one done callback: a coroutine
+        # around it to count would be one more frame and resumption per batch, and `asyncio.shield` two more
+        # callbacks (one a loop iteration of its own once the caller has its answer).
+        loop = asyncio.get_running_loop()
+        task = loop.create_task(work)
+        answer: asyncio.Future[T] = loop.create_future()
+        task.add_done_callback(functools.partial(self._done, answer))
+        return await answer  # cancelled, only this wait ends: the task goes on
 
-    def _done(self, task: asyncio.Task[Any]) -> None:
+    def _done(self, answer: asyncio.Future[T], task: asyncio.Task[T]) -> None:
         _retrieve(task)
         self._busy -= 1
         if self._busy == 0:
             self._quiet.set()
+        if answer.done():  # the caller was cancelled meanwhile
+            return
+        if task.cancelled():
+            answer.cancel()
+        elif (exc := task.exception()) is not None:
+            answer.set_exception(exc)
+        else:
+            answer.set_result(task.result())
 
     async def wait_quiet(self) -> None:
         """Return once no batch, flush, close or release is being carried out."""

@@ -301,7 +301,7 @@ class RunWatch:
             if len(columns.step) <= start:
                 return
             worker.stepped(columns.step[-1], columns.wall_time[-1])
-            tags: Sequence[str] = columns.tags
+            tags: Sequence[str] = events.tags
             arrays = events.arrays
             if arrays is not None and len(events) > _FEW_SCALARS:  # a large batch: its columns read to frame them
                 batch = _Batch(arrays.tag_index, arrays.steps, arrays.values)
