@@ -1,6 +1,7 @@
 """Group commit (`storage.runs.GroupCommit`) on a real logdir, state directory and I/O threads, read back with
 TensorBoard's reader: the batches that arrive together are written per run in one write, in order; a refused
-batch fails alone; and a batch's bytes are freed when its write returns, not by the cyclic collector."""
+batch fails alone; a batch's bytes are freed when its write returns, not by the cyclic collector; and a busy
+commit waits out its tick only while some write stream may still send a batch."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import asyncio
 import gc
 import weakref
 from collections.abc import AsyncIterator, Iterator
+from concurrent.futures import Executor
 from pathlib import Path
 
 import pytest
@@ -19,7 +21,7 @@ from summaryd.server.errors import EventError
 from summaryd.server.io_threads import io_executor
 from summaryd.server.records.scalar_records import ScalarRecords
 from summaryd.server.storage import event_file
-from summaryd.server.storage.runs import RunRegistry
+from summaryd.server.storage.runs import GroupCommit, RunRegistry
 from summaryd.server.storage.state import StateDir
 from summaryd.v1 import summaryd_pb2 as pb
 
@@ -49,6 +51,14 @@ async def registry(tmp_path: Path) -> AsyncIterator[RunRegistry]:
         runs.close()
         state.close()
         executor.shutdown(wait=True)
+
+
+@pytest.fixture
+def executor() -> Iterator[Executor]:
+    """An I/O thread for a commit the test makes itself (its tick, its count of streams)."""
+    threads = io_executor(1)
+    yield threads
+    threads.shutdown(wait=True)
 
 
 @pytest.fixture
@@ -168,3 +178,43 @@ async def test_many_runs_batches_of_columns_framed_together_are_each_written_as_
                     found.setdefault(value.tag, []).append((e.step, value.simple_value))
         expected = [(step, step / 2) for step in range(1, 42)]
         assert found == {f"loss/{rank}": expected, "lr": expected}, f"rank {rank}"
+
+
+async def test_one_streams_back_to_back_batches_never_wait_out_the_tick(
+    registry: RunRegistry, executor: Executor, tmp_path: Path
+) -> None:
+    # A tick of an hour: a batch that waited it would time the test out. One client's stream sends its next batch
+    # once this one is answered, so no other batch can join the commit: it goes at once, however busy.
+    writer = await registry.acquire(["job"])
+    writer.commit = GroupCommit(executor, tick=3600, streams=lambda: 1)
+    for step in range(1, 21):
+        await asyncio.wait_for(writer.write("s0", step, scalars(0, step, 1)), 30)
+    assert steps_by_tag(tmp_path / "runs" / "job") == {"w0": list(range(1, 21))}
+
+
+async def test_a_busy_commit_waits_until_every_open_stream_has_a_batch_in(
+    registry: RunRegistry, executor: Executor, appends: list[int], tmp_path: Path
+) -> None:
+    writer = await registry.acquire(["job"])
+    writer.commit = GroupCommit(executor, tick=3600, streams=lambda: 3)
+    await writer.write("s0", 1, scalars(0, 1, 1))  # after a quiet tick: at once
+    appends.clear()
+    first = [asyncio.ensure_future(writer.write(f"s{w}", 10, scalars(w, 10, 1))) for w in (1, 2)]
+    await asyncio.sleep(0.3)
+    assert not any(w.done() for w in first), "a busy commit went before the third stream's batch could join it"
+    assert appends == []
+    await asyncio.wait_for(asyncio.gather(writer.write("s3", 10, scalars(3, 10, 1)), *first), 30)
+    assert len(appends) == 1, "the three streams' batches were not one commit"
+    found = steps_by_tag(tmp_path / "runs" / "job")
+    assert found == {"w0": [1], "w1": [10], "w2": [10], "w3": [10]}
+
+
+async def test_a_busy_commit_goes_after_its_tick_without_the_streams_that_send_nothing(
+    registry: RunRegistry, executor: Executor, appends: list[int]
+) -> None:
+    writer = await registry.acquire(["job"])
+    writer.commit = GroupCommit(executor, tick=0.2, streams=lambda: 100)
+    await writer.write("s0", 1, scalars(0, 1, 1))
+    appends.clear()
+    await asyncio.wait_for(asyncio.gather(*(writer.write(f"s{w}", 10, scalars(w, 10, 1)) for w in (1, 2))), 30)
+    assert len(appends) == 1

@@ -207,8 +207,12 @@ class Server:
         resources.callback(state.close)
         bucket = await self._bucket_parts(executor) if config.is_bucket else None
         shipper = bucket.shipper if bucket is not None else None
+        # Made first: the group commit counts its write streams.
+        pacer = Pacer(config.pace_messages, config.pace_max_linger)
         try:
-            registry = RunRegistry(config.local_logdir, executor, state.journal_dir_fd, self.metrics, shipper)
+            registry = RunRegistry(
+                config.local_logdir, executor, state.journal_dir_fd, self.metrics, shipper, lambda: pacer.streams
+            )
         except OSError as exc:
             raise StartupError(f"cannot start on --logdir {config.logdir}: {_reason(exc)}") from None
         resources.callback(registry.close)
@@ -255,7 +259,6 @@ class Server:
         if board is not None:
             store = shipper.bucket if shipper is not None else None
             board_status = await self._serve_board(board, registry, store, resources)
-        pacer = Pacer(config.pace_messages, config.pace_max_linger)
         resources.push_async_callback(_cancelled, asyncio.create_task(pacer.keep_time()))
         service = SummariesService(lifecycle, watch, pacer, board_status, self.metrics)
         self.metrics.registry.register(SessionCollector(lifecycle))

@@ -15,7 +15,7 @@ import logging
 import math
 import os
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import Executor
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -278,26 +278,33 @@ class _Pending:
     framed: bool = False
 
 
-COMMIT_TICK = 0.005
-"""The least time between the starts of two commits (`GroupCommit`): what a batch may wait when the daemon is
-busy, a tenth of a client's own linger."""
+COMMIT_TICK = 0.04
+"""The least time between the starts of two commits (`GroupCommit`) while many write streams are open: what a
+batch may wait when the daemon is busy, under a client's own linger (50 ms). 256 ranks unpaced (1,280 batches a
+second) took 20-25 % less daemon CPU a batch than at 5 ms: a commit of some 50 batches, not 7, framed together
+and aggregated as columns."""
 
 
 class GroupCommit:
     """Writes the batches of every run of one registry: while a commit is under way on an I/O thread, the
     batches that arrive wait, and the next commit takes all of them at once (so the groups grow with the load,
-    and a lone batch goes at once); busy, commits begin at most a tick (`COMMIT_TICK`) apart. One commit is under
-    way at a time; each run's batches keep their order.
+    and a lone batch goes at once); busy, commits begin at most a tick (`COMMIT_TICK`) apart, or sooner once every
+    open write stream (`streams`) has a batch queued: a stream sends its next batch only when this one is
+    answered, so no more can come, and one client's back-to-back batches never wait out a tick. One commit is
+    under way at a time; each run's batches keep their order.
 
     A commit holds the lock of each run it writes (a sync or a close of the run waits for it, as before); a run
     whose lock is held meanwhile (its fsync, its close) waits for a later commit, without holding up the others.
     """
 
-    def __init__(self, executor: Executor, tick: float = COMMIT_TICK) -> None:
+    def __init__(self, executor: Executor, tick: float = COMMIT_TICK, streams: Callable[[], int] | None = None) -> None:
+        """`streams` counts the write streams open (None: one, so that a commit never waits for more batches)."""
         self._executor = executor
         self._tick = tick
+        self._streams = streams or _one
         self._queue: list[_Pending] = []
         self._task: asyncio.Task[None] | None = None
+        self._gathered: asyncio.Future[None] | None = None  # while a commit waits out its tick
         self._started = -math.inf  # when the last commit began (the event loop's clock)
 
     def write(self, writer: RunWriter, session_id: str, last: int, events: Sequence[bytes]) -> asyncio.Future[int]:
@@ -307,6 +314,8 @@ class GroupCommit:
         self._queue.append(entry)
         if self._task is None or self._task.done():
             self._task = asyncio.ensure_future(self._commit_all())
+        elif self._gathered is not None and len(self._queue) >= self._streams():
+            _set_done(self._gathered)
         # Written whatever becomes of the caller (a cancelled caller cancels only its wait): `Session.apply`, whose
         # count must follow the file, runs to its end anyway (`SessionLifecycle._complete`).
         return entry.done
@@ -319,9 +328,9 @@ class GroupCommit:
             # shared by many ranks' batches, and their columns are framed together. After a quiet tick a batch
             # goes at once.
             wait = self._started + self._tick - loop.time()
-            if wait > 0:
-                await asyncio.sleep(wait)
-            self._started = loop.time()
+            if wait > 0 and len(self._queue) < self._streams():
+                await self._gather(wait)
+            started = loop.time()
             queued, self._queue = self._queue, []
             groups: dict[RunWriter, list[_Pending]] = {}
             waiting: set[RunWriter] = set()
@@ -350,7 +359,8 @@ class GroupCommit:
                     await asyncio.shield(first.opening)
                 async with first.lock:
                     pass
-                continue
+                continue  # no commit began: the batches that waited for it go at once
+            self._started = started
             failed: BaseException | None = None
             try:
                 await run_to_completion(self._executor, functools.partial(_write_groups, groups))
@@ -361,6 +371,26 @@ class GroupCommit:
                 writer.lock.release()
             if isinstance(failed, asyncio.CancelledError):
                 raise failed
+
+    async def _gather(self, wait: float) -> None:
+        """Wait `wait` seconds, or until every write stream has a batch queued (`write` ends the wait)."""
+        loop = asyncio.get_running_loop()
+        self._gathered = gathered = loop.create_future()
+        timer = loop.call_later(wait, _set_done, gathered)
+        try:
+            await gathered
+        finally:
+            timer.cancel()
+            self._gathered = None
+
+
+def _one() -> int:
+    return 1
+
+
+def _set_done(future: asyncio.Future[None]) -> None:
+    if not future.done():
+        future.set_result(None)
 
 
 def _settle(writer: RunWriter, group: list[_Pending], failed: BaseException | None) -> None:
@@ -464,9 +494,11 @@ class RunRegistry:
         journal_dir_fd: int,
         metrics: Metrics | None = None,
         sink: EventSink | None = None,
+        streams: Callable[[], int] | None = None,
     ) -> None:
         """Open the logdir (made when missing); `close()` closes its descriptor. With a `sink` (a bucket logdir)
-        every appended and closed file is handed on to it."""
+        every appended and closed file is handed on to it; `streams` counts the write streams open, for the
+        group commit (`GroupCommit`)."""
         self.metrics = metrics
         self.sink = sink
         os.makedirs(logdir, exist_ok=True)
@@ -475,7 +507,7 @@ class RunRegistry:
         self._executor = executor
         self._journal_dir_fd = journal_dir_fd
         self._runs: dict[str, RunWriter] = {}
-        self._commit = GroupCommit(executor)
+        self._commit = GroupCommit(executor, streams=streams)
         self._lock = asyncio.Lock()
         # Told of every batch written to any run, the daemon's own records too; shared with every writer.
         self._observers: list[WriteObserver] = []
