@@ -20,6 +20,7 @@ from _support import assert_whole_records, event_files, read_events
 from summaryd.server.errors import EventError
 from summaryd.server.io_threads import io_executor
 from summaryd.server.records.scalar_records import ScalarRecords
+from summaryd.server.sessions.streams import WriteStreams
 from summaryd.server.storage import event_file
 from summaryd.server.storage.runs import GroupCommit, RunRegistry
 from summaryd.server.storage.state import StateDir
@@ -185,35 +186,50 @@ async def test_one_streams_back_to_back_batches_never_wait_out_the_tick(
 ) -> None:
     # A tick of an hour: a batch that waited it would time the test out. One client's stream sends its next batch
     # once this one is answered, so no other batch can join the commit: it goes at once, however busy.
+    streams = WriteStreams()
+    streams.open = 1
     writer = await registry.acquire(["job"])
-    writer.commit = GroupCommit(executor, tick=3600, streams=lambda: 1)
+    writer.commit = GroupCommit(executor, tick=3600, commit_now=streams.commit_now)
     for step in range(1, 21):
-        await asyncio.wait_for(writer.write("s0", step, scalars(0, step, 1)), 30)
+        streams.waiting += 1  # as the service counts a stream's batch
+        try:
+            await asyncio.wait_for(writer.write("s0", step, scalars(0, step, 1)), 30)
+        finally:
+            streams.waiting -= 1
     assert steps_by_tag(tmp_path / "runs" / "job") == {"w0": list(range(1, 21))}
 
 
-async def test_a_busy_commit_waits_until_every_open_stream_has_a_batch_in(
+async def test_a_busy_commit_waits_until_every_open_stream_waits_for_a_write(
     registry: RunRegistry, executor: Executor, appends: list[int], tmp_path: Path
 ) -> None:
+    streams = WriteStreams()
+    streams.open = 3
     writer = await registry.acquire(["job"])
-    writer.commit = GroupCommit(executor, tick=3600, streams=lambda: 3)
-    await writer.write("s0", 1, scalars(0, 1, 1))  # after a quiet tick: at once
+    writer.commit = GroupCommit(executor, tick=3600, commit_now=streams.commit_now)
+
+    async def write(worker: int, last: int, step: int) -> None:
+        streams.waiting += 1
+        try:
+            await writer.write(f"s{worker}", last, scalars(worker, step, 1))
+        finally:
+            streams.waiting -= 1
+
+    await write(0, 1, 1)  # after a quiet tick: at once
     appends.clear()
-    first = [asyncio.ensure_future(writer.write(f"s{w}", 10, scalars(w, 10, 1))) for w in (1, 2)]
+    first = [asyncio.ensure_future(write(w, 10, 10)) for w in (1, 2)]
     await asyncio.sleep(0.3)
-    assert not any(w.done() for w in first), "a busy commit went before the third stream's batch could join it"
+    assert not any(w.done() for w in first), "a busy commit went while a third stream could still send a batch"
     assert appends == []
-    await asyncio.wait_for(asyncio.gather(writer.write("s3", 10, scalars(3, 10, 1)), *first), 30)
+    await asyncio.wait_for(asyncio.gather(write(3, 10, 10), *first), 30)
     assert len(appends) == 1, "the three streams' batches were not one commit"
-    found = steps_by_tag(tmp_path / "runs" / "job")
-    assert found == {"w0": [1], "w1": [10], "w2": [10], "w3": [10]}
+    assert steps_by_tag(tmp_path / "runs" / "job") == {"w0": [1], "w1": [10], "w2": [10], "w3": [10]}
 
 
 async def test_a_busy_commit_goes_after_its_tick_without_the_streams_that_send_nothing(
     registry: RunRegistry, executor: Executor, appends: list[int]
 ) -> None:
     writer = await registry.acquire(["job"])
-    writer.commit = GroupCommit(executor, tick=0.2, streams=lambda: 100)
+    writer.commit = GroupCommit(executor, tick=0.2, commit_now=lambda: False)  # streams that never send
     await writer.write("s0", 1, scalars(0, 1, 1))
     appends.clear()
     await asyncio.wait_for(asyncio.gather(*(writer.write(f"s{w}", 10, scalars(w, 10, 1)) for w in (1, 2))), 30)

@@ -36,6 +36,7 @@ from summaryd.server.security.refusals import RefusalInterceptor
 from summaryd.server.service import SummariesService
 from summaryd.server.sessions.lifecycle import SessionCollector, SessionLifecycle
 from summaryd.server.sessions.pacing import Pacer
+from summaryd.server.sessions.streams import WriteStreams
 from summaryd.server.storage.backend import Storage
 from summaryd.server.storage.bucket.backend import BucketStorage, DurableWatermarks
 from summaryd.server.storage.bucket.leases import RunLeases
@@ -207,11 +208,10 @@ class Server:
         resources.callback(state.close)
         bucket = await self._bucket_parts(executor) if config.is_bucket else None
         shipper = bucket.shipper if bucket is not None else None
-        # Made first: the group commit counts its write streams.
-        pacer = Pacer(config.pace_messages, config.pace_max_linger)
+        streams = WriteStreams()  # counted by the service, read by the group commit
         try:
             registry = RunRegistry(
-                config.local_logdir, executor, state.journal_dir_fd, self.metrics, shipper, lambda: pacer.streams
+                config.local_logdir, executor, state.journal_dir_fd, self.metrics, shipper, streams.commit_now
             )
         except OSError as exc:
             raise StartupError(f"cannot start on --logdir {config.logdir}: {_reason(exc)}") from None
@@ -259,8 +259,9 @@ class Server:
         if board is not None:
             store = shipper.bucket if shipper is not None else None
             board_status = await self._serve_board(board, registry, store, resources)
+        pacer = Pacer(config.pace_messages, config.pace_max_linger)
         resources.push_async_callback(_cancelled, asyncio.create_task(pacer.keep_time()))
-        service = SummariesService(lifecycle, watch, pacer, board_status, self.metrics)
+        service = SummariesService(lifecycle, watch, pacer, board_status, self.metrics, streams)
         self.metrics.registry.register(SessionCollector(lifecycle))
         if self.auth is not None:
             log.info("clients need a bearer token (%d in %s)", len(self.auth.tokens), config.token_file)

@@ -42,6 +42,7 @@ from summaryd.server.security.request_checks import counted_write_problem, open_
 from summaryd.server.sessions.lifecycle import SessionLifecycle
 from summaryd.server.sessions.live import Session
 from summaryd.server.sessions.pacing import Pacer
+from summaryd.server.sessions.streams import WriteStreams
 from summaryd.server.storage import run_files
 from summaryd.server.storage.runpath import run_dir_parts
 from summaryd.server.watch import Watch
@@ -128,8 +129,10 @@ class SummariesService(pb_grpc.SummariesServicer):
         pacer: Pacer | None = None,
         board_status: Callable[[], pb.BoardStatus] | None = None,
         metrics: Metrics | None = None,
+        streams: WriteStreams | None = None,
     ) -> None:
         self.lifecycle = lifecycle
+        self.streams = streams or WriteStreams()
         self.watch = watch
         self.limits = lifecycle.limits
         self.pacer = pacer or Pacer()
@@ -191,8 +194,9 @@ class SummariesService(pb_grpc.SummariesServicer):
         limit = self.limits.stream_idle_timeout
         # One timer for the stream, looking only at the waits for the client's next message (`_IdleLimit`).
         idle = _IdleLimit(task, limit)
-        pacer = self.pacer
+        pacer, streams = self.pacer, self.streams
         pacer.opened()
+        streams.open += 1
         told = -1  # the pacing version this stream's client was told: the first ack tells it
         # The per-message work of the layers around the stream is done here, in its loop: the request that did not
         # parse (`refusals`), the counts (`WriteCounts`); a layer of its own would cost a generator step per message.
@@ -232,7 +236,11 @@ class SummariesService(pb_grpc.SummariesServicer):
                         size = request.ByteSize()  # computed by serializing: once, for the counts and the check
                         counts.received(request, session.run.run_dir, size)
                         await self._check_batch(request, context, size)
-                        acked = await self.lifecycle.write(session, request.first_sequence, _batch_events(request))
+                        streams.waiting += 1
+                        try:
+                            acked = await self.lifecycle.write(session, request.first_sequence, _batch_events(request))
+                        finally:
+                            streams.waiting -= 1
                         pacer.took()
                         ack = pb.WriteAck(
                             acked_sequence=acked, durable_sequence=self.lifecycle.durable(session.session_id)
@@ -258,6 +266,7 @@ class SummariesService(pb_grpc.SummariesServicer):
         finally:
             idle.close()
             pacer.closed()
+            streams.open -= 1
             log.debug("write stream of session %s ended", session.session_id if session else "?")
             if session is not None:
                 session.detach(task)
@@ -275,8 +284,9 @@ class SummariesService(pb_grpc.SummariesServicer):
         callers = RelayCallers()
         told: dict[str, int] = {}  # the pacing version each session's client was told (-1: none yet)
         requests = aiter(request_iterator)
-        pacer = self.pacer
+        pacer, streams = self.pacer, self.streams
         pacer.opened()
+        streams.open += 1
         try:
             while True:
                 self._idle_streams.add(task)
@@ -293,15 +303,23 @@ class SummariesService(pb_grpc.SummariesServicer):
                     pacer.opened()  # each relayed session is a client the pacing is for, as its own stream would be
                     told[session_id] = -1
                 answer = pb.RelayAck()
-                for acks in await asyncio.gather(
-                    *(self._relayed(batches, context, callers, told) for batches in by_session.values())
-                ):
+                streams.waiting += 1  # the stream's one message, however many sessions' batches it carries
+                streams.relayed += 1
+                try:
+                    written = await asyncio.gather(
+                        *(self._relayed(batches, context, callers, told) for batches in by_session.values())
+                    )
+                finally:
+                    streams.waiting -= 1
+                    streams.relayed -= 1
+                for acks in written:
                     answer.acks.extend(acks)
                 pacer.took(len(request.batches))  # the owner's cost is per batch, however many a message carries
                 yield answer
                 if self._draining:
                     return
         finally:
+            streams.open -= 1
             for _ in range(len(told) + 1):
                 pacer.closed()
 

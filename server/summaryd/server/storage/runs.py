@@ -288,20 +288,24 @@ and aggregated as columns."""
 class GroupCommit:
     """Writes the batches of every run of one registry: while a commit is under way on an I/O thread, the
     batches that arrive wait, and the next commit takes all of them at once (so the groups grow with the load,
-    and a lone batch goes at once); busy, commits begin at most a tick (`COMMIT_TICK`) apart, or sooner once every
-    open write stream (`streams`) has a batch queued: a stream sends its next batch only when this one is
-    answered, so no more can come, and one client's back-to-back batches never wait out a tick. One commit is
-    under way at a time; each run's batches keep their order.
+    and a lone batch goes at once); busy, commits begin at most a tick (`COMMIT_TICK`) apart, or sooner once
+    waiting cannot bring more batches (`commit_now`: every open write stream waits for a write, since a stream
+    sends its next batch only when this one is answered; or a relay's message, a group already, waits), so that
+    one client's back-to-back batches never wait out a tick. One commit is under way at a time; each run's
+    batches keep their order.
 
     A commit holds the lock of each run it writes (a sync or a close of the run waits for it, as before); a run
     whose lock is held meanwhile (its fsync, its close) waits for a later commit, without holding up the others.
     """
 
-    def __init__(self, executor: Executor, tick: float = COMMIT_TICK, streams: Callable[[], int] | None = None) -> None:
-        """`streams` counts the write streams open (None: one, so that a commit never waits for more batches)."""
+    def __init__(
+        self, executor: Executor, tick: float = COMMIT_TICK, commit_now: Callable[[], bool] | None = None
+    ) -> None:
+        """`commit_now` tells whether a busy commit may go at once (`sessions.streams.WriteStreams`; None:
+        always, so that a commit never waits for more batches)."""
         self._executor = executor
         self._tick = tick
-        self._streams = streams or _one
+        self._commit_now = commit_now or _always
         self._queue: list[_Pending] = []
         self._task: asyncio.Task[None] | None = None
         self._gathered: asyncio.Future[None] | None = None  # while a commit waits out its tick
@@ -314,7 +318,7 @@ class GroupCommit:
         self._queue.append(entry)
         if self._task is None or self._task.done():
             self._task = asyncio.ensure_future(self._commit_all())
-        elif self._gathered is not None and len(self._queue) >= self._streams():
+        elif self._gathered is not None and self._commit_now():
             _set_done(self._gathered)
         # Written whatever becomes of the caller (a cancelled caller cancels only its wait): `Session.apply`, whose
         # count must follow the file, runs to its end anyway (`SessionLifecycle._complete`).
@@ -328,7 +332,7 @@ class GroupCommit:
             # shared by many ranks' batches, and their columns are framed together. After a quiet tick a batch
             # goes at once.
             wait = self._started + self._tick - loop.time()
-            if wait > 0 and len(self._queue) < self._streams():
+            if wait > 0 and not self._commit_now():
                 await self._gather(wait)
             started = loop.time()
             queued, self._queue = self._queue, []
@@ -373,7 +377,7 @@ class GroupCommit:
                 raise failed
 
     async def _gather(self, wait: float) -> None:
-        """Wait `wait` seconds, or until every write stream has a batch queued (`write` ends the wait)."""
+        """Wait `wait` seconds, or until the commit may go at once (`write` ends the wait then)."""
         loop = asyncio.get_running_loop()
         self._gathered = gathered = loop.create_future()
         timer = loop.call_later(wait, _set_done, gathered)
@@ -384,8 +388,8 @@ class GroupCommit:
             self._gathered = None
 
 
-def _one() -> int:
-    return 1
+def _always() -> bool:
+    return True
 
 
 def _set_done(future: asyncio.Future[None]) -> None:
@@ -494,11 +498,11 @@ class RunRegistry:
         journal_dir_fd: int,
         metrics: Metrics | None = None,
         sink: EventSink | None = None,
-        streams: Callable[[], int] | None = None,
+        commit_now: Callable[[], bool] | None = None,
     ) -> None:
         """Open the logdir (made when missing); `close()` closes its descriptor. With a `sink` (a bucket logdir)
-        every appended and closed file is handed on to it; `streams` counts the write streams open, for the
-        group commit (`GroupCommit`)."""
+        every appended and closed file is handed on to it; `commit_now` tells the group commit whether a busy
+        commit may go at once (`GroupCommit`)."""
         self.metrics = metrics
         self.sink = sink
         os.makedirs(logdir, exist_ok=True)
@@ -507,7 +511,7 @@ class RunRegistry:
         self._executor = executor
         self._journal_dir_fd = journal_dir_fd
         self._runs: dict[str, RunWriter] = {}
-        self._commit = GroupCommit(executor, streams=streams)
+        self._commit = GroupCommit(executor, commit_now=commit_now)
         self._lock = asyncio.Lock()
         # Told of every batch written to any run, the daemon's own records too; shared with every writer.
         self._observers: list[WriteObserver] = []
