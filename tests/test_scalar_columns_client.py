@@ -108,3 +108,28 @@ def test_a_step_beyond_int64_drops_that_scalar_alone(
 
 def _events(daemon: Daemon, run: str) -> list[event_pb2.Event]:
     return [event_pb2.Event.FromString(record) for record in records(daemon, run)]
+
+
+def test_every_kind_of_tag_arrives_whether_add_scalar_knows_it_or_not(daemon: Daemon) -> None:
+    """`add_scalar` takes the short way only for the short `str` tags it met, up to a bound: a tag met for the first
+    time, one too long for the lock-free path, `bytes`, a `str` subclass and more distinct tags than the bound each
+    arrive once, in order, under the tag they were logged with."""
+
+    class Name(str):
+        pass
+
+    long_tag = "long/" + "x" * 300
+    writer = SummaryWriter("tags", address=daemon.address, worker="")
+    logged: list[tuple[str, int]] = []
+    for step in range(3):
+        for tag in ("loss", long_tag, b"bytes/tag", Name("sub/class")):
+            writer.add_scalar(tag, float(step), step, walltime=1_700_000_000.0)
+            logged.append((tag.decode() if isinstance(tag, bytes) else str(tag), step))
+    for index in range(5000):  # past the 4,096 tags whose bytes a writer keeps
+        writer.add_scalar(f"many/{index}", 1.0, 7, walltime=1_700_000_000.0)
+        logged.append((f"many/{index}", 7))
+    with pytest.raises(TypeError, match="tag must be a str"):
+        writer.add_scalar(["not", "a", "tag"], 1.0, 0)  # type: ignore[arg-type]
+    report = writer.close(timeout=120)
+    assert report.ok and report.delivered == len(logged)
+    assert [(event.summary.value[0].tag, event.step) for event in _events(daemon, "tags")] == logged

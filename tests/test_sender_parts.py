@@ -21,6 +21,7 @@ from summaryd.client._sender._batch_log import BatchLog
 from summaryd.client._sender._columns import ScalarRun
 from summaryd.client._sender._core import SenderCore
 from summaryd.client._sender._encoder import EventEncoder
+from summaryd.client._sender._items import FAST_ITEM_BYTES
 from summaryd.client._sender._kinds import SCALAR, SOURCE
 from summaryd.client._sender._ledger import DELIVERED, Ledger
 from summaryd.client._sender._queue import EventQueue
@@ -214,6 +215,41 @@ def test_the_ledger_settles_by_reason_and_reports() -> None:
 
 
 # ---- the batch log --------------------------------------------------------------------------------------------
+
+
+def test_a_caller_calls_in_only_at_the_first_event_a_sleeping_sender_waits_for_a_full_batch_or_past_its_room() -> None:
+    """`alert`, the one count a caller compares the queue's length with after its lock-free append."""
+    queue = EventQueue()
+    assert queue.alert == 0, "no sender thread yet: every caller calls in"
+    queue.open_fast(64 * FAST_ITEM_BYTES, accepting=True)
+    assert queue.alert == 65, "awake: only past the room of 64 small events"
+    assert queue.arm(full=10) and queue.alert == 1, "asleep on an empty queue: the first event wakes it"
+    queue.inbox.append(scalar(0))
+    queue.disarm()
+    assert queue.alert == 65
+    assert queue.arm(full=10) and queue.alert == 10, "lingering on one: a full batch wakes it"
+    queue.inbox.extend(scalar(i) for i in range(1, 12))
+    assert queue.arm(full=10) and queue.alert == 65, "a full batch waits already: no caller can help it"
+    queue.open_fast(8 * FAST_ITEM_BYTES, accepting=True)
+    assert queue.alert == queue.fast_until + 1 <= len(queue) + 9, "the room is counted from what is queued"
+    queue.stop_taking()
+    assert queue.alert <= 1 and queue.inbox is not queue.items, "closed: every caller calls in, to its own inbox"
+
+
+def test_an_event_is_taken_back_from_the_end_of_a_long_queue_and_the_others_keep_their_order() -> None:
+    queue = EventQueue()
+    for i in range(10_000):
+        queue.append(scalar(i))
+    late = scalar(10_000)
+    queue.inbox.append(late)
+    queue.inbox.extend(scalar(i) for i in range(10_001, 10_010))  # other callers' events after it
+    assert queue.take_back(late) and not queue.take_back(late)
+    assert list(queue.items) == [scalar(i) for i in range(10_010) if i != 10_000]
+    assert queue.take_back(scalar(3)), "an old one too, by a look at all of them"
+    queue.stop_taking()
+    closed = scalar(20_000)
+    queue.inbox.append(closed)
+    assert queue.take_back(closed) and len(queue.inbox) == 0 and len(queue) == 10_008
 
 
 def test_the_batch_log_numbers_without_gaps_and_settles_acks_inside_a_batch() -> None:

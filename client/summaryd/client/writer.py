@@ -39,6 +39,9 @@ log = logging.getLogger("summaryd.client")
 # Read once here: `add_scalar` pays for each module attribute it looks up, at every call.
 _now = time.time
 _SCALAR_BYTES = _encoder.SCALAR_OVERHEAD_BYTES
+_KNOWN_TAGS = 4096
+"""Tags a writer keeps the estimated bytes of, for `add_scalar`'s short way; a job that logs more distinct tags
+takes the long way for the others."""
 
 Scalar = Any  # a Python number, numpy scalar or one-element tensor or array
 Tensor = Any  # a torch tensor, numpy array, or (where torch takes one) a Python number or list
@@ -187,6 +190,7 @@ class SummaryWriter:
         # local directory it was given, as torch does).
         self.run = self.log_dir
         self._closed = False
+        self._tag_bytes: dict[str, int] = {}  # the short `str` tags `add_scalar` met, and their estimated bytes
         self.max_queue = max_queue
         self.flush_secs = flush_secs
         self.filename_suffix = filename_suffix
@@ -283,11 +287,16 @@ class SummaryWriter:
         Building the protobuf here would cost the caller several µs more (several times that right after the
         thread slept, its caches cold).
         """
-        if type(tag) is not str:
+        if tag.__class__ is str:
+            nbytes = _SCALAR_BYTES + len(tag)
+            if nbytes <= FAST_ITEM_BYTES and len(self._tag_bytes) < _KNOWN_TAGS:
+                self._tag_bytes[tag] = nbytes  # `add_scalar` takes its next scalars the short way
+        else:
             tag = _encoder.checked_tag(tag)  # raises here, at the call, as torch's builder does
+            nbytes = _SCALAR_BYTES + len(tag)
         wall_time = time.time() if walltime is None else float(walltime)
         step = 0 if global_step is None else int(global_step)
-        (sender or self._sender).enqueue((SCALAR, tag, value, step, wall_time, _SCALAR_BYTES + len(tag)))
+        (sender or self._sender).enqueue((SCALAR, tag, value, step, wall_time, nbytes))
 
     def _log_now(
         self, summary: Summary, global_step: int | None, walltime: float | None, sender: Sender | None = None
@@ -355,27 +364,24 @@ class SummaryWriter:
             )
             self._log(build, global_step, walltime)
             return
-        # `_log_scalar`, inlined: the hot path of the most frequent call (see there).
-        if tag.__class__ is not str:
-            tag = _encoder.checked_tag(tag)
         wall_time = _now() if walltime is None else float(walltime)
         if global_step.__class__ is not int:
             global_step = 0 if global_step is None else int(global_step)
-        # `Sender.enqueue`'s lock-free append, inlined (why it is safe: `EventQueue`): its call cost this path a
-        # tenth of its CPU. The rest (no room, a long tag; after the append: not accepting, the first or the
-        # full batch's event) goes to the sender, which does what `enqueue` does there.
-        sender = self._sender
-        queue = sender.queue
-        items = queue.items
-        nbytes = _SCALAR_BYTES + len(tag)
-        item = (SCALAR, tag, value, global_step, wall_time, nbytes)
-        if len(items) >= queue.fast_until or nbytes > FAST_ITEM_BYTES:
-            sender.enqueue(item)
+        try:
+            # A tag seen before (a short `str`): its estimated bytes. One lookup instead of its type check, its
+            # `len` and the size check of the lock-free path. Any other tag goes the long way (`_log_scalar`).
+            item = (SCALAR, tag, value, global_step, wall_time, self._tag_bytes[tag])
+        except (KeyError, TypeError):
+            self._log_scalar(tag, value, global_step, wall_time)
             return
-        items.append(item)
-        queued = len(items)
-        if queued == 1 or queued == sender.max_batch_events or not sender.status.accepting:  # noqa: PLR1714 (no tuple per call)
-            sender.appended(item, queued)
+        # `Sender.enqueue`'s lock-free append, inlined (why it is safe: `EventQueue`): its call cost this path a
+        # tenth of its CPU. After the append, one comparison tells whether the sender must hear of it (no room
+        # left, not accepting, a sender thread to wake).
+        queue = self._sender.queue
+        inbox = queue.inbox
+        inbox.append(item)
+        if len(inbox) >= queue.alert:
+            self._sender.appended(item, len(inbox))
 
     def add_scalars(
         self,

@@ -18,6 +18,7 @@ import logging
 import os
 import tempfile
 import time
+from collections import deque
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from types import MappingProxyType
 from typing import Any
@@ -78,11 +79,12 @@ def _has_soundfile() -> bool:
     return importlib.util.find_spec("soundfile") is not None
 
 
-class _NoRoom:
-    """A muted writer's queue as the inlined append sees it: never room for a lock-free append."""
+class _Discarding:
+    """A muted writer's queue as the inlined append sees it: it keeps nothing, and never calls in."""
 
-    items: tuple[()] = ()
-    fast_until = 0
+    def __init__(self) -> None:
+        self.inbox: deque[Any] = deque(maxlen=0)  # an append is dropped at once
+        self.alert = 1  # never reached: the queue stays empty
 
 
 class MutedSender:
@@ -91,9 +93,8 @@ class MutedSender:
 
     def __init__(self, run: str) -> None:
         self.run = run
-        # What `SummaryWriter.add_scalar`'s inlined append reads: a queue with no room for the lock-free append
-        # (`fast_until` 0), so every scalar goes to `enqueue`, which drops it.
-        self.queue = _NoRoom()
+        # What `SummaryWriter.add_scalar`'s inlined append reads: a queue that drops what is appended to it.
+        self.queue = _Discarding()
 
     def submit(self, source: Any, nbytes: int = 64) -> bool:
         return True

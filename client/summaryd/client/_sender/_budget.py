@@ -36,7 +36,7 @@ class MemoryBudget:
 
     def open_fast(self, accepting: bool) -> None:
         """Let callers append small events without the lock, as many as the room left takes."""
-        self._queue.open_fast(self.room(), accepting)
+        self._queue.open_fast(self.limit - self._batches.memory_bytes, accepting)
 
     def refill(self, accepting: bool) -> None:
         """Once callers used up half their lock-free room, measure it again (acknowledgements freed some), so

@@ -47,11 +47,12 @@ class ScalarRun:
     wall_times: Sequence[float]
 
     @classmethod
-    def of(cls, items: Sequence[tuple[Any, ...]]) -> ScalarRun:
-        """The columns of `items`. Raises `ValueError` for a scalar no request carries: a step beyond int64, or a
-        tag that is not UTF-8."""
+    def of(cls, items: Sequence[tuple[Any, ...]], tags: list[str] | None = None) -> ScalarRun:
+        """The columns of `items` (`tags`: their tags, read already). Raises `ValueError` for a scalar no request
+        carries: a step beyond int64, or a tag that is not UTF-8."""
         # One C-level pass per column (`itemgetter`); cheaper than transposing the tuples with `zip(*items)`.
-        tags = list(map(_TAG, items))
+        if tags is None:
+            tags = list(map(_TAG, items))
         tag_index: Sequence[int]
         if tags and tags.count(tags[0]) == len(tags):  # the usual batch, one tag: `count` compares in C, no hash
             names: tuple[str, ...] = (tags[0],)

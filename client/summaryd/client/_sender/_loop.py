@@ -80,7 +80,7 @@ class SenderLoop(SenderPart):
             try:
                 self._thread.start()
             except RuntimeError:  # the interpreter is shutting down
-                self._status.fail("the sender thread could not start (interpreter exiting)")
+                self._fail("the sender thread could not start (interpreter exiting)")
             self.started = True
 
     def _run(self) -> None:
@@ -90,7 +90,7 @@ class SenderLoop(SenderPart):
         except Exception as exc:  # a bug here must not go unnoticed, nor reach the training loop
             log.exception("summaryd sender for run %r failed", self._identity.run)
             with self._cond:
-                self._status.fail(f"sender failed: {exc!r}")
+                self._fail(f"sender failed: {exc!r}")
         finally:
             self._connection.shut()
             self._spiller.put_away()
@@ -101,6 +101,7 @@ class SenderLoop(SenderPart):
         """Run until everything is acknowledged after a close (True), or until told to stop (False)."""
         while True:
             with self._cond:
+                self._queue.disarm()  # awake: this pass looks at the queue, no caller needs to wake it
                 if self._status.failed is not None:
                     return False
                 if self._status.closing and not self._queue and not self._batches:
@@ -131,7 +132,12 @@ class SenderLoop(SenderPart):
             self._spiller.spill(everything=everything, number=self.number)
             self._connection.send_ready()
             self._connection.keep_alive()
-            self._wake.wait(self._next_wakeup())
+            with self._cond:
+                # Callers wake this thread at the first event or a full batch from now on (`EventQueue.arm`),
+                # unless one arrived just now: then it looks again at once.
+                waits = self._queue.arm(self._options.max_batch_events)
+            if waits:
+                self._wake.wait(self._next_wakeup())
             self._wake.clear()
 
     def _take_batches(self) -> None:
@@ -217,11 +223,11 @@ class SenderLoop(SenderPart):
                 # one (its CPU per scalar falls by 10-25 % from 1,000- to 8,000-scalar batches), within
                 # `max_batch_bytes` as always.
                 most = min(queued, most * BACKED_UP_BATCHES, self._connection.limits.max_batch_events or most)
-            items, nbytes = self._queue.take_scalars(most, options.max_batch_bytes)
+            items, nbytes, tags = self._queue.take_scalars(most, options.max_batch_bytes)
         if not items:
             return None
         try:
-            scalars = ScalarRun.of(items)
+            scalars = ScalarRun.of(items, tags)
         except ValueError:
             items, nbytes = self._drop_unsendable(items, nbytes)
             if not items:
@@ -310,11 +316,16 @@ class SenderLoop(SenderPart):
         elif dropped:
             log.error("summaryd: the daemon refused %d events of run %r: %s", dropped, self._identity.run, reason)
 
+    def _fail(self, reason: str) -> None:
+        """Holding the lock: fail for good; callers' events are refused from now on."""
+        self._status.fail(reason)
+        self._queue.stop_taking()
+
     def _give_up(self, reason: str) -> None:
         """A permanent refusal (bad run path, no permission): drop everything, report it on close."""
         log.error("summaryd: giving up on run %r: %s", self._identity.run, reason)
         with self._cond:
-            self._status.fail(reason)
+            self._fail(reason)
             self._ledger.settle(self._queue.clear(), "rejected")
             self._batches.drop_all("rejected")
             self._cond.notify_all()

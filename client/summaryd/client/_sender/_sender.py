@@ -174,49 +174,56 @@ class Sender:
     def enqueue(self, item: Queued) -> bool:
         """Queue `(SOURCE, source, estimated bytes)`, or the plain values of an event the sender thread builds
         (`_items.Queued`, `_encoder`). As `submit` otherwise."""
-        # The caller's hot path: a small event while there is room is one append, without the lock (why that is
-        # safe: `EventQueue`, and DESIGN.md); the rest takes the lock (`_enqueue_locked`). No fork check here: in
-        # a forked child every registered sender starts afresh (`_process`), with `fast_until` 0, and a closed one
-        # has it 0 too, so a child's first event always takes the locked path, which checks.
-        queue = self._queue
-        items = queue.items
-        if len(items) >= queue.fast_until or item[-1] > FAST_ITEM_BYTES:
+        # The caller's hot path: a small event is one append without the lock, and one comparison after it (why
+        # that is safe: `EventQueue`, and DESIGN.md); the rest takes the lock (`appended`, `_enqueue_locked`).
+        # No fork check here: in a forked child every registered sender starts afresh (`_process`), with no
+        # lock-free room, and a closed one has none either, so a child's first event always calls in, and the
+        # locked path checks.
+        if item[-1] > FAST_ITEM_BYTES:
             return self._enqueue_locked(item)
-        items.append(item)
-        return self.appended(item, len(items))
+        queue = self._queue
+        inbox = queue.inbox
+        inbox.append(item)
+        queued = len(inbox)
+        return queued < queue.alert or self.appended(item, queued)
 
     def appended(self, item: Queued, queued: int) -> bool:
-        """After the lock-free append of `item`, with `queued` events then in the queue: what the caller does next
-        (`SummaryWriter.add_scalar` calls it only when one of these applies)."""
-        # Read after the append: a sender that stops accepting sets this first, then drains the queue under the
-        # lock; an event appended after its last look is taken back here, never left behind uncounted.
-        if not self._status.accepting:
-            return self._appended_while_closed(item)
-        if queued == 1:  # the first of a batch: the linger clock starts, the sender may be asleep
-            self._first_queued()
-        elif queued == self.max_batch_events:  # a full batch: once, not at every event after it
+        """After the lock-free append of `item` left `queued` events in the queue, at least its `alert`: what the
+        caller does next (`SummaryWriter.add_scalar` inlines the append and calls this only then)."""
+        successor: Callable[[], Sender] | None = None
+        with self._lock:
+            queue, status = self._queue, self._status
+            # Read after the append: a sender that stops accepting sets this first, then drains the queue under the
+            # lock; an event appended after its last look is taken back here and refused (or handed on), never
+            # left behind uncounted. If the sender took it already, it is accounted like any other.
+            if not status.accepting:
+                if not queue.take_back(item):
+                    return True
+                successor = self._successor if status.closing else None
+                if successor is None:
+                    self._ledger.refuse("closed" if status.closing else "rejected")
+                    return False
+                again = wake = False
+            elif queued > queue.fast_until:
+                # Past the lock-free room (or a forked child's first event): queued again under the lock, by the
+                # overflow policy, unless the sender took it already (then it is one event past the room, which
+                # the bound allows each logging thread).
+                again, wake = queue.take_back(item), False
+            else:
+                again, wake = False, queued >= queue.wake_at
+                if wake:
+                    if queued == 1:  # the first of a batch: the linger clock starts
+                        now = time.monotonic()
+                        self._batches.nothing_pending(now)
+                        queue.queued_at = now
+                    queue.disarm()  # once: the sender looks at the queue before it waits again
+        if successor is not None:
+            return successor().enqueue(item)
+        if again:
+            return self._enqueue_locked(item)
+        if wake:
             self._wake.set()
         return True
-
-    def _first_queued(self) -> None:
-        with self._lock:
-            now = time.monotonic()
-            self._batches.nothing_pending(now)
-            self._queue.queued_at = now
-        self._wake.set()
-
-    def _appended_while_closed(self, item: Queued) -> bool:
-        """`item` was appended while the sender stopped accepting events: take it back and refuse it (or hand it
-        to the successor), unless the sender took it already (then it is accounted like any other)."""
-        with self._lock:
-            if not self._queue.take_back(item):
-                return True
-            status = self._status
-            successor = self._successor if status.closing else None
-            if successor is None:
-                self._ledger.refuse("closed" if status.closing else "rejected")
-                return False
-        return successor().enqueue(item)
 
     def _enqueue_locked(self, item: Queued) -> bool:
         """`enqueue` under the lock: a large event, no room for more without a look at the budget, or no
@@ -363,7 +370,7 @@ class Sender:
         with self._cond:
             first = not self._status.closing
             self._status.begin_close(deadline)
-            self._queue.fast_until = 0  # callers take the lock again, and see that it no longer accepts
+            self._queue.stop_taking()  # callers call in, and see that it no longer accepts
             self._cond.notify_all()
         self._wake.set()
         if first:
