@@ -47,16 +47,18 @@ class ScalarRun:
     wall_times: Sequence[float]
 
     @classmethod
-    def of(cls, items: Sequence[tuple[Any, ...]], tags: list[str] | None = None) -> ScalarRun:
-        """The columns of `items` (`tags`: their tags, read already). Raises `ValueError` for a scalar no request
-        carries: a step beyond int64, or a tag that is not UTF-8."""
+    def of(cls, items: Sequence[tuple[Any, ...]], one_tag: str | None = None) -> ScalarRun:
+        """The columns of `items` (`one_tag`: the tag of every one of them, known already). Raises `ValueError`
+        for a scalar no request carries: a step beyond int64, or a tag that is not UTF-8."""
         # One C-level pass per column (`itemgetter`); cheaper than transposing the tuples with `zip(*items)`.
-        if tags is None:
-            tags = list(map(_TAG, items))
         tag_index: Sequence[int]
-        if tags and tags.count(tags[0]) == len(tags):  # the usual batch, one tag: `count` compares in C, no hash
-            names: tuple[str, ...] = (tags[0],)
-            tag_index = [0] * len(tags)
+        if one_tag is None:
+            tags = list(map(_TAG, items))
+            if tags and tags.count(tags[0]) == len(tags):  # one tag after all: `count` compares in C, no hash
+                one_tag = tags[0]
+        if one_tag is not None:
+            names: tuple[str, ...] = (one_tag,)
+            tag_index = [0] * len(items)
         else:
             table = {tag: index for index, tag in enumerate(dict.fromkeys(tags))}
             names = tuple(table)

@@ -223,11 +223,11 @@ class SenderLoop(SenderPart):
                 # one (its CPU per scalar falls by 10-25 % from 1,000- to 8,000-scalar batches), within
                 # `max_batch_bytes` as always.
                 most = min(queued, most * BACKED_UP_BATCHES, self._connection.limits.max_batch_events or most)
-            items, nbytes, tags = self._queue.take_scalars(most, options.max_batch_bytes)
+            items, nbytes, one_tag = self._queue.take_scalars(most, options.max_batch_bytes)
         if not items:
             return None
         try:
-            scalars = ScalarRun.of(items, tags)
+            scalars = ScalarRun.of(items, one_tag)
         except ValueError:
             items, nbytes = self._drop_unsendable(items, nbytes)
             if not items:

@@ -8,7 +8,7 @@ import time
 from bisect import bisect_left
 from collections import deque
 from itertools import accumulate, islice, repeat, starmap
-from operator import itemgetter
+from operator import countOf, itemgetter
 
 from summaryd.client._sender._items import FAST_ITEM_BYTES, Queued, size_known
 from summaryd.client._sender._kinds import SCALAR, SOURCE, SUMMARY
@@ -179,9 +179,9 @@ class EventQueue:
         self.queued_at = time.monotonic()
         return items
 
-    def take_scalars(self, max_events: int, max_bytes: int) -> tuple[list[Queued], int, list[str]]:
+    def take_scalars(self, max_events: int, max_bytes: int) -> tuple[list[Queued], int, str | None]:
         """Pop the run of scalars at the head of the queue (at most `max_events`, about `max_bytes`: the event
-        that crosses it is the last taken), their estimated bytes and their tags.
+        that crosses it is the last taken), their estimated bytes, and their one tag when they have one.
 
         Every step is a C-level pass over the run (no Python per event). The events are popped first and those
         past the run put back on the left: no iterator over the deque, which a caller's append would invalidate.
@@ -190,39 +190,42 @@ class EventQueue:
         head = list(starmap(queue.popleft, repeat((), min(max_events, len(queue)))))
         count = len(head)
         if not count:
-            return head, 0, []
-        tags: list[str] = list(map(_TAG, head))
-        if head[0][0] == SCALAR and tags.count(tags[0]) == count:
+            return head, 0, None
+        first = head[0]
+        tag = first[1]
+        if first[0] == SCALAR and head[-1][1] == tag and countOf(map(_TAG, head), tag) == count:
             # The usual run: one tag throughout, so all scalars (only a scalar's second field is a `str`), each of
             # the same estimated bytes (a function of the tag). Summed one by one only when the lazy count needs
             # exactly those popped (`_popped`) or the run may be over `max_bytes`.
-            nbytes = count * head[0][5]  # type: ignore[misc]
+            nbytes = count * first[-1]
             if count < self._counted or nbytes > max_bytes:
                 nbytes = sum(map(_SCALAR_SIZE, head))
+            one_tag: str | None = tag  # type: ignore[assignment]
         else:
             # The first event of another kind ends the run. Only a scalar's tuple has a sixth field, so the sum of
             # the sizes (that field) tells a run of scalars with no pass over the kinds: another kind's tuple
             # raises `IndexError` there.
+            one_tag = None
             try:
                 nbytes = sum(map(_SCALAR_SIZE, head))
             except IndexError:
                 kinds = list(map(_KIND, head))
                 count = min(kinds.index(other) for other in _NOT_SCALAR if other in kinds)
                 queue.extendleft(reversed(head[count:]))
-                del head[count:], tags[count:]
+                del head[count:]
                 nbytes = sum(map(_SCALAR_SIZE, head))
             if not count:
-                return head, 0, tags
+                return head, 0, None
         if nbytes > max_bytes:  # rare: cut where the sizes cross `max_bytes`
             ends = list(accumulate(map(_SCALAR_SIZE, head)))
             cut = bisect_left(ends, max_bytes) + 1
             if cut < count:
                 queue.extendleft(reversed(head[cut:]))  # before the other kinds put back above
-                del head[cut:], tags[cut:]
+                del head[cut:]
                 count, nbytes = cut, ends[cut - 1]
         self._popped(count, nbytes)
         self.queued_at = time.monotonic()
-        return head, nbytes, tags
+        return head, nbytes, one_tag
 
     def drop_oldest(self) -> None:
         self._popped(1, self.items.popleft()[-1])
