@@ -55,6 +55,7 @@ class FakeDaemon:
         self.column_batches = 0
         self.durable_acks = False  # a daemon on a bucket: its acks say how far the events are uploaded
         self.durable = 0
+        self.forgot_session = False  # it lost its state: calls on the session fail until it is opened again
 
     def events(self) -> list[bytes]:
         return [self.written[s] for s in sorted(self.written)]
@@ -138,6 +139,7 @@ class FakeTransport:
         if daemon.away:
             return FakeOpening(None, TransportError("away", "UNAVAILABLE: connection refused"))
         daemon.sessions_opened += 1
+        daemon.forgot_session = False
         limits = DaemonLimits(max_batch_events=daemon.max_batch_events, takes_scalar_columns=daemon.columns)
         return FakeOpening(Opened("run", daemon.last, 0, limits, durable_acks=daemon.durable_acks), None)
 
@@ -152,8 +154,13 @@ class FakeTransport:
         self._daemon.closed = True
         return True
 
-    def flush(self, session_id: str, timeout: float) -> None:
-        pass
+    def flush(self, session_id: str, timeout: float) -> int:
+        daemon = self._daemon
+        if daemon.forgot_session:
+            raise TransportError("failed", f"NOT_FOUND: unknown session {session_id}")
+        if daemon.durable_acks:
+            daemon.durable = daemon.last  # a durable flush uploads what is staged
+        return daemon.last
 
     def close(self) -> None:
         pass
@@ -753,6 +760,25 @@ def test_the_memory_bound_holds_exactly_for_events_appended_without_the_lock(
     assert all(sender.enqueue((SCALAR, "loss", 0.5, step, 1.0, 30)) for step in range(2000))
     report = sender.close(timeout=0.2)
     assert report.dropped == {"queue_full": 2000 - 546, "timeout": 546}
+
+
+def test_events_kept_until_uploaded_are_sent_again_when_the_daemon_lost_them_before_the_close(
+    make_sender: Callable[..., Sender], fake: FakeDaemon
+) -> None:
+    """A daemon on a bucket acknowledged the events (staged) and lost its disk before uploading them: the close
+    finds them missing, resumes the session and sends them again, instead of closing over the gap."""
+    fake.durable_acks = True
+    sender = make_sender()
+    for i in range(10):
+        sender.submit(event(i), 12)
+    sender.flush(timeout=30)
+    assert len(fake.events()) == 10 and fake.durable == 0, "acknowledged, none uploaded"
+    fake.written.clear()
+    fake.last, fake.forgot_session = 0, True  # its disk lost: nothing staged, the session unknown to it
+    report = sender.close()
+    assert report.delivered == 10 and report.undelivered == 0 and report.synced and not report.dropped
+    assert fake.events() == [event(i) for i in range(10)], "sent again, once each"
+    assert fake.sessions_opened == 2 and fake.durable == 10
 
 
 def test_a_backed_up_queue_of_scalars_goes_in_larger_batches_up_to_what_the_daemon_takes(

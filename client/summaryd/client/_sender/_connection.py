@@ -33,6 +33,7 @@ class Connection(SenderPart):
         self._lease = float("inf")
         self.limits = DaemonLimits()
         self.answered = False  # a daemon opened the session once: `limits` are its own
+        self.resume_owed = False  # a close found kept events missing: the session is to be resumed first
         self._last_sent = 0.0
         self.run_dir: str | None = None
         self.pacing = Pacing(options)
@@ -83,6 +84,7 @@ class Connection(SenderPart):
         self.pacing.advise(*(answer.pacing or (0.0, 0)))  # another daemon's, or none: the client's own again
         with self._cond:
             lost = self._batches.resumed(answer.last_sequence, answer.durable_acks)
+            self.resume_owed = False
         if lost:
             log.warning(
                 "summaryd: the daemon at %s holds session %s of run %r only through sequence %d: %d events it "
@@ -250,17 +252,64 @@ class Connection(SenderPart):
             return self._next_attempt - now
         return float("inf")  # the opening wakes the thread when it is done
 
-    def finish(self) -> None:
+    def finish(self) -> bool:
         """After the last ack of a closing sender: end the stream and close the session (the daemon fsyncs).
 
         A close that meets a restarting daemon is tried again until `close()`'s deadline: the daemon knows
-        the session from its store, and a close is harmless to repeat.
+        the session from its store, and a close is harmless to repeat. False, with nothing closed, when events
+        kept until uploaded (a bucket logdir) are not all there: the daemon lost them with its state, so the
+        session is resumed (`resume_owed`), they are sent again, and the close is tried anew.
         """
         self._spiller.discard_when_acknowledged()
         deadline = self._status.close_deadline
         if self._stream is not None:
             self._stream.close(cancel=False, timeout=max(0.0, deadline - time.monotonic()))
             self._stream = None
+        if not self._kept_events_uploaded(deadline):
+            return False
+        self._close_session(deadline)
+        return True
+
+    def _kept_events_uploaded(self, deadline: float) -> bool:
+        """Whether every event kept until uploaded is in the bucket: asked of the daemon (a durable flush) before
+        the close, since closing a session its daemon holds only in part would leave the rest nowhere."""
+        with self._cond:
+            batches = self._batches
+            if not (batches.keep_until_durable and batches.durable < batches.acked):
+                return True
+            acked = batches.acked
+        backoff = self._options.backoff_secs[0]
+        while not self._abandon.is_set():
+            timeout = max(0.01, min(self._options.rpc_timeout, deadline - time.monotonic()))
+            try:
+                held = self._transport.flush(self._identity.session_id, timeout)
+            except TransportError as exc:
+                self.report_error(exc)
+                if exc.kind != "away" or time.monotonic() >= deadline:
+                    held = -1  # not live there (lost, released or closed): resuming tells what it holds
+                else:
+                    self._abandon.wait(min(backoff, max(0.0, deadline - time.monotonic())))
+                    backoff = min(backoff * 2, self._options.backoff_secs[1])
+                    continue
+            if held >= acked:
+                with self._cond:
+                    batches.acknowledge(held, durable=held)
+                return True
+            with self._cond:
+                self.resume_owed = True
+            self._next_attempt = 0.0
+            log.warning(
+                "summaryd: the daemon at %s holds run %r's session only through sequence %d of %d at its close; "
+                "resuming it to send the rest again",
+                self._transport.address,
+                self._identity.run,
+                max(held, 0),
+                acked,
+            )
+            return False
+        return True
+
+    def _close_session(self, deadline: float) -> None:
         backoff = self._options.backoff_secs[0]
         while self._used and not self._abandon.is_set():
             timeout = max(0.01, min(self._options.rpc_timeout, deadline - time.monotonic()))

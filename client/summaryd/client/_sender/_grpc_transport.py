@@ -249,12 +249,15 @@ class GrpcTransport:
             return False
         return True
 
-    def flush(self, session_id: str, timeout: float) -> None:
+    def flush(self, session_id: str, timeout: float) -> int:
         channel = self._channel
         if channel is None:
-            return
+            return 0
         try:
-            pb_grpc.SummariesStub(channel).Flush(pb.FlushRequest(session_id=session_id, durable=True), timeout=timeout)
+            answer = pb_grpc.SummariesStub(channel).Flush(
+                pb.FlushRequest(session_id=session_id, durable=True), timeout=timeout
+            )
+            return int(answer.acked_sequence)
         except grpc.RpcError as exc:
             raise transport_error(exc) from None
         except ValueError as exc:  # the channel was closed meanwhile

@@ -85,8 +85,9 @@ class SenderLoop(SenderPart):
 
     def _run(self) -> None:
         try:
-            if self._loop():
-                self._connection.finish()
+            # A close that finds kept events missing resumes the session and goes on (`Connection.finish`).
+            while self._loop() and not self._connection.finish():
+                pass
         except Exception as exc:  # a bug here must not go unnoticed, nor reach the training loop
             log.exception("summaryd sender for run %r failed", self._identity.run)
             with self._cond:
@@ -99,12 +100,13 @@ class SenderLoop(SenderPart):
 
     def _loop(self) -> bool:
         """Run until everything is acknowledged after a close (True), or until told to stop (False)."""
+        connection = self._connection
         while True:
             with self._cond:
                 self._queue.disarm()  # awake: this pass looks at the queue, no caller needs to wake it
                 if self._status.failed is not None:
                     return False
-                if self._status.closing and not self._queue and not self._batches:
+                if self._status.closing and not self._queue and not self._batches and not connection.resume_owed:
                     return True
                 in_outbox = not self._queue and not self._batches.held_events
                 if self._outbox_pid is not None and self._status.closing and in_outbox:

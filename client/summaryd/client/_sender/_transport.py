@@ -158,8 +158,10 @@ class Transport(Protocol):
         up meanwhile (the sender was abandoned). Raises `TransportError`."""
         ...
 
-    def flush(self, session_id: str, timeout: float) -> None:
-        """Ask the daemon to fsync the run's file (when a session was opened); raises `TransportError`."""
+    def flush(self, session_id: str, timeout: float) -> int:
+        """Ask the daemon to fsync the run's file (a bucket logdir: upload it) when a session was opened; the
+        sequence number through which it holds the session's events so (0: no session). Raises
+        `TransportError`."""
         ...
 
     def close(self) -> None:
