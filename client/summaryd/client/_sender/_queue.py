@@ -17,7 +17,7 @@ from summaryd.client._sender._kinds import SCALAR, SOURCE, SUMMARY
 class EventQueue:
     """A deque of queued events, which callers append to without a lock while there is room (`fast_until`),
     and what the sender's side knows of it. Everything but `Sender.enqueue`'s append and its reads of
-    `items` and `fast_until` holds the sender's lock.
+    `inbox` and `alert` holds the sender's lock.
 
     A caller appends without the lock, then compares the queue's length with `alert` and calls in to the sender
     (`Sender.appended`) only when it is reached: one comparison after the append decides everything, because
@@ -31,12 +31,13 @@ class EventQueue:
       under the lock the positions of the queued events are stable, and `accepted = taken + len(items)` (read
       under the lock) counts every event appended so far exactly once, without the caller counting anything.
     - Bytes are counted lazily, under the lock: `_counted` leading events are in `_counted_bytes`; those appended
-      since are summed by index (no iterator, which an append would invalidate) when someone needs the figure.
-    - `fast_until` is a count the callers compare `len(items)` with: it leaves room for `fast_until - len`
-      more events of at most `FAST_ITEM_BYTES` each within the memory bound. Callers read it and append in two
-      steps, so threads racing there may each put one event past it: the bound holds to within one event per
-      logging thread. A caller that finds its append past the room takes it back and queues it under the lock,
-      by the overflow policy (unless the sender took it already).
+      since are summed in one C-level pass over an `islice` (`nbytes`) when someone needs the figure.
+    - `fast_until` is a count the queue's length after a caller's append is compared with (through `alert`): it
+      leaves room for `fast_until - len` more events of at most `FAST_ITEM_BYTES` each within the memory bound.
+      The sender updates it and callers read `alert` in separate steps, so threads racing there may each put
+      one event past it: the bound holds to within one event per logging thread. A caller that finds its append
+      past the room takes it back and queues it under the lock, by the overflow policy (unless the sender took
+      it already).
     - No wake-up is lost: the sender thread sets `wake_at` (`arm`) and then looks at the queue's length once
       more; a caller reads `alert` after its append. So an append the sender's second look missed reads the
       new `alert`.
@@ -270,7 +271,6 @@ _KIND = itemgetter(0)
 
 _TAG = itemgetter(1)
 """A queued scalar's tag."""
-
 
 _SIZE = itemgetter(-1)
 """A queued event's estimated bytes."""

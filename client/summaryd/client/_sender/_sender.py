@@ -107,8 +107,8 @@ class Sender:
         self._encoding = core.encoding
         self._queue, self._ledger, self._batches = core.queue, core.ledger, core.batches
         self._status, self._budget = core.status, core.budget
-        # The same two, public for `SummaryWriter.add_scalar`, which inlines `enqueue`'s lock-free append.
-        self.queue, self.status = core.queue, core.status
+        # The queue, public for `SummaryWriter.add_scalar`, which inlines `enqueue`'s lock-free append.
+        self.queue = core.queue
         # What takes the events logged after close() (see `hand_over_after_close`); None: they are dropped.
         self._successor: Callable[[], Sender] | None = None
         self._spiller = Spiller(core)

@@ -33,7 +33,7 @@ class Status:
 
     def __init__(self) -> None:
         self.closing = False
-        self.accepting = True  # neither closing nor failed: what the caller's hot path asks, in one look
+        self.accepting = True  # neither closing nor failed: what a caller that calls in asks, in one look
         self.closed = False
         self.close_deadline = float("inf")
         self.spill_all = False  # close() is running out of time: everything goes to the spool now
