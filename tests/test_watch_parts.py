@@ -203,6 +203,25 @@ def test_large_batches_reach_the_divergence_ring_point_for_point_and_a_rise_fire
     assert list(ordered) == (falling + steady)[-128:]  # the points over the threshold are not the baseline
 
 
+def test_a_job_that_stops_at_once_is_named_silent_as_a_whole_from_the_first_message() -> None:
+    """Three ranks of different cadences (thresholds 3.1 s, 3.2 s and 3.4 s) stop at once, a fourth logs on: the
+    silence finding fires when the first is past its threshold, and already counts the three that stopped (each
+    quiet past twice its cadence), not the one that logs; nothing fires before."""
+    run = RunWatch("job", Rules(), lambda: True, time.time)
+    cadences = {"rank-0": 0.05, "rank-1": 0.1, "rank-2": 0.2, "rank-3": 0.05}
+    workers = {rank: Worker(rank, None) for rank in cadences}
+    for rank, cadence in cadences.items():
+        run.workers[rank] = workers[rank]
+        for beat in range(8):
+            workers[rank].arrived(100.0 - (7 - beat) * cadence)  # the last batch of each at 100.0
+    workers["rank-3"].arrived(103.0)  # it logs on
+    workers["rank-3"].arrived(103.05)
+    assert run.evaluate(103.08)[0] == {}
+    holds, _ = run.evaluate(103.15)
+    finding = holds[("silence", "job", "")]
+    assert finding.rank == "rank-0" and "3 of 4 workers silent" in finding.summary, finding.summary
+
+
 def test_a_nan_in_many_tags_fires_a_bounded_number_of_findings() -> None:
     """NaN in 1,000 tags of one run: the non-finite rule follows `max_nonfinite_tags` of them (one finding each),
     the others' points counted unwatched, so a run's findings (and webhook messages) stay bounded."""

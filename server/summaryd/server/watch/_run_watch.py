@@ -444,13 +444,21 @@ class RunWatch:
         rule = self.rules.silence
         key: Key = ("silence", self.run, "")
         silent: list[tuple[float, Worker]] = []
+        # The grace keeps a late batch from being taken for a hang; once one worker is past it, those quiet past
+        # their own rhythm (`factor` times their cadence) have stopped too. A hang in a collective stops every rank
+        # at once, but their thresholds differ by their cadences and are looked at once a second: the finding
+        # names them all from its first message, not one rank of three.
+        stopped = 0
         for worker in self.workers.values():
             if worker.batches < rule.min_batches:
                 continue
-            worker.silent_after = rule.after_secs or rule.factor * worker.cadence + rule.grace_secs
+            rhythm = rule.factor * worker.cadence
+            worker.silent_after = rule.after_secs or rhythm + rule.grace_secs
             quiet = now - worker.last_arrival
             if quiet > worker.silent_after:
                 silent.append((quiet, worker))
+            if quiet > min(rhythm, worker.silent_after):
+                stopped += 1
         if silent:
             quiet, worker = max(silent, key=lambda s: s[0])
             state = "open" if worker.released_at is None else "lost (released by the daemon)"
@@ -461,7 +469,7 @@ class RunWatch:
                 worker.last_step,
                 quiet,
                 f"{_name(worker.rank)} has logged nothing for {quiet:.1f}s (silent after {worker.silent_after:.1f}s), "
-                f"last at step {worker.last_step}; {len(silent)} of {len(self.workers)} workers silent; its session "
+                f"last at step {worker.last_step}; {stopped} of {len(self.workers)} workers silent; its session "
                 f"is {state}",
             )
         elif self.workers:
