@@ -9,7 +9,7 @@ callgrind (which must be installed), each driver runs `add_scalar("loss", value,
 the same number of times. Each runs at two counts; the difference of the totals over the difference of the
 counts is the cost of one scalar, without the start-up and the close. Printed: instructions per scalar by thread
 (the caller's, the sender's, gRPC's), the ratio to the floor, each measurement's and their median, and the C
-functions the sender thread spends them in (`PYTHONHASHSEED` fixed).
+functions the sender thread spends them in (`PYTHONHASHSEED` fixed, one BLAS thread).
 """
 
 from __future__ import annotations
@@ -64,7 +64,11 @@ _FUNCTION = re.compile(r"^\s*([\d,]+) \(\s*[\d.]+%\)\s+(\S+)", re.MULTILINE)
 def _profile(workdir: Path, who: str, count: int) -> list[Path]:
     """Run the driver under callgrind, one output file per thread; the files, the main thread's first."""
     prefix = workdir / f"{'floor' if who == 'floor' else 'summaryd'}.{count}"
-    env = {**os.environ, "PYTHONHASHSEED": "0"}
+    # numpy (which both drivers import) starts OpenBLAS's worker thread, which spins for a while after it starts:
+    # tens of millions of instructions, more or fewer by how the threads interleave, nothing to do with logging.
+    # It moved the floor's figure by a fifth between runs (2,586-3,218 a scalar, its main thread at 2,775 in
+    # each); with one BLAS thread it does not start.
+    env = {**os.environ, "PYTHONHASHSEED": "0", "OPENBLAS_NUM_THREADS": "1"}
     subprocess.run(
         [
             "valgrind",
