@@ -125,3 +125,28 @@ def test_a_port_in_use_is_a_clear_error(daemon: Daemon, tmp_path: Path) -> None:
     assert result.returncode == 1
     assert "cannot listen on" in result.stderr and "--listen" in result.stderr
     assert "Traceback" not in result.stderr
+
+
+@pytest.mark.parametrize(
+    ("argv", "hint"),
+    [
+        (["serve", "--port", "6006"], "did you mean --listen HOST:PORT?"),
+        (["status", "--host", "localhost"], "did you mean --address HOST:PORT?"),
+        (["serve", "--logd", "runs"], "did you mean --logdir?"),
+        (["serve", "--max-batch", "4"], "did you mean --max-batch-events?"),
+    ],
+    ids=["tensorboard-port", "uvicorn-host", "abbreviated", "abbreviated-ambiguous"],
+)
+def test_a_flag_counts_only_by_its_whole_name(
+    argv: list[str], hint: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """TensorBoard's `--port 6006` was taken for `--port-file 6006` (argparse's abbreviations): the daemon served
+    on its default port and wrote a file named 6006. A flag not named whole is a one-line usage error now, with
+    the flag meant, and nothing is started or written."""
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SystemExit) as exited:
+        main(argv)
+    assert exited.value.code == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "unrecognized arguments" in err and hint in err, err
+    assert list(tmp_path.iterdir()) == []

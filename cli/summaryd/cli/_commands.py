@@ -31,7 +31,13 @@ class Command:
 
 
 class Parser(argparse.ArgumentParser):
-    """Usage errors are one line that names the command and where its help is, not a screen of usage."""
+    """Usage errors are one line that names the command and where its help is, not a screen of usage. A flag is
+    taken only by its whole name: argparse's abbreviations took TensorBoard's `--port 6006` for `--port-file 6006`,
+    and the daemon served on its default port with a file named `6006` beside it."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("allow_abbrev", False)
+        super().__init__(*args, **kwargs)
 
     def error(self, message: str) -> NoReturn:
         self.exit(2, f"{self.prog}: error: {message} (see '{self.prog} --help')\n")

@@ -40,9 +40,24 @@ def main(argv: Sequence[str] | None = None) -> int:
     if unknown:
         # Told by the command's parser, not the top-level one: its help is where the right flag is.
         known = [option for action in sub._actions for option in action.option_strings]
-        hints = [match for flag in unknown for match in difflib.get_close_matches(flag.split("=")[0], known, 1)]
+        hints = [_hint(flag.split("=")[0], known) for flag in unknown if flag.startswith("-")]
+        hints = list(dict.fromkeys(hint for hint in hints if hint))
         sub.error(
             f"unrecognized arguments: {' '.join(unknown)}" + (f"; did you mean {', '.join(hints)}?" if hints else "")
         )
     (command,) = (c for c in COMMANDS if c.name == args.command)
     return command.run(args, sub)
+
+
+# TensorBoard's and uvicorn's flags for where to listen, and what says it here.
+_ADDRESS_FLAGS = ("--port", "--host", "--bind_all", "--bind-all")
+
+
+def _hint(flag: str, known: list[str]) -> str:
+    """The flag of this command a mistyped or foreign `flag` most likely meant ("" when none is close)."""
+    if flag in _ADDRESS_FLAGS:
+        for where in ("--listen", "--address"):
+            if where in known:
+                return f"{where} HOST:PORT"
+    close = difflib.get_close_matches(flag, known, 1)
+    return close[0] if close else ""
