@@ -156,6 +156,8 @@ class FakeTransport:
 
     def flush(self, session_id: str, timeout: float) -> int:
         daemon = self._daemon
+        if daemon.away:
+            raise TransportError("away", "UNAVAILABLE: connection refused")
         if daemon.forgot_session:
             raise TransportError("failed", f"NOT_FOUND: unknown session {session_id}")
         if daemon.durable_acks:
@@ -884,3 +886,30 @@ def test_a_sender_waiting_for_the_daemon_wakes_on_its_reconnect_schedule(
     assert wakeups[0] < 100, wakeups[0]
     fake.away = False
     assert sender.close(timeout=30).delivered == 10
+
+
+@pytest.mark.parametrize("back", [False, True], ids=["away-past-the-deadline", "back-before-it"])
+def test_events_kept_until_uploaded_count_delivered_only_once_uploaded_when_the_daemon_is_away_at_the_close(
+    make_sender: Callable[..., Sender], fake: FakeDaemon, back: bool
+) -> None:
+    """A daemon on a bucket acknowledged the events (staged), uploaded none, and is away when the writer closes.
+    Away until the close's deadline: the report counts them in the spool, not delivered (they were reported
+    delivered, and lost with the daemon's disk). Back before it: they are sent again, uploaded, and counted
+    delivered once."""
+    fake.durable_acks = True
+    sender = make_sender()
+    for i in range(10):
+        sender.submit(event(i), 12)
+    sender.flush(timeout=30)
+    assert len(fake.events()) == 10 and fake.durable == 0, "acknowledged, none uploaded"
+    fake.away = True
+    fake.streams[-1].cut()
+    if back:
+        threading.Timer(0.5, setattr, (fake, "away", False)).start()
+    report = sender.close(timeout=10.0 if back else 1.0)
+    if back:
+        assert report.delivered == 10 and report.undelivered == 0 and report.synced and not report.dropped, report
+        assert fake.durable == 10
+    else:
+        assert report.delivered == 0 and report.undelivered == 10 and report.spooled == 10, report
+        assert not report.synced and report.spool_path is not None and not report.dropped

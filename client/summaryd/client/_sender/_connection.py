@@ -279,35 +279,40 @@ class Connection(SenderPart):
                 return True
             acked = batches.acked
         backoff = self._options.backoff_secs[0]
-        while not self._abandon.is_set():
+        while True:
+            if self._abandon.is_set() or self._status.spill_all:
+                held = -1  # the close gives up before the daemon could say: what it may have lost is spooled
+                break
             timeout = max(0.01, min(self._options.rpc_timeout, deadline - time.monotonic()))
             try:
                 held = self._transport.flush(self._identity.session_id, timeout)
+                break
             except TransportError as exc:
                 self.report_error(exc)
                 if exc.kind != "away" or time.monotonic() >= deadline:
                     held = -1  # not live there (lost, released or closed): resuming tells what it holds
-                else:
-                    self._abandon.wait(min(backoff, max(0.0, deadline - time.monotonic())))
-                    backoff = min(backoff * 2, self._options.backoff_secs[1])
-                    continue
-            if held >= acked:
-                with self._cond:
-                    batches.acknowledge(held, durable=held)
-                return True
+                    break
+                self._abandon.wait(min(backoff, max(0.0, deadline - time.monotonic())))
+                backoff = min(backoff * 2, self._options.backoff_secs[1])
+        if held >= acked:
             with self._cond:
-                self.resume_owed = True
-            self._next_attempt = 0.0
-            log.warning(
-                "summaryd: the daemon at %s holds run %r's session only through sequence %d of %d at its close; "
-                "resuming it to send the rest again",
-                self._transport.address,
-                self._identity.run,
-                max(held, 0),
-                acked,
-            )
-            return False
-        return True
+                batches.acknowledge(held, durable=held)
+            return True
+        with self._cond:
+            self.resume_owed = True
+            # Owed again, not delivered: sent again on the resumed session, or spooled when the close gives up.
+            batches.doubt_kept(held)
+        self._next_attempt = 0.0
+        log.warning(
+            "summaryd: the daemon at %s holds run %r's session only through sequence %d of %d uploaded at its "
+            "close, or could not say: the rest is sent again on the resumed session, or spooled if the close runs "
+            "out of time",
+            self._transport.address,
+            self._identity.run,
+            max(held, 0),
+            acked,
+        )
+        return False
 
     def _close_session(self, deadline: float) -> None:
         backoff = self._options.backoff_secs[0]

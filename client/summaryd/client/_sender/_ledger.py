@@ -47,6 +47,12 @@ class Ledger:
         if spooled:
             self.spooled -= count
 
+    def unsettle(self, count: int) -> None:
+        """`count` events settled as delivered are owed again: the daemon may have lost them before they were
+        uploaded (`BatchLog.doubt_kept`)."""
+        self.settled -= count
+        self.delivered -= count
+
     def spool(self, count: int) -> None:
         """`count` unsettled events were written to the spool."""
         self.spooled += count
