@@ -764,17 +764,23 @@ def test_the_memory_bound_holds_exactly_for_events_appended_without_the_lock(
     assert report.dropped == {"queue_full": 2000 - 546, "timeout": 546}
 
 
-def test_events_kept_until_uploaded_are_sent_again_when_the_daemon_lost_them_before_the_close(
-    make_sender: Callable[..., Sender], fake: FakeDaemon
-) -> None:
-    """A daemon on a bucket acknowledged the events (staged) and lost its disk before uploading them: the close
-    finds them missing, resumes the session and sends them again, instead of closing over the gap."""
+def _staged_not_uploaded(make_sender: Callable[..., Sender], fake: FakeDaemon) -> Sender:
+    """A sender whose 10 events a daemon on a bucket acknowledged (staged) and has not uploaded."""
     fake.durable_acks = True
     sender = make_sender()
     for i in range(10):
         sender.submit(event(i), 12)
     sender.flush(timeout=30)
     assert len(fake.events()) == 10 and fake.durable == 0, "acknowledged, none uploaded"
+    return sender
+
+
+def test_events_kept_until_uploaded_are_sent_again_when_the_daemon_lost_them_before_the_close(
+    make_sender: Callable[..., Sender], fake: FakeDaemon
+) -> None:
+    """A daemon on a bucket acknowledged the events (staged) and lost its disk before uploading them: the close
+    finds them missing, resumes the session and sends them again, instead of closing over the gap."""
+    sender = _staged_not_uploaded(make_sender, fake)
     fake.written.clear()
     fake.last, fake.forgot_session = 0, True  # its disk lost: nothing staged, the session unknown to it
     report = sender.close()
@@ -896,12 +902,7 @@ def test_events_kept_until_uploaded_count_delivered_only_once_uploaded_when_the_
     Away until the close's deadline: the report counts them in the spool, not delivered (they were reported
     delivered, and lost with the daemon's disk). Back before it: they are sent again, uploaded, and counted
     delivered once."""
-    fake.durable_acks = True
-    sender = make_sender()
-    for i in range(10):
-        sender.submit(event(i), 12)
-    sender.flush(timeout=30)
-    assert len(fake.events()) == 10 and fake.durable == 0, "acknowledged, none uploaded"
+    sender = _staged_not_uploaded(make_sender, fake)
     fake.away = True
     fake.streams[-1].cut()
     if back:
