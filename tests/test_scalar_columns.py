@@ -126,6 +126,22 @@ def test_a_bad_scalar_refuses_its_batch_and_is_named(daemon: Daemon, stub: pb_gr
         (
             pb.WriteRequest(
                 first_sequence=1,
+                scalars=pb.ScalarColumns(tags=["a"], tag_index=[0], fixed_step=[1, 2], wall_time=[1.0], value=[1.0]),
+            ),
+            "columns of different lengths",
+        ),
+        (
+            pb.WriteRequest(
+                first_sequence=1,
+                scalars=pb.ScalarColumns(
+                    tags=["a"], tag_index=[0], step=[1], fixed_step=[1], wall_time=[1.0], value=[1.0]
+                ),
+            ),
+            "both step and fixed_step",
+        ),
+        (
+            pb.WriteRequest(
+                first_sequence=1,
                 scalars=pb.ScalarColumns(tags=["a"], tag_index=[1], step=[1], wall_time=[1.0], value=[1.0]),
             ),
             "tag_index 1, beyond the batch's 1 tags",

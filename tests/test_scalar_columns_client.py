@@ -43,56 +43,72 @@ def column_batches(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     sent: list[int] = []
     original = _grpc_transport._Stream.write_scalars
 
-    def counted(stream: _grpc_transport._Stream, first: int, scalars: ScalarRun) -> None:
+    def counted(stream: _grpc_transport._Stream, first: int, scalars: ScalarRun, fixed_steps: bool = False) -> None:
         sent.append(len(scalars))
-        original(stream, first, scalars)
+        original(stream, first, scalars, fixed_steps)
 
     monkeypatch.setattr(_grpc_transport._Stream, "write_scalars", counted)
     return sent
 
 
-def older_daemon(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The client reads the answer of a daemon without the `takes_scalar_columns` field (an older one): the
-    field left out of the real answer, since no older daemon is at hand."""
+def older_daemon(monkeypatch: pytest.MonkeyPatch, *fields: str) -> None:
+    """The client reads the answer of a daemon without `fields` (an older one; by default without
+    `takes_scalar_columns` or `takes_fixed_steps`): those left out of the real answer, since no older daemon is
+    at hand."""
     of = DaemonLimits.of
 
-    def without_columns(answer: pb.OpenSessionResponse) -> DaemonLimits:
-        answer.ClearField("takes_scalar_columns")
+    def without(answer: pb.OpenSessionResponse) -> DaemonLimits:
+        for field in fields or ("takes_scalar_columns", "takes_fixed_steps"):
+            answer.ClearField(field)
         return of(answer)
 
-    monkeypatch.setattr(DaemonLimits, "of", staticmethod(without_columns))
+    monkeypatch.setattr(DaemonLimits, "of", staticmethod(without))
 
 
 def test_columns_keep_the_order_and_bytes_of_serialized_events(
     daemon: Daemon, column_batches: list[int], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Logged to a daemon that takes columns, then as to an older daemon: the same records in the same order;
-    only the first sent columns."""
+    """Logged to a daemon that takes columns with fixed steps, then as to older daemons (columns with varint
+    steps; serialized events): the same records in the same order; only the first two sent columns."""
     writer = SummaryWriter("columns", address=daemon.address, worker="")
     log_mixed(writer)
     # Time enough to deliver the ~1,200 small batches live on a loaded machine: a close that runs out of time
     # spools the rest, which is replayed as events (a spool holds events), and this test is about what is sent live.
     assert writer.close(timeout=120).ok
     assert sum(column_batches) == 3 * STEPS
+    with monkeypatch.context() as patch:
+        older_daemon(patch, "takes_fixed_steps")
+        writer = SummaryWriter("varint-steps", address=daemon.address, worker="")
+        log_mixed(writer)
+        assert writer.close(timeout=120).ok
+    assert sum(column_batches) == 6 * STEPS
     older_daemon(monkeypatch)
     writer = SummaryWriter("events", address=daemon.address, worker="")
     log_mixed(writer)
     assert writer.close(timeout=120).ok
-    assert sum(column_batches) == 3 * STEPS
-    columns, events = records(daemon, "columns"), records(daemon, "events")
+    assert sum(column_batches) == 6 * STEPS
+    columns, varint, events = (records(daemon, run) for run in ("columns", "varint-steps", "events"))
     assert len(columns) == 4 * STEPS + len(range(0, STEPS, 7))
-    assert columns == events
+    assert columns == varint == events
 
 
-@pytest.mark.parametrize("columns", [True, False], ids=["columns", "events"])
+@pytest.mark.parametrize(
+    ("columns", "older"),
+    [(True, ()), (True, ("takes_fixed_steps",)), (False, ("takes_scalar_columns", "takes_fixed_steps"))],
+    ids=["fixed-steps", "varint-steps", "events"],
+)
 def test_a_step_beyond_int64_drops_that_scalar_alone(
-    daemon: Daemon, monkeypatch: pytest.MonkeyPatch, columns: bool, caplog: pytest.LogCaptureFixture
+    daemon: Daemon,
+    monkeypatch: pytest.MonkeyPatch,
+    columns: bool,
+    older: tuple[str, ...],
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
     """A scalar no event carries (a step beyond int64, a tag that is not UTF-8: torch's writer raises on either)
     costs that scalar alone, counted and logged; the scalars around it, in the same batch, are delivered, and the
     sender goes on."""
-    if not columns:
-        older_daemon(monkeypatch)
+    if older:
+        older_daemon(monkeypatch, *older)
     writer = SummaryWriter(f"steps-{columns}", address=daemon.address, worker="")
     for step in (1, 2**63 - 1, 2**63, -(2**63), -(2**63) - 1, 3):
         writer.add_scalar("loss", float(step % 7), step, walltime=1_700_000_000.0)

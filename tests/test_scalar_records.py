@@ -65,7 +65,7 @@ def test_random_batches_and_their_tails_frame_as_the_clients_events(seed: int) -
     rng = random.Random(seed)
     for _ in range(10):
         run = _batch(rng)
-        columns = run.fill(pb.ScalarColumns())
+        columns = run.fill(pb.ScalarColumns(), fixed_steps=rng.random() < 0.5)  # steps in either field
         events = run.encoded()
         for start in sorted({0, 1, len(events) // 2, len(events) - 1}):
             if start < len(events):
@@ -92,7 +92,7 @@ def test_many_batches_framed_together_are_each_framed_as_the_clients_events(seed
     for run in runs:
         events = run.encoded()
         start = rng.choice([0, 0, len(events) - 1])
-        batches.append(ScalarRecords(run.fill(pb.ScalarColumns()))[start:])
+        batches.append(ScalarRecords(run.fill(pb.ScalarColumns(), fixed_steps=rng.random() < 0.5))[start:])
         expected.append(frame_all(events[start:]))
     assert framed_together(batches) == expected, seed
 

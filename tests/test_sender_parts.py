@@ -102,7 +102,7 @@ class FakeStream:
         if not daemon.hold_acks:
             self._on_ack(Ack(daemon.last, daemon.durable))
 
-    def write_scalars(self, first_sequence: int, scalars: ScalarRun) -> None:
+    def write_scalars(self, first_sequence: int, scalars: ScalarRun, fixed_steps: bool = False) -> None:
         """The real daemon builds exactly `scalars.encoded()` (test_scalar_columns shows it)."""
         self._daemon.column_batches += 1
         self.write(first_sequence, scalars.encoded())

@@ -41,7 +41,7 @@ class OpenSessionRequest(_message.Message):
     def __init__(self, session_id: _Optional[str] = ..., run: _Optional[str] = ..., worker: _Optional[str] = ..., world_size: _Optional[int] = ..., client: _Optional[_Union[ClientIdentity, _Mapping]] = ..., next_sequence: _Optional[int] = ..., session_started: _Optional[float] = ..., aggregate_off: _Optional[bool] = ..., aggregate_tags: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class OpenSessionResponse(_message.Message):
-    __slots__ = ("run_dir", "last_sequence", "lease_seconds", "max_message_bytes", "max_event_bytes", "max_batch_events", "takes_scalar_columns", "durable_acks", "durable_sequence", "pacing")
+    __slots__ = ("run_dir", "last_sequence", "lease_seconds", "max_message_bytes", "max_event_bytes", "max_batch_events", "takes_scalar_columns", "durable_acks", "durable_sequence", "pacing", "takes_fixed_steps")
     RUN_DIR_FIELD_NUMBER: _ClassVar[int]
     LAST_SEQUENCE_FIELD_NUMBER: _ClassVar[int]
     LEASE_SECONDS_FIELD_NUMBER: _ClassVar[int]
@@ -52,6 +52,7 @@ class OpenSessionResponse(_message.Message):
     DURABLE_ACKS_FIELD_NUMBER: _ClassVar[int]
     DURABLE_SEQUENCE_FIELD_NUMBER: _ClassVar[int]
     PACING_FIELD_NUMBER: _ClassVar[int]
+    TAKES_FIXED_STEPS_FIELD_NUMBER: _ClassVar[int]
     run_dir: str
     last_sequence: int
     lease_seconds: float
@@ -62,7 +63,8 @@ class OpenSessionResponse(_message.Message):
     durable_acks: bool
     durable_sequence: int
     pacing: Pacing
-    def __init__(self, run_dir: _Optional[str] = ..., last_sequence: _Optional[int] = ..., lease_seconds: _Optional[float] = ..., max_message_bytes: _Optional[int] = ..., max_event_bytes: _Optional[int] = ..., max_batch_events: _Optional[int] = ..., takes_scalar_columns: _Optional[bool] = ..., durable_acks: _Optional[bool] = ..., durable_sequence: _Optional[int] = ..., pacing: _Optional[_Union[Pacing, _Mapping]] = ...) -> None: ...
+    takes_fixed_steps: bool
+    def __init__(self, run_dir: _Optional[str] = ..., last_sequence: _Optional[int] = ..., lease_seconds: _Optional[float] = ..., max_message_bytes: _Optional[int] = ..., max_event_bytes: _Optional[int] = ..., max_batch_events: _Optional[int] = ..., takes_scalar_columns: _Optional[bool] = ..., durable_acks: _Optional[bool] = ..., durable_sequence: _Optional[int] = ..., pacing: _Optional[_Union[Pacing, _Mapping]] = ..., takes_fixed_steps: _Optional[bool] = ...) -> None: ...
 
 class Pacing(_message.Message):
     __slots__ = ("linger_seconds", "max_in_flight")
@@ -85,18 +87,20 @@ class WriteRequest(_message.Message):
     def __init__(self, session_id: _Optional[str] = ..., first_sequence: _Optional[int] = ..., events: _Optional[_Iterable[bytes]] = ..., scalars: _Optional[_Union[ScalarColumns, _Mapping]] = ...) -> None: ...
 
 class ScalarColumns(_message.Message):
-    __slots__ = ("tags", "tag_index", "step", "wall_time", "value")
+    __slots__ = ("tags", "tag_index", "step", "wall_time", "value", "fixed_step")
     TAGS_FIELD_NUMBER: _ClassVar[int]
     TAG_INDEX_FIELD_NUMBER: _ClassVar[int]
     STEP_FIELD_NUMBER: _ClassVar[int]
     WALL_TIME_FIELD_NUMBER: _ClassVar[int]
     VALUE_FIELD_NUMBER: _ClassVar[int]
+    FIXED_STEP_FIELD_NUMBER: _ClassVar[int]
     tags: _containers.RepeatedScalarFieldContainer[str]
     tag_index: _containers.RepeatedScalarFieldContainer[int]
     step: _containers.RepeatedScalarFieldContainer[int]
     wall_time: _containers.RepeatedScalarFieldContainer[float]
     value: _containers.RepeatedScalarFieldContainer[float]
-    def __init__(self, tags: _Optional[_Iterable[str]] = ..., tag_index: _Optional[_Iterable[int]] = ..., step: _Optional[_Iterable[int]] = ..., wall_time: _Optional[_Iterable[float]] = ..., value: _Optional[_Iterable[float]] = ...) -> None: ...
+    fixed_step: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, tags: _Optional[_Iterable[str]] = ..., tag_index: _Optional[_Iterable[int]] = ..., step: _Optional[_Iterable[int]] = ..., wall_time: _Optional[_Iterable[float]] = ..., value: _Optional[_Iterable[float]] = ..., fixed_step: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class WriteAck(_message.Message):
     __slots__ = ("acked_sequence", "durable_sequence", "pacing")

@@ -11,7 +11,8 @@ from __future__ import annotations
 import functools
 import ipaddress
 import struct
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
+from typing import Any
 
 import google_crc32c
 
@@ -24,6 +25,7 @@ __all__ = [
     "REFUSED_SEQUENCE_KEY",
     "VERSION",
     "address_key",
+    "column_steps",
     "footer",
     "frame",
     "frame_all",
@@ -74,6 +76,13 @@ _HEADER_BYTES = _LENGTH.size + _CRC.size
 _FOOTER_BYTES = _CRC.size
 FRAMING_BYTES = _HEADER_BYTES + _FOOTER_BYTES
 """Bytes a TFRecord adds around its data: length, length CRC, data CRC."""
+
+
+def column_steps(columns: Any) -> Sequence[int]:
+    """The steps of a `ScalarColumns`: `fixed_step` when the client sent them so (to a daemon that takes them),
+    else `step`; never both (`request_checks.column_problem` refuses that)."""
+    steps: Sequence[int] = columns.fixed_step or columns.step
+    return steps
 
 
 def masked_crc32c(data: bytes) -> int:

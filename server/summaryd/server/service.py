@@ -177,6 +177,7 @@ class SummariesService(pb_grpc.SummariesServicer):
             max_event_bytes=limits.max_event_bytes,
             max_batch_events=limits.max_batch_events,
             takes_scalar_columns=True,
+            takes_fixed_steps=True,
             durable_acks=self.lifecycle.durable_acks,
             durable_sequence=self.lifecycle.durable(session.session_id),
             pacing=self.pacer.pacing,

@@ -29,11 +29,17 @@ class DaemonLimits:
     max_batch_events: int = 0
     # Whether it builds scalar events from columns (`WriteRequest.scalars`); older daemons do not.
     takes_scalar_columns: bool = False
+    # Whether it takes their steps as fixed 8-byte integers (`ScalarColumns.fixed_step`).
+    takes_fixed_steps: bool = False
 
     @classmethod
     def of(cls, answer: pb.OpenSessionResponse) -> DaemonLimits:
         return cls(
-            answer.max_message_bytes, answer.max_event_bytes, answer.max_batch_events, answer.takes_scalar_columns
+            answer.max_message_bytes,
+            answer.max_event_bytes,
+            answer.max_batch_events,
+            answer.takes_scalar_columns,
+            answer.takes_fixed_steps,
         )
 
     def carries_whole(self, count: int, nbytes: int) -> bool:

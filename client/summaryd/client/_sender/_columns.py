@@ -18,8 +18,8 @@ _TAG, _VALUE, _STEP, _WALL = itemgetter(1), itemgetter(2), itemgetter(3), itemge
 
 
 # The keys of `ScalarColumns`' packed fields on the wire (field number << 3 | wire type 2, length-delimited):
-# tag_index (2), wall_time (4), value (5).
-_TAG_INDEX_FIELD, _WALL_TIME_FIELD, _VALUE_FIELD = b"\x12", b"\x22", b"\x2a"
+# tag_index (2), wall_time (4), value (5), fixed_step (6).
+_TAG_INDEX_FIELD, _WALL_TIME_FIELD, _VALUE_FIELD, _FIXED_STEP_FIELD = b"\x12", b"\x22", b"\x2a", b"\x32"
 
 
 def _varint(number: int) -> bytes:
@@ -45,6 +45,9 @@ class ScalarRun:
     values: Sequence[float]
     steps: Sequence[int]
     wall_times: Sequence[float]
+    # The steps as packed little-endian int64s, as `ScalarColumns.fixed_step` carries them: what the int64 check
+    # made; b"": not made (`fill` then sends `step`).
+    step_bytes: bytes = b""
 
     @classmethod
     def of(cls, items: Sequence[tuple[Any, ...]], one_tag: str | None = None) -> ScalarRun:
@@ -67,11 +70,12 @@ class ScalarRun:
             name.encode()  # a tag that is not UTF-8 (a lone surrogate) raises here, not in the request's field
         steps = list(map(_STEP, items))
         try:
-            # That every step is an int64, checked by packing them: a third of the cost of `min` and `max`.
-            struct.pack(f"<{len(steps)}q", *steps)
+            # That every step is an int64, checked by packing them: a third of the cost of `min` and `max`. The
+            # bytes are what a daemon that takes `fixed_step` is sent.
+            step_bytes = struct.pack(f"<{len(steps)}q", *steps)
         except struct.error:
             raise ValueError("a step beyond int64, which no request carries") from None
-        return cls(names, tag_index, list(map(_VALUE, items)), steps, list(map(_WALL, items)))
+        return cls(names, tag_index, list(map(_VALUE, items)), steps, list(map(_WALL, items)), step_bytes)
 
     def __len__(self) -> int:
         return len(self.steps)
@@ -85,11 +89,13 @@ class ScalarRun:
             array("d", self.values),
             array("q", self.steps),
             array("d", self.wall_times),
+            self.step_bytes,
         )
 
-    def fill(self, columns: pb.ScalarColumns) -> pb.ScalarColumns:
+    def fill(self, columns: pb.ScalarColumns, fixed_steps: bool = False) -> pb.ScalarColumns:
         """Extend `columns` (empty: the write request's own field, which saves copying a message into it) with
-        these, as the request carries them."""
+        these, as the request carries them; `fixed_steps`: the steps in `fixed_step` (a daemon that takes them),
+        copied as packed, where `step` converts and varint-encodes each."""
         columns.tags.extend(self.tags)
         if len(self.tags) == 1:
             # One tag: its index column is all zeros, which read from their packed encoding (a zero byte each)
@@ -98,7 +104,9 @@ class ScalarRun:
             columns.MergeFromString(_TAG_INDEX_FIELD + _varint(count) + bytes(count))
         else:
             columns.tag_index.extend(self.tag_index)
-        columns.step.extend(self.steps)
+        fixed = fixed_steps and bool(self.step_bytes)
+        if not fixed:
+            columns.step.extend(self.steps)
         count = len(self.steps)
         try:
             # Wall times and values are fixed-width: packed (little-endian, as protobuf's) in one call, their
@@ -108,11 +116,14 @@ class ScalarRun:
         except OverflowError:  # a value beyond float32, which `extend` turns into an infinity as torch does
             columns.wall_time.extend(self.wall_times)
             columns.value.extend(self.values)
+            if fixed:
+                columns.MergeFromString(_FIXED_STEP_FIELD + _varint(len(self.step_bytes)) + self.step_bytes)
         else:
             # Joined, not added: `+` copied the wall times' bytes four times and the values' twice.
-            columns.MergeFromString(
-                b"".join((_WALL_TIME_FIELD, _varint(len(walls)), walls, _VALUE_FIELD, _varint(len(values)), values))
-            )
+            parts = [_WALL_TIME_FIELD, _varint(len(walls)), walls, _VALUE_FIELD, _varint(len(values)), values]
+            if fixed:
+                parts += (_FIXED_STEP_FIELD, _varint(len(self.step_bytes)), self.step_bytes)
+            columns.MergeFromString(b"".join(parts))
         return columns
 
     def encoded(self) -> list[bytes]:

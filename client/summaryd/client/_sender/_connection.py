@@ -200,6 +200,7 @@ class Connection(SenderPart):
                 events, span, first, nbytes = batch.events, batch.span, batch.first, batch.nbytes
                 scalars = batch.scalars
                 limits = self.limits
+                fixed_steps = limits.takes_fixed_steps
                 if scalars is not None and not (
                     limits.takes_scalar_columns and limits.carries_whole(batch.count, nbytes)
                 ):
@@ -207,7 +208,7 @@ class Connection(SenderPart):
             if scalars is not None:
                 self._last_sent = time.monotonic()
                 batch.sent(self._last_sent)
-                stream.write_scalars(first, scalars)
+                stream.write_scalars(first, scalars, fixed_steps)
                 with self._cond:
                     self._batches.sent(batch)
                 continue

@@ -138,9 +138,9 @@ class _Stream:
     def write(self, first_sequence: int, events: Sequence[bytes]) -> None:
         self._stream.send(pb.WriteRequest(session_id=self._session_id, first_sequence=first_sequence, events=events))
 
-    def write_scalars(self, first_sequence: int, scalars: ScalarRun) -> None:
+    def write_scalars(self, first_sequence: int, scalars: ScalarRun, fixed_steps: bool = False) -> None:
         request = pb.WriteRequest(session_id=self._session_id, first_sequence=first_sequence)
-        scalars.fill(request.scalars)
+        scalars.fill(request.scalars, fixed_steps)
         self._stream.send(request)
 
     def heartbeat(self) -> None:

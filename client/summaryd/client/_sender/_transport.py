@@ -123,8 +123,9 @@ class Stream(Protocol):
 
     def write(self, first_sequence: int, events: Sequence[bytes]) -> None: ...
 
-    def write_scalars(self, first_sequence: int, scalars: ScalarRun) -> None:
-        """A batch of scalars as columns (only to a daemon that said it takes them)."""
+    def write_scalars(self, first_sequence: int, scalars: ScalarRun, fixed_steps: bool = False) -> None:
+        """A batch of scalars as columns (only to a daemon that said it takes them); `fixed_steps`: their steps
+        in `fixed_step` (only to one that said it takes those)."""
         ...
 
     def heartbeat(self) -> None: ...

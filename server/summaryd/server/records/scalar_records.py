@@ -25,7 +25,7 @@ from summaryd.server.errors import EventError
 from summaryd.server.records.crc_columns import column_crcs, linear_crc, varying_bytes
 from summaryd.server.security.limits import DEFAULT, Limits
 from summaryd.v1 import summaryd_pb2 as pb
-from summaryd.v1.wire import frame, header
+from summaryd.v1.wire import column_steps, frame, header
 
 _DOUBLE = struct.Struct("<d")
 _MASK_DELTA = 0xA282EAD8  # TFRecord's CRC mask (see `wire.masked_crc32c`)
@@ -88,7 +88,7 @@ class ScalarRecords(Sequence[bytes]):
         self._start = start
         # The length, read once: a batch's length is asked for some ten times on its way (checks, counts, the
         # observers), and each read of a repeated field's length costs a lookup of the field and a wrapper.
-        self._length = len(columns.step) - start
+        self._length = len(column_steps(columns)) - start
         self._tags: tuple[str, ...] | None = None
         # The columns as numpy arrays, once framing read them (a large batch, or one framed with others): the write
         # observers that want them need not read the columns again.
@@ -116,7 +116,7 @@ class ScalarRecords(Sequence[bytes]):
             columns, start = self._columns, self._start
             self.arrays = ScalarArrays(
                 np.asarray(columns.tag_index, dtype=np.int64)[start:],
-                np.asarray(columns.step, dtype=np.int64)[start:],
+                np.asarray(column_steps(columns), dtype=np.int64)[start:],
                 np.asarray(columns.wall_time, dtype=np.float64)[start:],
                 np.asarray(columns.value, dtype=np.float32)[start:],
             )
@@ -137,7 +137,7 @@ class ScalarRecords(Sequence[bytes]):
         return b"".join(self._records(self._start + index, self._start + index + 1))
 
     def __iter__(self) -> Iterator[bytes]:
-        return self._records(self._start, len(self._columns.step))
+        return self._records(self._start, len(column_steps(self._columns)))
 
     def _records(self, start: int, stop: int) -> Iterator[bytes]:
         columns = self._columns
@@ -146,7 +146,7 @@ class ScalarRecords(Sequence[bytes]):
         # The columns sliced into lists first: indexing a repeated field per element costs more than the record.
         for wall_time, step, which, value in zip(
             columns.wall_time[start:stop],
-            columns.step[start:stop],
+            column_steps(columns)[start:stop],
             columns.tag_index[start:stop],
             columns.value[start:stop],
             strict=True,
@@ -176,7 +176,7 @@ class ScalarRecords(Sequence[bytes]):
         problems = self._problems(tags, tag_index, wall, limits)
         if problems:
             raise min(problems, key=lambda problem: problem.index)
-        steps = np.asarray(columns.step, dtype=np.int64)[start:].view(np.uint64)
+        steps = np.asarray(column_steps(columns), dtype=np.int64)[start:].view(np.uint64)
         values = np.asarray(columns.value, dtype=np.float32)[start:]
         self.arrays = ScalarArrays(tag_index, steps.view(np.int64), wall, values)
         layout = _Layout(tags, tag_index, steps, wall, values)
@@ -213,10 +213,10 @@ class ScalarRecords(Sequence[bytes]):
         float_pack, crc_pack, crc_of = _FLOAT.pack, _CRC.pack, google_crc32c.value
         parts: list[bytes] = []
         fields, field_step, field_wall = b"", None, 0.0  # the wall time and step fields, and what they are of
-        stop = len(columns.step)
+        stop = len(column_steps(columns))
         for wall_time, step, which, value in zip(
             columns.wall_time[start:stop],
-            columns.step[start:stop],
+            column_steps(columns)[start:stop],
             columns.tag_index[start:stop],
             columns.value[start:stop],
             strict=True,
@@ -284,7 +284,7 @@ def framed_together(batches: Sequence[ScalarRecords], limits: Limits = DEFAULT) 
     joined = _Joined()
     for batch in batches:
         columns, start = batch.columns
-        count = len(columns.step)
+        count = len(column_steps(columns))
         if start >= count or not len(columns.tag_index) == count == len(columns.wall_time) == len(columns.value):
             # An empty batch, or columns of unequal lengths (refused by the request checks before this): joined,
             # two such would shift each other's points.
@@ -339,15 +339,15 @@ class _Joined:
         self._values: list[float] = []
 
     def add(self, columns: pb.ScalarColumns, start: int) -> None:
-        if len(columns.step) - start < self._NUMPY_FROM:
+        if len(column_steps(columns)) - start < self._NUMPY_FROM:
             self._tag_index += columns.tag_index[start:]
-            self._steps += columns.step[start:]
+            self._steps += column_steps(columns)[start:]
             self._wall += columns.wall_time[start:]
             self._values += columns.value[start:]
             return
         self._flush()
         self._index_chunks.append(np.asarray(columns.tag_index, dtype=np.int64)[start:])
-        self._step_chunks.append(np.asarray(columns.step, dtype=np.int64)[start:])
+        self._step_chunks.append(np.asarray(column_steps(columns), dtype=np.int64)[start:])
         self._wall_chunks.append(np.asarray(columns.wall_time, dtype=np.float64)[start:])
         self._value_chunks.append(np.asarray(columns.value, dtype=np.float32)[start:])
 

@@ -9,6 +9,7 @@ None when the request is fine. Run paths, worker labels and file paths have thei
 from __future__ import annotations
 
 from summaryd.v1 import summaryd_pb2 as pb
+from summaryd.v1.wire import column_steps
 
 MAX_SEQUENCE = 2**63 - 1
 """Highest sequence number: every sequence, sum and count derived from one fits the proto's uint64 fields and
@@ -26,7 +27,9 @@ MAX_LABEL_BYTES = 64
 
 def column_problem(columns: pb.ScalarColumns) -> str | None:
     """What is wrong with the columns' shape (answered INVALID_ARGUMENT before anything is written)."""
-    count = len(columns.step)
+    if columns.fixed_step and columns.step:
+        return "scalars has both step and fixed_step; send the steps in one of them"
+    count = len(column_steps(columns))
     if not len(columns.tag_index) == len(columns.wall_time) == len(columns.value) == count:
         return (
             f"scalars has columns of different lengths (tag_index {len(columns.tag_index)}, step {count}, "
@@ -94,7 +97,7 @@ def counted_write_problem(request: pb.WriteRequest) -> tuple[str | None, int]:
         problem = column_problem(columns)
         if problem is not None:
             return problem, 0
-        count = len(columns.step)  # as `batch_count`: no events
+        count = len(column_steps(columns))  # as `batch_count`: no events
     else:
         count = len(request.events)  # as `batch_count`: no columns, so no steps
     first = request.first_sequence

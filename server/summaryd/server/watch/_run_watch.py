@@ -28,6 +28,7 @@ from summaryd.server.records.scalar_records import ScalarRecords
 from summaryd.server.sessions.live import Session
 from summaryd.server.watch._findings import Finding, Key
 from summaryd.server.watch._rules import DivergenceRule, Rules
+from summaryd.v1.wire import column_steps
 
 _SAMPLES = 32  # batches a worker's cadence and step time are measured over
 _LONG_GAP_SECS = 600.0  # the period a worker's longest pause is remembered for (one to two of them)
@@ -298,15 +299,16 @@ class RunWatch:
         worker.arrived(now)
         if isinstance(events, ScalarRecords):
             columns, start = events.columns
-            if len(columns.step) <= start:
+            steps = column_steps(columns)
+            if len(steps) <= start:
                 return
-            worker.stepped(columns.step[-1], columns.wall_time[-1])
+            worker.stepped(steps[-1], columns.wall_time[-1])
             tags: Sequence[str] = events.tags
             arrays = events.arrays
             if arrays is not None and len(events) > _FEW_SCALARS:  # a large batch: its columns read to frame them
                 batch = _Batch(arrays.tag_index, arrays.steps, arrays.values)
             else:  # a small one: numpy's fixed cost per call is more than Python's per point
-                batch = _Batch(columns.tag_index, columns.step, columns.value, lazy=start)
+                batch = _Batch(columns.tag_index, steps, columns.value, lazy=start)
         else:
             found = event_point_columns(events)
             if not found.steps:
