@@ -66,11 +66,12 @@ def scalar_batch(size: int) -> list[bytes]:
 
 
 def scalar_columns(size: int, wall_time: float) -> pb.ScalarColumns:
-    """The scalars of `scalar_batch` as columns."""
+    """The scalars of `scalar_batch` as columns, their steps in `fixed_step` as a client sends them to this
+    daemon (it says `takes_fixed_steps`)."""
     return pb.ScalarColumns(
         tags=["loss"],
         tag_index=[0] * size,
-        step=range(size),
+        fixed_step=range(size),
         wall_time=[wall_time + step * _TICK for step in range(size)],
         value=[step * 0.001 for step in range(size)],
     )
