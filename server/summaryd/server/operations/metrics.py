@@ -13,6 +13,8 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, star
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from summaryd.v1.wire import column_steps
+
 log = logging.getLogger("summaryd.server.metrics")  # the name log lines carry, kept across moves
 
 # Writes land in the page cache (sub-millisecond); fsync on close can take much longer on network disks.
@@ -183,7 +185,7 @@ class WriteCounts:
         counters = self._run
         if counters is None:  # a stream carries one session, so one run
             counters = self._run = metrics.events_received.labels(run_dir), metrics.bytes_received.labels(run_dir)
-        counters[0].inc(len(request.events) + len(request.scalars.step))
+        counters[0].inc(len(request.events) + len(column_steps(request.scalars)))
         # The message's size, computed in C: summing the events' sizes would copy each one out.
         counters[1].inc(size)
 

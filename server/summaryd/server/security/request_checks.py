@@ -77,11 +77,6 @@ def open_problem(request: pb.OpenSessionRequest) -> str | None:
     )
 
 
-def batch_count(request: pb.WriteRequest) -> int:
-    """How many events a batch carries (serialized, or scalar columns)."""
-    return len(request.events) or len(request.scalars.step)
-
-
 def write_problem(request: pb.WriteRequest) -> str | None:
     """What is wrong with a batch's numbering (its events must be numbered within 1..`MAX_SEQUENCE`) or its
     shape (serialized events or scalar columns, never both; columns of one length)."""
@@ -89,7 +84,8 @@ def write_problem(request: pb.WriteRequest) -> str | None:
 
 
 def counted_write_problem(request: pb.WriteRequest) -> tuple[str | None, int]:
-    """`write_problem`, and the batch's `batch_count` (read on the way: each read of a field costs a lookup)."""
+    """`write_problem`, and how many events the batch carries (read on the way: each read of a field costs a
+    lookup)."""
     if request.HasField("scalars"):
         if request.events:
             return "a batch carries events or scalars, not both; send them as two batches in sequence order", 0
@@ -97,9 +93,9 @@ def counted_write_problem(request: pb.WriteRequest) -> tuple[str | None, int]:
         problem = column_problem(columns)
         if problem is not None:
             return problem, 0
-        count = len(column_steps(columns))  # as `batch_count`: no events
+        count = len(column_steps(columns))  # no events
     else:
-        count = len(request.events)  # as `batch_count`: no columns, so no steps
+        count = len(request.events)  # no columns, so no steps
     first = request.first_sequence
     if count and first < 1:
         return "first_sequence starts at 1", count
