@@ -99,19 +99,17 @@ class BatchLog:
         self.next_sequence = sequence
         return start - last - 1
 
-    def doubt_kept(self, held: int) -> int:
+    def doubt_kept(self, held: int) -> None:
         """The daemon holds the session only through `held` at the close (-1: it could not say by the close's
         deadline), so it may have lost the kept batches after that: they go back among the unacknowledged and
         are owed again, to be sent again when the session resumes, or spooled (or dropped) when the close gives
-        up, never reported delivered. How many events that was."""
+        up, never reported delivered."""
         held = max(held, self.durable)
         doubted = [batch for batch in self._kept if batch.last > held]
-        count = sum(batch.count for batch in doubted)
         for batch in doubted:
             batch.counted = False
-        self._ledger.unsettle(count)
+        self._ledger.unsettle(sum(batch.count for batch in doubted))
         self.resumed(held, durable_acks=True)
-        return count
 
     def _keep(self, batch: Batch) -> None:
         if batch.events is None or batch.last <= self.durable:  # spilled batches are not kept back from the spool

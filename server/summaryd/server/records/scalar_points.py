@@ -24,7 +24,6 @@ from tensorboard.compat.proto.tensor_pb2 import TensorProto
 
 from summaryd.server.records.private_messages import Kind, repeated_messages
 from summaryd.server.records.scalar_records import ScalarRecords
-from summaryd.v1.wire import column_steps
 
 Point = tuple[str, int, float, float]
 """tag, step, wall time, value"""
@@ -174,7 +173,7 @@ def _column_points(records: ScalarRecords) -> Iterator[Point]:
     # Slices of the packed fields are plain lists; the value column reads back exactly the float32 written.
     return zip(
         map(tags.__getitem__, columns.tag_index[start:]),
-        column_steps(columns)[start:],
+        records.steps[start:],
         columns.wall_time[start:],
         columns.value[start:],
         strict=True,

@@ -86,9 +86,11 @@ class ScalarRecords(Sequence[bytes]):
     def __init__(self, columns: pb.ScalarColumns, start: int = 0) -> None:
         self._columns = columns
         self._start = start
-        # The length, read once: a batch's length is asked for some ten times on its way (checks, counts, the
-        # observers), and each read of a repeated field's length costs a lookup of the field and a wrapper.
-        self._length = len(column_steps(columns)) - start
+        # The steps' field and the length, read once: a batch's length is asked for some ten times on its way
+        # (checks, counts, the observers), and each read of a repeated field costs a lookup of the field and a
+        # wrapper; the steps are in one of two fields (`wire.column_steps`), so each read would be two.
+        self._steps = column_steps(columns)
+        self._length = len(self._steps) - start
         self._tags: tuple[str, ...] | None = None
         # The columns as numpy arrays, once framing read them (a large batch, or one framed with others): the write
         # observers that want them need not read the columns again.
@@ -110,13 +112,18 @@ class ScalarRecords(Sequence[bytes]):
         """The batch's columns and the index in them of this sequence's first scalar."""
         return self._columns, self._start
 
+    @property
+    def steps(self) -> Sequence[int]:
+        """The batch's whole step column, whichever field carries it (this sequence starts at `columns`' index)."""
+        return self._steps
+
     def column_arrays(self) -> ScalarArrays:
         """The columns as numpy arrays: those framing read, else read now."""
         if self.arrays is None:
             columns, start = self._columns, self._start
             self.arrays = ScalarArrays(
                 np.asarray(columns.tag_index, dtype=np.int64)[start:],
-                np.asarray(column_steps(columns), dtype=np.int64)[start:],
+                np.asarray(self._steps, dtype=np.int64)[start:],
                 np.asarray(columns.wall_time, dtype=np.float64)[start:],
                 np.asarray(columns.value, dtype=np.float32)[start:],
             )
@@ -137,7 +144,7 @@ class ScalarRecords(Sequence[bytes]):
         return b"".join(self._records(self._start + index, self._start + index + 1))
 
     def __iter__(self) -> Iterator[bytes]:
-        return self._records(self._start, len(column_steps(self._columns)))
+        return self._records(self._start, len(self._steps))
 
     def _records(self, start: int, stop: int) -> Iterator[bytes]:
         columns = self._columns
@@ -146,7 +153,7 @@ class ScalarRecords(Sequence[bytes]):
         # The columns sliced into lists first: indexing a repeated field per element costs more than the record.
         for wall_time, step, which, value in zip(
             columns.wall_time[start:stop],
-            column_steps(columns)[start:stop],
+            self._steps[start:stop],
             columns.tag_index[start:stop],
             columns.value[start:stop],
             strict=True,
@@ -176,7 +183,7 @@ class ScalarRecords(Sequence[bytes]):
         problems = self._problems(tags, tag_index, wall, limits)
         if problems:
             raise min(problems, key=lambda problem: problem.index)
-        steps = np.asarray(column_steps(columns), dtype=np.int64)[start:].view(np.uint64)
+        steps = np.asarray(self._steps, dtype=np.int64)[start:].view(np.uint64)
         values = np.asarray(columns.value, dtype=np.float32)[start:]
         self.arrays = ScalarArrays(tag_index, steps.view(np.int64), wall, values)
         layout = _Layout(tags, tag_index, steps, wall, values)
@@ -213,10 +220,10 @@ class ScalarRecords(Sequence[bytes]):
         float_pack, crc_pack, crc_of = _FLOAT.pack, _CRC.pack, google_crc32c.value
         parts: list[bytes] = []
         fields, field_step, field_wall = b"", None, 0.0  # the wall time and step fields, and what they are of
-        stop = len(column_steps(columns))
+        stop = len(self._steps)
         for wall_time, step, which, value in zip(
             columns.wall_time[start:stop],
-            column_steps(columns)[start:stop],
+            self._steps[start:stop],
             columns.tag_index[start:stop],
             columns.value[start:stop],
             strict=True,
@@ -284,7 +291,8 @@ def framed_together(batches: Sequence[ScalarRecords], limits: Limits = DEFAULT) 
     joined = _Joined()
     for batch in batches:
         columns, start = batch.columns
-        count = len(column_steps(columns))
+        step_column = batch.steps
+        count = len(step_column)
         if start >= count or not len(columns.tag_index) == count == len(columns.wall_time) == len(columns.value):
             # An empty batch, or columns of unequal lengths (refused by the request checks before this): joined,
             # two such would shift each other's points.
@@ -297,7 +305,7 @@ def framed_together(batches: Sequence[ScalarRecords], limits: Limits = DEFAULT) 
         bases.append(base)
         counts.append(count - start)
         tag_counts.append(len(tags))
-        joined.add(columns, start)
+        joined.add(columns, step_column, start)
     local, steps, wall_times, values = joined.arrays()
     sizes = np.array(counts, dtype=np.int64)
     # Each batch's tag indices within its own tags (beyond them, one would read the next batch's table), then the
@@ -338,16 +346,17 @@ class _Joined:
         self._wall: list[float] = []
         self._values: list[float] = []
 
-    def add(self, columns: pb.ScalarColumns, start: int) -> None:
-        if len(column_steps(columns)) - start < self._NUMPY_FROM:
+    def add(self, columns: pb.ScalarColumns, steps: Sequence[int], start: int) -> None:
+        """The scalars of `columns` (whose step column is `steps`) from `start` on."""
+        if len(steps) - start < self._NUMPY_FROM:
             self._tag_index += columns.tag_index[start:]
-            self._steps += column_steps(columns)[start:]
+            self._steps += steps[start:]
             self._wall += columns.wall_time[start:]
             self._values += columns.value[start:]
             return
         self._flush()
         self._index_chunks.append(np.asarray(columns.tag_index, dtype=np.int64)[start:])
-        self._step_chunks.append(np.asarray(column_steps(columns), dtype=np.int64)[start:])
+        self._step_chunks.append(np.asarray(steps, dtype=np.int64)[start:])
         self._wall_chunks.append(np.asarray(columns.wall_time, dtype=np.float64)[start:])
         self._value_chunks.append(np.asarray(columns.value, dtype=np.float32)[start:])
 

@@ -28,7 +28,6 @@ from summaryd.server.records.scalar_records import ScalarRecords
 from summaryd.server.sessions.live import Session
 from summaryd.server.watch._findings import Finding, Key
 from summaryd.server.watch._rules import DivergenceRule, Rules
-from summaryd.v1.wire import column_steps
 
 _SAMPLES = 32  # batches a worker's cadence and step time are measured over
 _LONG_GAP_SECS = 600.0  # the period a worker's longest pause is remembered for (one to two of them)
@@ -299,7 +298,7 @@ class RunWatch:
         worker.arrived(now)
         if isinstance(events, ScalarRecords):
             columns, start = events.columns
-            steps = column_steps(columns)
+            steps = events.steps
             if len(steps) <= start:
                 return
             worker.stepped(steps[-1], columns.wall_time[-1])
