@@ -5,9 +5,16 @@
 `1 / steps_per_second` seconds logging `tags` scalars, queued, and sent as one batch of scalar columns the way
 the client's sender sends it: a partial batch waits `linger` (the daemon's pacing within the client's bound,
 `summaryd.client._sender._pacing.Pacing`, the very object the client uses) and at most `max_in_flight` batches
-are unacknowledged. After the warm-up it counts what was offered and acknowledged, the backlog (queued and
-unacknowledged scalars) at both ends of the window and each step's visibility (from its scalars' queueing to
-their ack), and prints one JSON line with its figures and its own CPU.
+are unacknowledged. It counts the scalars offered in the measured window (after the warm-up) and those of them
+acknowledged by `grace` seconds after the window's end (the load goes on meanwhile), each such step's visibility
+(from its own queueing to its ack), the backlog's trend (queued and unacknowledged scalars, sampled every 0.1 s of
+the window, fitted by least squares), and prints one JSON line with its figures and its own CPU.
+
+Why acknowledgements are matched to what was offered: a paced worker sends once a linger (a second or so under
+a big job) and ranks step in lockstep, so the backlog is a sawtooth with the linger's period, and the acks
+*received* in a window trail its offer by up to a linger: 5-10 % of a 10-20 s window, either way, by where the
+window's ends fall on the tooth. Counting the window's own scalars, acknowledged within the grace (the pacing's
+visibility bound, 2 s), measures whether the daemon keeps up; the fitted trend says whether a backlog grows.
 """
 
 from __future__ import annotations
@@ -17,6 +24,7 @@ import heapq
 import json
 import math
 import resource
+import statistics
 import sys
 import time
 import uuid
@@ -48,6 +56,7 @@ class LoadParams:
     seconds: float = 20.0
     aggregate: bool = True
     max_batch_events: int = 1024
+    grace: float = 2.0
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> LoadParams:
@@ -57,7 +66,7 @@ class LoadParams:
 @dataclass
 class Counts:
     offered: int = 0
-    acked: int = 0
+    acked: int = 0  # of the offered scalars, those acknowledged by the window's end + grace
     messages: int = 0
     visibility: list[float] = field(default_factory=list)
 
@@ -137,12 +146,15 @@ class Worker:
         self.tag_index = list(range(params.tags))
         self.values = [float(rank + i) for i in range(params.tags)]
         self.queued: list[int] = []  # steps queued, not yet sent
+        self.queued_when: list[float] = []  # when each queued step was queued; inf: not offered in the window
         self.queued_at = 0.0  # when the oldest queued step was queued
         self.next_sequence = 1
         self.acked = 0
         self.in_flight = 0
-        self.steps: deque[tuple[int, float]] = deque()  # (last sequence, queued at) of steps not yet acked
+        # (last sequence, queued at; inf: not counted) of the steps sent and not yet acked
+        self.steps: deque[tuple[int, float]] = deque()
         self.measuring = False
+        self.counting_until = math.inf  # acks of the window's steps count until then (loop time)
         self.clock: Clock | None = None
         self.scheduled_at = math.inf  # when the clock wakes this worker next (inf: not scheduled)
         self._ready: asyncio.Future[None] | None = None
@@ -172,6 +184,9 @@ class Worker:
         self.queued.append(step)
         if self.measuring:
             self.counts.offered += self.params.tags
+            self.queued_when.append(now)
+        else:
+            self.queued_when.append(math.inf)
         self._schedule(now)
 
     def _due(self) -> float:
@@ -225,6 +240,7 @@ class Worker:
                 return
             most = max(1, params.max_batch_events // tags)
             steps, self.queued = self.queued[:most], self.queued[most:]
+            when, self.queued_when = self.queued_when[:most], self.queued_when[most:]
             columns = pb.ScalarColumns(
                 tags=self.tags,
                 tag_index=self.tag_index * len(steps),
@@ -235,7 +251,7 @@ class Worker:
             first = self.next_sequence
             self.next_sequence += tags * len(steps)
             for k in range(len(steps)):
-                self.steps.append((first + (k + 1) * tags - 1, self.queued_at))
+                self.steps.append((first + (k + 1) * tags - 1, when[k]))
             request = pb.WriteRequest(first_sequence=first, scalars=columns)
             if first == 1:
                 request.session_id = self.session_id
@@ -252,13 +268,12 @@ class Worker:
                     self.pacing.advise(ack.pacing.linger_seconds, ack.pacing.max_in_flight)
                 if ack.acked_sequence > self.acked:
                     now = loop.time()
-                    if self.measuring:
-                        self.counts.acked += ack.acked_sequence - self.acked
                     self.acked = ack.acked_sequence
                     self.in_flight = max(0, self.in_flight - 1)
                     while self.steps and self.steps[0][0] <= self.acked:
                         _, queued_at = self.steps.popleft()
-                        if self.measuring:
+                        if queued_at != math.inf and now <= self.counting_until:
+                            self.counts.acked += self.params.tags
                             self.counts.visibility.append(now - queued_at)
                 self._schedule(loop.time())
         except (grpc.RpcError, asyncio.CancelledError):
@@ -286,16 +301,19 @@ async def play(params: LoadParams) -> dict[str, Any]:
         phases.setdefault(w.rank % 97, []).append(w)
     for phase, members in phases.items():
         clock.at(start - clock_offset + phase / 97 * interval, Phase(members, interval))
-    end = window_end - clock_offset
+    # The load goes on through the grace, so that the window's last steps are acked under the same load.
+    end = window_end + params.grace - clock_offset
     tasks = [asyncio.ensure_future(w.play(clock, end)) for w in workers]
     ticking = asyncio.ensure_future(clock.run(end))
     await asyncio.sleep(max(0.0, window_start - time.time()))
     for w in workers:
         w.measuring = True
-    backlog_start = sum(w.backlog for w in workers)
+        w.counting_until = end
     cpu_start = _cpu()
-    await asyncio.sleep(max(0.0, window_end - time.time()))
-    backlog_end = sum(w.backlog for w in workers)
+    backlog: list[tuple[float, int]] = []
+    while (now := time.time()) < window_end:
+        backlog.append((now, sum(w.backlog for w in workers)))
+        await asyncio.sleep(min(0.1, window_end - now))
     cpu = _cpu() - cpu_start
     for w in workers:
         w.measuring = False
@@ -310,12 +328,19 @@ async def play(params: LoadParams) -> dict[str, Any]:
     counts.visibility = visibility[:: max(1, len(visibility) // 2000)]
     return {
         **asdict(counts),
-        "backlog_start": backlog_start,
-        "backlog_end": backlog_end,
+        "backlog_growth": _trend(backlog) * params.seconds,
         "generator_cpu_s": cpu,
         "linger_s": sorted(w.pacing.linger_secs for w in workers)[len(workers) // 2],
         "in_flight": sorted(w.pacing.max_in_flight for w in workers)[len(workers) // 2],
     }
+
+
+def _trend(samples: list[tuple[float, int]]) -> float:
+    """The least-squares slope of `(time, value)` samples, per second (0 for fewer than two)."""
+    if len(samples) < 2:
+        return 0.0
+    times, values = zip(*samples, strict=True)
+    return statistics.linear_regression(times, values).slope
 
 
 def _cpu() -> float:

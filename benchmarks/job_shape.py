@@ -7,8 +7,9 @@ Each worker logs `--tags` scalars a step at `--steps-per-second`, one batch of s
 the daemon's pacing makes it linger (`_job_load`, many workers per generator process). Each row is one target
 fed alone: the bare `grpc.aio` servicer that only acks (`_bare_servicer`, the floor of one Python process), and
 the daemon with its defaults, aggregation on (`--aggregate`) and off (`--no-aggregate`). Figures over the
-measured window (after a warm-up): acknowledged/offered scalars, backlog growth (queued and unacknowledged
-scalars, in seconds of the offered load), the target's cores and its CPU per message and per scalar, each
+measured window (after a warm-up): the share of the window's offered scalars acknowledged by 2 s after its end
+(the pacing's visibility bound; the load goes on meanwhile), the backlog's growth over the window (queued and
+unacknowledged scalars, a least-squares trend, in seconds of the offered load), the target's cores and its CPU per message and per scalar, each
 step's visibility (queued to acknowledged) p50/p99, the target's RSS at the end, and the generators' CPU.
 
 The `relayed` target is a job's topology for thousands of ranks: `--relays` relay processes (`summaryd serve
@@ -227,7 +228,7 @@ def _row(
     offered = sum(r["offered"] for r in results)
     acked = sum(r["acked"] for r in results)
     messages = sum(r["messages"] for r in results)
-    growth = sum(r["backlog_end"] - r["backlog_start"] for r in results) / shape.offered_per_second
+    growth = sum(r["backlog_growth"] for r in results) / shape.offered_per_second
     visibility = sorted(v for r in results for v in r["visibility"])
 
     def pct(q: float) -> float:

@@ -74,8 +74,12 @@ def test_the_job_shape_benchmark_runs_short() -> None:
         cwd=ROOT,
     )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    rows = [line for line in result.stdout.splitlines() if line.startswith("| 8 ")]
     for target in ("bare servicer (floor)", "daemon, aggregation on", "daemon, aggregation off", "no pacing"):
-        assert target in result.stdout
+        [row] = [r for r in rows if f" {target} |" in r]
+        # Eight workers are far below any target's capacity: every scalar of the window is acknowledged within
+        # the grace, whatever phase of a linger the window ends on.
+        assert [cell.strip() for cell in row.split("|")][5] == "1.000x", row
 
 
 @pytest.mark.slow  # three TensorBoards started twice
