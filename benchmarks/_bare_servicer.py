@@ -62,7 +62,7 @@ async def serve(port_file: str) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__)
+    parser = argparse.ArgumentParser(allow_abbrev=False, description=__doc__)
     parser.add_argument("--port-file", required=True)
     uvloop.run(serve(parser.parse_args().port_file))
 

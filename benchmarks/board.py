@@ -459,7 +459,7 @@ def bucket(runs: int, tags: int, steps: int, limit_s: float) -> str:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.splitlines()[0])
     parser.add_argument("--startup", action="store_true", help="a logdir on disk at start instead of live points")
     parser.add_argument("--bucket", action="store_true", help="a bucket logdir of two daemons (needs boto3)")
     parser.add_argument("--runs", type=int, default=200)

@@ -176,7 +176,7 @@ def measure(counts: tuple[int, int], functions: int, repeats: int) -> str:
 
 
 def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.split("\n")[0])
     parser.add_argument("--scalars", default="50000,150000", help="the two counts, comma-separated")
     parser.add_argument("--functions", type=int, default=12, help="C functions of the sender thread to list")
     parser.add_argument("--repeats", type=int, default=3, help="measurements, their median printed last")

@@ -9,8 +9,9 @@ fed alone: the bare `grpc.aio` servicer that only acks (`_bare_servicer`, the fl
 the daemon with its defaults, aggregation on (`--aggregate`) and off (`--no-aggregate`). Figures over the
 measured window (after a warm-up): the share of the window's offered scalars acknowledged by 2 s after its end
 (the pacing's visibility bound; the load goes on meanwhile), the backlog's growth over the window (queued and
-unacknowledged scalars, a least-squares trend, in seconds of the offered load), the target's cores and its CPU per message and per scalar, each
-step's visibility (queued to acknowledged) p50/p99, the target's RSS at the end, and the generators' CPU.
+unacknowledged scalars, a least-squares trend, in seconds of the offered load), the target's cores and its CPU
+per message and per scalar, each step's visibility (queued to acknowledged) p50/p99, the target's RSS at the
+end, and the generators' CPU.
 
 The `relayed` target is a job's topology for thousands of ranks: `--relays` relay processes (`summaryd serve
 --upstream`, a node's relay each) in front of one owner daemon (aggregation on), each generator's workers on one
@@ -321,7 +322,7 @@ def targets_met(rows: Sequence[Row]) -> list[str]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.splitlines()[0])
     parser.add_argument("--workers", default="64,256,1024")
     parser.add_argument("--targets", default=f"{FLOOR},{ON},{OFF},{UNPACED}", help="of " + ", ".join(TARGET_LABELS))
     parser.add_argument("--tags", type=int, default=20)

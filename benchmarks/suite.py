@@ -315,6 +315,7 @@ def targets_table(targets: list[Target]) -> str:
 
 def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
+        allow_abbrev=False,
         prog="python benchmarks/run.py",
         description="Benchmark summaryd against torch's and tensorboardX's SummaryWriter, side by side.",
     )

@@ -250,7 +250,9 @@ def steady(workdir: Path, ranks: int, seconds: float) -> tuple[list[str], bool]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        allow_abbrev=False, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--only", default="hang,nan,steady", help="which measures, of hang, nan, steady")
     parser.add_argument("--ranks", type=int, default=4)
     parser.add_argument("--step-s", default="0.1,1", help="the hang jobs' step intervals, comma-separated")

@@ -38,7 +38,7 @@ def generate(out: Path) -> list[Path]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=PROTO_ROOT)
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
