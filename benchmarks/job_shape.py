@@ -7,11 +7,11 @@ Each worker logs `--tags` scalars a step at `--steps-per-second`, one batch of s
 the daemon's pacing makes it linger (`_job_load`, many workers per generator process). Each row is one target
 fed alone: the bare `grpc.aio` servicer that only acks (`_bare_servicer`, the floor of one Python process), and
 the daemon with its defaults, aggregation on (`--aggregate`) and off (`--no-aggregate`). Figures over the
-measured window (after a warm-up): the share of the window's offered scalars acknowledged by 2 s after its end
-(the pacing's visibility bound; the load goes on meanwhile), the backlog's growth over the window (queued and
-unacknowledged scalars, a least-squares trend, in seconds of the offered load), the target's cores and its CPU
-per message and per scalar, each step's visibility (queued to acknowledged) p50/p99, the target's RSS at the
-end, and the generators' CPU.
+measured window (after a warm-up): the share of the window's offered scalars acknowledged by 3 s after its end
+(the longest linger the pacing asks and a second; the load goes on meanwhile), the backlog's growth over the
+window (queued and unacknowledged scalars, a least-squares trend, in seconds of the offered load), the target's
+cores and its CPU per message and per scalar, each step's visibility (queued to acknowledged) p50/p99, the
+target's RSS at the end, and the generators' CPU.
 
 The `relayed` target is a job's topology for thousands of ranks: `--relays` relay processes (`summaryd serve
 --upstream`, a node's relay each) in front of one owner daemon (aggregation on), each generator's workers on one

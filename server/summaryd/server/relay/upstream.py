@@ -26,6 +26,12 @@ GATHER_SECONDS = 0.005
 """How long a message to the upstream waits for more batches once one is there: a few milliseconds against a
 client's linger of 50 ms or more, for many sessions' batches in one message (the daemon's cost is per message)."""
 
+MAX_UNANSWERED = 1
+"""Messages sent upstream and not yet answered, at most. The daemon takes a stream's messages one at a time
+(each session's batches in order), so a message sent while another is being written only waits behind it: the
+batches that come meanwhile go as one message once it is answered. Under load the messages grow rather than
+queue, and a message costs the daemon one pass however many batches it holds."""
+
 MAX_MESSAGE_BYTES = 4 * 1024 * 1024
 """A message to the upstream is sent once its batches reach this many bytes (its limit is 64 MiB by default)."""
 
@@ -63,6 +69,7 @@ class UpstreamLink:
         self._waiting: list[pb.RelayBatch] = []
         self._waiting_bytes = 0
         self._ready = asyncio.Event()
+        self._unanswered = 0  # messages of the current stream sent and not yet answered
         self._task: asyncio.Task[None] | None = None
         self.messages = 0  # messages sent upstream, for the benchmark and status
 
@@ -95,6 +102,7 @@ class UpstreamLink:
         reason = Ended(grpc.StatusCode.UNAVAILABLE, f"the relay lost its stream to {self.address}; resume")
         call = self.stub.Relay()
         self._introduced.clear()
+        self._unanswered = 0
         reader = asyncio.create_task(self._read(call))
         reader.add_done_callback(lambda _: self._ready.set())
         try:
@@ -102,11 +110,15 @@ class UpstreamLink:
                 await self._ready.wait()
                 if reader.done():
                     break
+                if self._unanswered >= MAX_UNANSWERED:
+                    self._ready.clear()  # an answer sets it again
+                    continue
                 if self._waiting_bytes < MAX_MESSAGE_BYTES:
                     await asyncio.sleep(GATHER_SECONDS)
                 batches, self._waiting, self._waiting_bytes = self._waiting, [], 0
                 self._ready.clear()
                 if batches:
+                    self._unanswered += 1
                     await call.write(pb.RelayRequest(batches=batches))
                     self.messages += 1
         except grpc.RpcError as exc:
@@ -125,6 +137,9 @@ class UpstreamLink:
 
     async def _read(self, call: aio.StreamStreamCall[pb.RelayRequest, pb.RelayAck]) -> None:
         async for answer in call:
+            self._unanswered = max(0, self._unanswered - 1)
+            if self._waiting:
+                self._ready.set()
             for ack in answer.acks:
                 deliver = self._sessions.get(ack.session_id)
                 if deliver is None:
