@@ -25,6 +25,7 @@ import gc
 import heapq
 import json
 import math
+import os
 import resource
 import statistics
 import sys
@@ -43,6 +44,8 @@ from summaryd.client._options import ClientOptions
 from summaryd.client._sender._pacing import Pacing
 from summaryd.v1 import summaryd_pb2 as pb
 from summaryd.v1 import summaryd_pb2_grpc as pb_grpc
+
+GENERATOR_NICENESS = 10
 
 
 @dataclass(frozen=True)
@@ -352,6 +355,9 @@ def _cpu() -> float:
 
 def main() -> None:
     params = LoadParams.from_json(json.loads(sys.argv[1]))
+    # The clients of a real job run on their own nodes; here they share the target's cores, and the scheduler
+    # gives the target its CPU first (the generators' own CPU is still measured and printed).
+    os.nice(GENERATOR_NICENESS)
     # As the daemon does (`summaryd.server.server.FULL_COLLECTION_EVERY`): with a thousand workers' objects,
     # CPython's full collections took a tenth of the generator's CPU, a cost a cluster's ranks pay on their own
     # nodes, not the daemon's.

@@ -4,7 +4,8 @@
 `python -m benchmarks.job_shape --workers 4096 --targets relayed --relays 4`
 
 Each worker logs `--tags` scalars a step at `--steps-per-second`, one batch of scalar columns per step unless
-the daemon's pacing makes it linger (`_job_load`, many workers per generator process). Each row is one target
+the daemon's pacing makes it linger (`_job_load`, many workers per generator process, at nice 10: a job's
+ranks run on their own nodes, and here they must not take the CPU of the target they measure). Each row is one target
 fed alone: the bare `grpc.aio` servicer that only acks (`_bare_servicer`, the floor of one Python process), and
 the daemon with its defaults, aggregation on (`--aggregate`) and off (`--no-aggregate`). Figures over the
 measured window (after a warm-up): the share of the window's offered scalars acknowledged by 3 s after its end
