@@ -21,7 +21,6 @@ up; a daemon behind acks later and later, past it; the fitted trend says whether
 from __future__ import annotations
 
 import asyncio
-import gc
 import heapq
 import json
 import math
@@ -42,6 +41,7 @@ from grpc import aio
 
 from summaryd.client._options import ClientOptions
 from summaryd.client._sender._pacing import Pacing
+from summaryd.server.server import tune_collector
 from summaryd.v1 import summaryd_pb2 as pb
 from summaryd.v1 import summaryd_pb2_grpc as pb_grpc
 
@@ -358,12 +358,9 @@ def main() -> None:
     # The clients of a real job run on their own nodes; here they share the target's cores, and the scheduler
     # gives the target its CPU first (the generators' own CPU is still measured and printed).
     os.nice(GENERATOR_NICENESS)
-    # As the daemon does (`summaryd.server.server.FULL_COLLECTION_EVERY`): with a thousand workers' objects,
-    # CPython's full collections took a tenth of the generator's CPU, a cost a cluster's ranks pay on their own
-    # nodes, not the daemon's.
-    gc.freeze()
-    young, middle, _ = gc.get_threshold()
-    gc.set_threshold(young, middle, 1000)
+    # As the daemon does: with a thousand workers' objects, CPython's full collections took a tenth of the
+    # generator's CPU, a cost a cluster's ranks pay on their own nodes, not the daemon's.
+    tune_collector()
     result = uvloop.run(play(params))
     print(json.dumps(result), flush=True)
 

@@ -577,17 +577,18 @@ class _Listener:
 FULL_COLLECTION_EVERY = 1000
 """Collections of the middle generation between two full collections (CPython's default is 10). A batch's
 objects live for a commit tick (40 ms), long enough to be promoted by the young collections, so a busy daemon's
-oldest generation grows fast and CPython collected it in full every few seconds: with 4,096 live sessions that
+oldest generation grows fast and CPython collected it in full about once a second: with 4,096 live sessions that
 was 0.26 s of the event loop each time, and a quarter of the owner's CPU (`benchmarks/job_shape.py`, 4,096 ranks
 through relays: 43 full collections, 11.3 s of 45.8 s). The young collections stay as they are: cyclic garbage
 that dies young (it can hold a batch's bytes) is still found within some hundreds of allocations; older cycles
 wait for the next full collection."""
 
 
-def _tune_collector() -> None:
-    """The daemon's own process only (never a process that embeds it): what start-up made is frozen (never
-    traced again), and the oldest generation collected in full every `FULL_COLLECTION_EVERY` collections of
-    the middle one."""
+def tune_collector() -> None:
+    """For a process that is the daemon (`run`; never one that embeds it) or acts for many clients as it does
+    (the job-shape load generator), called once start-up is done: what start-up made is frozen (never traced
+    again), and the oldest generation collected in full every `FULL_COLLECTION_EVERY` collections of the
+    middle one."""
     gc.freeze()
     young, middle, _ = gc.get_threshold()
     gc.set_threshold(young, middle, FULL_COLLECTION_EVERY)
@@ -597,7 +598,7 @@ def run(config: Config) -> None:
     """Run the daemon in this process until SIGTERM/SIGINT; a second signal exits at once."""
     ensure_open_files(config.limits.max_open_runs)
     server = Server(config)
-    _tune_collector()
+    tune_collector()
     signals = 0
 
     def on_signal(signum: int) -> None:
