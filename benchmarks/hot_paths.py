@@ -2,10 +2,11 @@
 
     python -m benchmarks.hot_paths client [SCALARS]          # add_scalar back to back against a fresh daemon
     python -m benchmarks.hot_paths feed [BATCH] [BATCHES]    # scalar columns over gRPC into a fresh daemon
+    python -m benchmarks.hot_paths events [BATCH] [BATCHES]  # serialized scalar events, the same way
 
 `client` prints the client process's CPU per scalar, all threads and by thread name (as section 8 measures it),
 beside the queue's floor in the same process (a tuple into a deque, section 8's contender) and their ratio;
-`feed` prints the daemon's CPU per scalar and per batch (`/proc/<pid>/stat` around the ceiling's feeder, its
+`feed` and `events` print the daemon's CPU per scalar and per batch (`/proc/<pid>/stat` around the ceiling's feeder, its
 setup included) and its pid before it starts, for `py-spy record -p`.
 """
 
@@ -57,16 +58,17 @@ def client(scalars: int) -> str:
     )
 
 
-def feed(batch: int, batches: int) -> str:
+def feed(batch: int, batches: int, columns: bool = True) -> str:
     with tempfile.TemporaryDirectory() as workdir, running_daemon(Path(workdir)) as daemon:
         print(f"daemon pid {daemon.pid}", file=sys.stderr, flush=True)
-        params = CeilingParams(daemon.address, batches, batch, run="hot-path", columns=True)
+        params = CeilingParams(daemon.address, batches, batch, run="hot-path", columns=columns)
         before = cpu_of(daemon.pid)
         result = run_trial("daemon_feed", asdict(params), Path(workdir), 600)
         cpu = cpu_of(daemon.pid) - before
     events = result["events"]
     return (
-        f"{batches:,} batches of {batch:,} scalar columns: {events / result['seconds']:,.0f} scalars/s; daemon CPU "
+        f"{batches:,} batches of {batch:,} scalar {'columns' if columns else 'events'}: "
+        f"{events / result['seconds']:,.0f} scalars/s; daemon CPU "
         f"{cpu / events * 1e6:.2f} µs per scalar, {cpu / batches * 1e6:,.0f} µs per batch"
     )
 
@@ -74,8 +76,9 @@ def feed(batch: int, batches: int) -> str:
 def main(argv: list[str]) -> int:
     if argv[:1] == ["client"]:
         print(client(int(argv[1]) if len(argv) > 1 else 200_000))
-    elif argv[:1] == ["feed"]:
-        print(feed(int(argv[1]) if len(argv) > 1 else 1000, int(argv[2]) if len(argv) > 2 else 300))
+    elif argv[:1] in (["feed"], ["events"]):
+        batch = int(argv[1]) if len(argv) > 1 else (1000 if argv[0] == "feed" else 500)
+        print(feed(batch, int(argv[2]) if len(argv) > 2 else 300, columns=argv[0] == "feed"))
     else:
         print(__doc__, file=sys.stderr)
         return 2

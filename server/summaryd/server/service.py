@@ -35,6 +35,7 @@ from summaryd.server.errors import (
     StorageError,
 )
 from summaryd.server.operations.metrics import Metrics, WriteCounts
+from summaryd.server.records.scalar_events import EventBatch
 from summaryd.server.records.scalar_records import ScalarRecords
 from summaryd.server.security.auth import UNAUTHENTICATED_MESSAGE, Grant, RelayCallers, current_caller
 from summaryd.server.security.refusals import WRITE_METHOD, Unparsed, unparsed_problem
@@ -109,7 +110,7 @@ def _batch_events(request: pb.WriteRequest) -> Sequence[bytes]:
     if request.HasField("scalars"):
         return ScalarRecords(request.scalars)
     # One list: every look at a repeated bytes field copies each element out of the message again.
-    return list(request.events)
+    return EventBatch(request.events)
 
 
 def _peer_host(peer: str) -> str:

@@ -13,6 +13,7 @@ from tensorboard.compat.proto.event_pb2 import Event
 
 from summaryd.server.errors import EventError
 from summaryd.server.records.private_messages import Kind, repeated_messages
+from summaryd.server.records.scalar_events import USUAL_FROM, EventBatch, read_usual
 from summaryd.server.security.limits import DEFAULT, Limits
 from summaryd.v1.wire import header
 
@@ -39,10 +40,11 @@ _Blobs, _Events, _WallTimes = repeated_messages(
 def check_and_frame(events: Sequence[bytes], limits: Limits = DEFAULT) -> bytes:
     """Validate every event of a batch (sizes within `limits`) and return them framed as one blob.
 
-    The usual batch is checked whole (`_all_valid`: one C parse of every event, C-level passes over what was
-    parsed, numpy over sizes and wall times). A batch that does not pass is looked at event by event, which
-    names the first bad event exactly as it would be named alone; a bad event raises before anything is
-    returned, so it refuses its whole batch and leaves the event file untouched.
+    A large batch of the usual scalar events is checked from its bytes (`scalar_events.read_usual`, whose
+    points an `EventBatch` keeps for the write observers); any other is checked whole (`_all_valid`: one C parse
+    of every event, C-level passes over what was parsed, numpy over sizes and wall times). A batch that does not
+    pass is looked at event by event, which names the first bad event exactly as it would be named alone; a bad
+    event raises before anything is returned, so it refuses its whole batch and leaves the event file untouched.
 
     Raises:
         EventError: naming the first bad event and what is wrong with it.
@@ -50,7 +52,8 @@ def check_and_frame(events: Sequence[bytes], limits: Limits = DEFAULT) -> bytes:
     if not events:
         return b""
     sizes = list(map(len, events))
-    if not _all_valid(events, sizes, limits):
+    usual = len(sizes) >= USUAL_FROM and _usual_valid(events, sizes, limits)
+    if not usual and not _all_valid(events, sizes, limits):
         # Mostly a bad event, which raises; also a batch the whole-batch checks could not decide (an event
         # nested to the parser's depth limit, field 1 sent packed), which passes here.
         _raise_first_problem(events, limits)
@@ -58,6 +61,20 @@ def check_and_frame(events: Sequence[bytes], limits: Limits = DEFAULT) -> bytes:
     masked = (((crcs >> np.uint64(15)) | (crcs << np.uint64(17))) + np.uint64(_MASK_DELTA)) & np.uint64(0xFFFFFFFF)
     footers = map(_CRC.pack, masked.tolist())
     return b"".join(chain.from_iterable(zip(map(header, sizes), events, footers, strict=True)))
+
+
+def _usual_valid(events: Sequence[bytes], sizes: list[int], limits: Limits) -> bool:
+    """Whether the batch is read as usual events (`scalar_events`) and each passes; an `EventBatch` keeps the
+    points read. A usual event parses as an `Event` with a summary by its layout, so what is left to check is its
+    numbers: sizes, wall times and tags."""
+    usual = read_usual(events)
+    if usual is None:
+        return False
+    if isinstance(events, EventBatch):
+        events.points = usual.points
+    with np.errstate(invalid="ignore"):
+        wall_times_valid = bool(((usual.wall_times >= 0.0) & (usual.wall_times < _INFINITY)).all())
+    return wall_times_valid and max(sizes) <= limits.max_event_bytes and usual.longest_tag <= limits.max_tag_bytes
 
 
 def _all_valid(events: Sequence[bytes], sizes: list[int], limits: Limits) -> bool:

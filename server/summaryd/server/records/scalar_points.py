@@ -5,15 +5,16 @@ more, for the write observers that read scalars (aggregation, the watch, the boa
 counts when it is a `simple_value` (`add_scalar`, the hooks, Keras, `add_summary`) or a rank-0 numeric tensor
 (TF2's `tf.summary.scalar`, torch's new-style scalar) that no plugin other than scalars claims.
 
-The usual batch, every event one `simple_value` with its wall time, step and tag, is read whole by C
-(`_whole_batch`): a Python loop over each event's fields costs several microseconds an event, which the watch,
-on by default, would pay for every serialized event a daemon takes.
+The usual batch, every event one `simple_value` with its wall time, step and tag, is read whole: a Python loop over
+each event's fields costs several microseconds an event, which the watch, on by default, would pay for every
+serialized event a daemon takes. A large one is read from its bytes by numpy (`scalar_events.read_usual`, with
+its check), a small one by three C parses of its events joined (`_whole_batch`). A batch the service received as
+an `EventBatch` is read once, for its check and all of them.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
-from typing import NamedTuple
 
 import numpy as np
 from google.protobuf.message import DecodeError, Message
@@ -23,10 +24,13 @@ from tensorboard.compat.proto.summary_pb2 import Summary
 from tensorboard.compat.proto.tensor_pb2 import TensorProto
 
 from summaryd.server.records.private_messages import Kind, repeated_messages
+from summaryd.server.records.scalar_events import USUAL_FROM, EventBatch, PointColumns, read_usual
 from summaryd.server.records.scalar_records import ScalarRecords
 
 Point = tuple[str, int, float, float]
 """tag, step, wall time, value"""
+
+__all__ = ["EventBatch", "Point", "PointColumns", "event_point_columns", "points"]
 
 # TensorFlow's numeric dtypes (types.proto): the numpy type of `tensor_content` and the repeated field otherwise.
 _DTYPES: dict[int, tuple[str, str]] = {
@@ -39,28 +43,28 @@ _DTYPES: dict[int, tuple[str, str]] = {
 _SCALARS_PLUGIN = "scalars"
 
 
-class PointColumns(NamedTuple):
-    """A batch's scalar points as columns, one entry a point, in order."""
-
-    tags: Sequence[str]
-    steps: Sequence[int]
-    wall_times: Sequence[float]
-    values: Sequence[float]
-
-
 def points(events: Sequence[bytes]) -> Iterator[Point]:
     """The scalar points of a batch's events, in order."""
     if isinstance(events, ScalarRecords):
         return _column_points(events)
-    whole = _whole_batch(events)
-    if whole is not None:
-        return zip(*whole, strict=True)
-    return _event_points(events)
+    return zip(*event_point_columns(events), strict=True)
 
 
 def event_point_columns(events: Sequence[bytes]) -> PointColumns:
-    """The scalar points of a batch of serialized events, as columns."""
-    whole = _whole_batch(events)
+    """The scalar points of a batch of serialized events, as columns (read once for an `EventBatch`)."""
+    if isinstance(events, EventBatch):
+        if events.points is None:
+            events.points = _read_columns(events)
+        return events.points
+    return _read_columns(events)
+
+
+def _read_columns(events: Sequence[bytes]) -> PointColumns:
+    if len(events) >= USUAL_FROM:
+        usual = read_usual(events)
+        whole = usual.points if usual is not None else None
+    else:
+        whole = _whole_batch(events)
     if whole is not None:
         return whole
     found = list(_event_points(events))
@@ -105,11 +109,8 @@ def _whole_batch(events: Sequence[bytes]) -> PointColumns | None:
     joined = _read_joined(events)
     if joined is None:
         return None
-    flat, summaries, values, scalars = joined
-    count = len(events)
-    summary_sizes = np.fromiter(map(len, summaries), dtype=np.int64, count=count)
-    value_sizes = np.fromiter(map(len, values), dtype=np.int64, count=count)
-    event_sizes = np.fromiter(map(len, events), dtype=np.int64, count=count)
+    flat, summary_sizes, value_sizes, scalars = joined
+    event_sizes = _sizes(events)
     # wall_time: a tag byte and 8; summary: a tag byte, its length, its bytes; what is left is the step's: none
     # for step 0 (proto3 leaves it out), else a tag byte and its varint (a negative step's ten bytes never match).
     step_sizes = event_sizes - (9 + 1 + _varint_bytes(summary_sizes) + summary_sizes)
@@ -119,28 +120,39 @@ def _whole_batch(events: Sequence[bytes]) -> PointColumns | None:
         return None
     if not (summary_sizes == 1 + _varint_bytes(value_sizes) + value_sizes).all():
         return None
-    steps = np.zeros(count, dtype=np.int64)
-    steps[stepped] = given
+    if len(given) == len(events):
+        steps: Sequence[int] = flat.step  # type: ignore[attr-defined]
+    else:
+        filled = np.zeros(len(events), dtype=np.int64)
+        filled[stepped] = given
+        steps = filled.tolist()
     # The repeated fields as they are (sequences of str and float): a copy into lists would cost more than
     # reading them once.
     return PointColumns(
         scalars.tag,  # type: ignore[attr-defined]
-        steps.tolist(),
+        steps,
         flat.wall_time,  # type: ignore[attr-defined]
         scalars.simple_value,  # type: ignore[attr-defined]
     )
 
 
-def _read_joined(events: Sequence[bytes]) -> tuple[Message, Sequence[bytes], Sequence[bytes], Message] | None:
-    """The batch's events, summaries and values read joined, when each holds one of each field counted (a step
-    may be left out: step 0)."""
+def _sizes(parts: Sequence[bytes]) -> NDArray[np.int64]:
+    return np.fromiter(map(len, parts), dtype=np.int64, count=len(parts))
+
+
+def _read_joined(
+    events: Sequence[bytes],
+) -> tuple[Message, NDArray[np.int64], NDArray[np.int64], Message] | None:
+    """The batch's events read joined, with the size of each summary and each value, and the values read joined,
+    when each holds one of each field counted (a step may be left out: step 0)."""
     count = len(events)
     try:
         flat = _FlatEvents.FromString(b"".join(events))
-        summaries = flat.summary  # type: ignore[attr-defined]
+        # Each element of a repeated bytes field is copied out on every look: a list takes them out once.
+        summaries = list(flat.summary)  # type: ignore[attr-defined]
         if not count or not len(flat.wall_time) == len(summaries) == count or len(flat.step) > count:  # type: ignore[attr-defined]
             return None
-        values = _FlatSummaries.FromString(b"".join(summaries)).value  # type: ignore[attr-defined]
+        values = list(_FlatSummaries.FromString(b"".join(summaries)).value)  # type: ignore[attr-defined]
         if len(values) != count:
             return None
         scalars = _FlatValues.FromString(b"".join(values))
@@ -148,7 +160,7 @@ def _read_joined(events: Sequence[bytes]) -> tuple[Message, Sequence[bytes], Seq
         return None
     if not len(scalars.tag) == len(scalars.simple_value) == count:  # type: ignore[attr-defined]
         return None
-    return flat, summaries, values, scalars
+    return flat, _sizes(summaries), _sizes(values), scalars
 
 
 def _event_points(events: Sequence[bytes]) -> Iterator[Point]:

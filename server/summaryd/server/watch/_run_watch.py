@@ -313,9 +313,14 @@ class RunWatch:
             if not found.steps:
                 return
             worker.stepped(found.steps[-1], found.wall_times[-1])
-            table = {tag: i for i, tag in enumerate(dict.fromkeys(found.tags))}
-            batch = _Batch(list(map(table.__getitem__, found.tags)), found.steps, found.values)
-            tags = list(table)
+            tag_of = list(found.tags)  # each look at a message's repeated string makes its str again
+            tags = list(dict.fromkeys(tag_of))
+            if len(tags) == 1:  # a batch of one tag, the usual: no lookup per point
+                tag_index: list[int] = [0] * len(tag_of)
+            else:
+                table = {tag: i for i, tag in enumerate(tags)}
+                tag_index = list(map(table.__getitem__, tag_of))
+            batch = _Batch(tag_index, found.steps, found.values)
         watched = self._plan(tags) if self._on["divergence"] else []
         finite = batch.finite
         if watched:
