@@ -43,6 +43,17 @@ def _version(package: str) -> str:
         return "not installed"
 
 
+def _tensorflow() -> str:
+    """Whether TensorFlow is importable: with it, torch's writer and TensorBoard's loader go through
+    `tf.io.gfile`, which moves the torch and visibility rows several times over (RESULTS.md, *Full run, commit
+    e6cb3fb*)."""
+    for name in ("tensorflow-cpu", "tensorflow"):
+        version = _version(name)
+        if version != "not installed":
+            return f"{name} {version}: torch's writer and TensorBoard's loader use tf.io.gfile"
+    return "not installed"
+
+
 def summaryd_tree() -> Path | None:
     """The source tree `summaryd.client` is imported from (an editable install's checkout, or `PYTHONPATH`)."""
     spec = importlib.util.find_spec("summaryd.client")
@@ -84,6 +95,7 @@ def facts() -> list[tuple[str, str]]:
         ("os", f"{platform.system()} {platform.release()}"),
         ("python", f"{platform.python_implementation()} {sys.version.split()[0]}"),
         ("packages", ", ".join(f"{name} {_version(name)}" for name in _PACKAGES)),
+        ("tensorflow", _tensorflow()),
         ("summaryd measured", str(tree) if tree else "not found"),
         ("its commit", _git(tree) if tree else "unknown"),
         ("load average", load_average()),

@@ -35,7 +35,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from _daemon import START_TIMEOUT, stop_process
+from _daemon import stop_process
+from benchmarks._bare_servicer import running as bare_servicer
 from benchmarks._job_load import LoadParams
 from benchmarks._machine import load_average
 from benchmarks._report import table
@@ -114,22 +115,6 @@ def rss_mib(pid: int) -> float:
     return pages * _PAGE / 2**20
 
 
-@contextlib.contextmanager
-def _floor(workdir: Path) -> Iterator[tuple[str, int]]:
-    port_file = workdir / f"floor-port-{time.monotonic_ns()}"
-    command = [sys.executable, "-m", "benchmarks._bare_servicer", "--port-file", str(port_file)]
-    proc = subprocess.Popen(command, stdin=subprocess.DEVNULL)
-    try:
-        deadline = time.monotonic() + START_TIMEOUT
-        while not (port_file.exists() and port_file.read_text().endswith("\n")):
-            if proc.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError("the bare servicer did not start")
-            time.sleep(0.02)
-        yield f"127.0.0.1:{int(port_file.read_text())}", proc.pid
-    finally:
-        stop_process(proc)
-
-
 @dataclass(frozen=True)
 class _Target:
     """What the generators dial (generator `i` the address `i % len`), the measured process, and its relays."""
@@ -142,7 +127,7 @@ class _Target:
 @contextlib.contextmanager
 def _target(kind: str, workdir: Path, shape: Shape) -> Iterator[_Target]:
     if kind == FLOOR:
-        with _floor(workdir) as (address, pid):
+        with bare_servicer(workdir) as (address, pid):
             yield _Target([address], pid, [])
         return
     flags = ["--no-aggregate"] if kind == OFF else ["--aggregate"]

@@ -19,6 +19,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
+from benchmarks._bare_servicer import running as bare_servicer
 from benchmarks._contenders import ABSENT, FLOOR, HOOK, LIVE, NO_WRITER, PEERS, SUMMARYD, SUMMARYD_HOOK, WriterSpec
 from benchmarks._machine import facts, load_average
 from benchmarks._report import Spread, micros, rate, ratio, seconds, table
@@ -64,6 +65,7 @@ ONE_CLIENT = "summaryd, 1 client"
 FEED = "daemon, raw gRPC stream"
 COLUMNS = "daemon, scalar columns"
 RAW = "raw framing (frame_all + write)"
+BARE = "bare grpc.aio servicer, same stream (acks only)"
 
 _CALLER_TIMEOUT = 300.0
 _THROUGHPUT_TIMEOUT = 900.0
@@ -237,11 +239,14 @@ def throughput(run: Run) -> str:
 
 def ceiling(run: Run) -> str:
     plan = run.plan
-    labels = [FEED, COLUMNS, RAW]
-    with running_daemon(run.workdir) as daemon:
+    labels = [FEED, COLUMNS, RAW, BARE]
+    with running_daemon(run.workdir) as daemon, bare_servicer(run.workdir) as (bare, _):
 
         def one(label: str, round_: int) -> dict[str, Any]:
-            if label in (FEED, COLUMNS):
+            if label == BARE:
+                params = CeilingParams(bare, plan.ceiling_batches, plan.batch_events, run=f"ceiling-bare-{round_}")
+                result = run_trial("daemon_feed", asdict(params), run.workdir, _CEILING_TIMEOUT)
+            elif label in (FEED, COLUMNS):
                 name = f"ceiling-{slug(label)}-{round_}"
                 # Columns go as a backed-up client's sender sends them: `BACKED_UP_BATCHES` batches' worth at once.
                 grow = BACKED_UP_BATCHES if label == COLUMNS else 1
@@ -290,7 +295,9 @@ def ceiling(run: Run) -> str:
         "Daemon: one process streams `WriteRequest`s "
         "with the generated stub on one `Write` stream after `OpenSession`, timed until the last "
         "ack and `CloseSession` (fsync) returned. Raw framing: `summaryd.v1.wire.frame_all` per "
-        f"batch, one `os.write` each, then fsync. {plan.ceiling_repeats} trials per contender; median (min-max)."
+        "batch, one `os.write` each, then fsync. The bare servicer (`benchmarks/_bare_servicer.py`) takes the "
+        "first row's stream and only acks: gRPC's Python side on uvloop alone, the floor of the daemon's first row. "
+        f"{plan.ceiling_repeats} trials per contender; median (min-max)."
     )
     headers = ["contender", "events", "events/s", "MB/s of events", "vs raw framing"]
     return "\n".join(["### 3. The daemon's ceiling", "", about, "", table(headers, rows)])

@@ -96,7 +96,7 @@ def test_a_batch_read_so_holds_exactly_what_each_event_parsed_holds(events: list
         return
     expected = _parsed_points(events)
     assert expected is not None, "read as usual events, but an event does not parse as one scalar"
-    assert repr(list(zip(*usual.points, strict=True))) == repr(expected)  # repr: NaN is not equal to itself
+    assert repr(list(zip(*usual.points(), strict=True))) == repr(expected)  # repr: NaN is not equal to itself
     assert usual.longest_tag == max(len(tag.encode()) for tag, *_ in expected)
 
 
@@ -125,17 +125,17 @@ def test_a_large_batch_is_checked_and_refused_as_event_by_event(events: list[byt
             raise AssertionError(f"refused one by one ({expected}), taken as a batch")
 
 
-def test_a_large_usual_batch_is_read_from_its_bytes_and_its_points_kept_for_the_observers() -> None:
+def test_a_large_usual_batch_is_read_from_its_bytes_and_kept_for_the_observers() -> None:
     tags = ["loss", "acc", "损失"]
     events = [_usual(tags[i % 3], step, 1e9 + i, i / 4) for i, step in enumerate([0, -5, 2**40, *range(500)])]
     usual = read_usual(events)
     assert usual is not None
     batch = EventBatch(events)
     assert check_and_frame(batch, LIMITS) == frame_all(events)
-    assert batch.points == usual.points  # the check read them; the observers take them from the batch
-    assert event_point_columns(batch) is batch.points
+    assert batch.usual is not None  # the check read it; the observers take its points from the batch
+    assert event_point_columns(batch) is event_point_columns(batch) == usual.points()
     first = [("loss", 0, 1e9, 0.0), ("acc", -5, 1e9 + 1, 0.25), ("损失", 2**40, 1e9 + 2, 0.5)]
-    assert list(zip(*batch.points, strict=True))[:3] == first
+    assert list(zip(*event_point_columns(batch), strict=True))[:3] == first
 
 
 # Each field's key put under another field of the same wire type: the event parses (as another kind of event,

@@ -4,17 +4,23 @@ a damaged one), the webhook's retries against a real loopback receiver, and `--n
 from __future__ import annotations
 
 import json
+import math
 import threading
 import time
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import numpy as np
 import pytest
 from _webhook_receiver import Receiver
+from tensorboard.compat.proto.event_pb2 import Event
+from tensorboard.compat.proto.summary_pb2 import Summary
 
 from _support import start_daemon, wait_for
 from summaryd.cli import main
 from summaryd.server.config import Config
+from summaryd.server.records.event_check import check_and_frame
+from summaryd.server.records.scalar_events import EventBatch
 from summaryd.server.records.scalar_records import ScalarRecords
 from summaryd.server.watch import Finding, FindingBook, Rules, Webhook, _webhook, message
 from summaryd.server.watch._run_watch import RunWatch, Worker
@@ -179,28 +185,55 @@ def _framed_loss(first_step: int, values: list[float]) -> ScalarRecords:
     return records
 
 
-def test_large_batches_reach_the_divergence_ring_point_for_point_and_a_rise_fires_at_its_step() -> None:
-    """Batches over 128 scalars (their columns read as arrays when framed) give a series' ring exactly the points
-    sent, the newest 128 in order, before any threshold exists; once it has one, a batch that rises above it fires
-    divergence at the first step over it."""
+def _checked_loss(first_step: int, values: list[float]) -> EventBatch:
+    """The same points as serialized events, checked as the daemon checks them before the watch sees them."""
+    batch = EventBatch(
+        Event(
+            wall_time=1.0, step=step, summary=Summary(value=[Summary.Value(tag="loss", simple_value=value)])
+        ).SerializeToString()
+        for step, value in enumerate(values, first_step)
+    )
+    check_and_frame(batch)
+    return batch
+
+
+@pytest.mark.parametrize("batch_of", [_framed_loss, _checked_loss], ids=["scalar columns", "serialized events"])
+def test_large_batches_reach_the_divergence_ring_point_for_point_and_a_rise_fires_at_its_step(
+    batch_of: Callable[[int, list[float]], Sequence[bytes]],
+) -> None:
+    """Batches over 128 scalars (scalar columns read as arrays when framed, serialized events read as columns by
+    their check) give a series' ring exactly the points sent, the newest 128 in order, before any threshold
+    exists; once it has one, a batch that rises above it fires divergence at the first step over it."""
     run = RunWatch("job", Rules(), lambda: True, time.time)
     worker = Worker("rank-0", None)
     # float32 values, as the columns carry them: the ring holds each as the same float64.
     falling = [float(np.float32(2.0 / (1 + 0.01 * step))) for step in range(300)]
-    first = _framed_loss(0, falling)
-    assert first.arrays is not None  # the large batch's path
+    first = batch_of(0, falling)
+    assert getattr(first, "arrays", None) is not None or getattr(first, "usual", None) is not None  # as arrays
     run.take(worker, first, 1.0)
     series = run.series[("rank-0", "loss")]
     assert list(series.window[series.at :] + series.window[: series.at]) == falling[-128:]
     run.evaluate(2.0, workers=False)
     assert series.armed and 0.5 < series.threshold < 2.0
     steady, high = [falling[-1]] * 100, [5.0] * 100
-    run.take(worker, _framed_loss(300, steady + high), 3.0)
+    run.take(worker, batch_of(300, steady + high), 3.0)
     holds, _ = run.evaluate(4.0, workers=False)
     finding = holds[("divergence", "job", "loss")]
     assert (finding.rank, finding.step, finding.value) == ("rank-0", 400, 5.0)
     ordered = series.window[series.at :] + series.window[: series.at]
     assert list(ordered) == (falling + steady)[-128:]  # the points over the threshold are not the baseline
+
+
+def test_a_nan_among_a_large_batch_of_serialized_events_fires_at_its_step() -> None:
+    """Two finite points after it (fewer than the three that resolve it): the finding holds, at the NaN's step."""
+    run = RunWatch("job", Rules(), lambda: True, time.time)
+    worker = Worker("rank-3", None)
+    values = [0.5] * 200
+    values[197] = float("nan")
+    run.take(worker, _checked_loss(1000, values), 1.0)
+    holds, _ = run.evaluate(2.0, workers=False)
+    finding = holds[("nonfinite", "job", "loss")]
+    assert (finding.rank, finding.step, math.isnan(finding.value)) == ("rank-3", 1197, True)
 
 
 def test_a_job_that_stops_at_once_is_named_silent_as_a_whole_from_the_first_message() -> None:

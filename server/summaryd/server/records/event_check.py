@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import struct
 from collections.abc import Sequence
 from itertools import chain, repeat
@@ -9,17 +10,19 @@ from itertools import chain, repeat
 import google_crc32c
 import numpy as np
 from google.protobuf.message import DecodeError
+from numpy.typing import NDArray
 from tensorboard.compat.proto.event_pb2 import Event
 
 from summaryd.server.errors import EventError
 from summaryd.server.records.private_messages import Kind, repeated_messages
-from summaryd.server.records.scalar_events import USUAL_FROM, EventBatch, read_usual
+from summaryd.server.records.scalar_events import USUAL_FROM, EventBatch, UsualBatch, read_usual
 from summaryd.server.security.limits import DEFAULT, Limits
 from summaryd.v1.wire import header
 
 _INFINITY = float("inf")
 _MASK_DELTA = 0xA282EAD8  # TFRecord's CRC mask (see `wire.masked_crc32c`)
 _CRC = struct.Struct("<I")
+_FEW_RUNS = 8  # a large batch is framed in runs of one size when it has fewer runs than an eighth of its events
 
 
 # `Blobs` and `Events` are the same bytes on the wire (a field of field number 1, one length-delimited element per
@@ -40,8 +43,8 @@ _Blobs, _Events, _WallTimes = repeated_messages(
 def check_and_frame(events: Sequence[bytes], limits: Limits = DEFAULT) -> bytes:
     """Validate every event of a batch (sizes within `limits`) and return them framed as one blob.
 
-    A large batch of the usual scalar events is checked from its bytes (`scalar_events.read_usual`, whose
-    points an `EventBatch` keeps for the write observers); any other is checked whole (`_all_valid`: one C parse
+    A large batch of the usual scalar events is checked from its bytes (`scalar_events.read_usual`, which an
+    `EventBatch` keeps for the write observers); any other is checked whole (`_all_valid`: one C parse
     of every event, C-level passes over what was parsed, numpy over sizes and wall times). A batch that does not
     pass is looked at event by event, which names the first bad event exactly as it would be named alone; a bad
     event raises before anything is returned, so it refuses its whole batch and leaves the event file untouched.
@@ -52,29 +55,68 @@ def check_and_frame(events: Sequence[bytes], limits: Limits = DEFAULT) -> bytes:
     if not events:
         return b""
     sizes = list(map(len, events))
-    usual = len(sizes) >= USUAL_FROM and _usual_valid(events, sizes, limits)
-    if not usual and not _all_valid(events, sizes, limits):
-        # Mostly a bad event, which raises; also a batch the whole-batch checks could not decide (an event
-        # nested to the parser's depth limit, field 1 sent packed), which passes here.
+    if len(sizes) < USUAL_FROM:
+        if not _all_valid(events, sizes, limits):
+            # Mostly a bad event, which raises; also a batch the whole-batch checks could not decide (an event
+            # nested to the parser's depth limit, field 1 sent packed), which passes here.
+            _raise_first_problem(events, limits)
+        return _joined(events, sizes)
+    if _usual_valid(events, sizes, limits) is None and not _all_valid(events, sizes, limits):
         _raise_first_problem(events, limits)
-    crcs = np.fromiter(map(google_crc32c.value, events), dtype=np.uint64, count=len(sizes))
-    masked = (((crcs >> np.uint64(15)) | (crcs << np.uint64(17))) + np.uint64(_MASK_DELTA)) & np.uint64(0xFFFFFFFF)
-    footers = map(_CRC.pack, masked.tolist())
+    return _framed_in_runs(events, sizes)
+
+
+def _masked_crcs(events: Sequence[bytes]) -> NDArray[np.uint64]:
+    """Each event's masked CRC-32C (one google-crc32c call each: it has no batch API)."""
+    crcs = np.fromiter(map(google_crc32c.value, events), dtype=np.uint64, count=len(events))
+    masked: NDArray[np.uint64] = (
+        ((crcs >> np.uint64(15)) | (crcs << np.uint64(17))) + np.uint64(_MASK_DELTA)
+    ) & np.uint64(0xFFFFFFFF)
+    return masked
+
+
+def _joined(events: Sequence[bytes], sizes: list[int]) -> bytes:
+    """The records framed one by one and joined: a small batch."""
+    footers = map(_CRC.pack, _masked_crcs(events).tolist())
     return b"".join(chain.from_iterable(zip(map(header, sizes), events, footers, strict=True)))
 
 
-def _usual_valid(events: Sequence[bytes], sizes: list[int], limits: Limits) -> bool:
-    """Whether the batch is read as usual events (`scalar_events`) and each passes; an `EventBatch` keeps the
-    points read. A usual event parses as an `Event` with a summary by its layout, so what is left to check is its
-    numbers: sizes, wall times and tags."""
+def _framed_in_runs(events: Sequence[bytes], sizes: list[int]) -> bytes:
+    """The records framed as one blob built by numpy: each run of events of one size is a matrix of rows
+    `header | event | footer` (its header the same for every row), its events' bytes copied in at once. A batch
+    of events of many sizes in turn is joined record by record."""
+    lengths = np.array(sizes, dtype=np.int64)
+    edges = np.flatnonzero(lengths[1:] != lengths[:-1]) + 1
+    if len(edges) * _FEW_RUNS >= len(sizes):
+        return _joined(events, sizes)
+    footers = _masked_crcs(events).astype("<u4").view(np.uint8).reshape(-1, 4)
+    data = np.frombuffer(b"".join(events), dtype=np.uint8)
+    blob = np.empty(len(data) + 16 * len(sizes), dtype=np.uint8)
+    read = written = 0
+    for first, stop in itertools.pairwise([0, *edges.tolist(), len(sizes)]):
+        size, count = sizes[first], stop - first
+        rows = blob[written : written + count * (size + 16)].reshape(count, size + 16)
+        rows[:, :12] = np.frombuffer(header(size), dtype=np.uint8)
+        rows[:, 12 : 12 + size] = data[read : read + count * size].reshape(count, size)
+        rows[:, 12 + size :] = footers[first:stop]
+        read, written = read + count * size, written + count * (size + 16)
+    return blob.tobytes()
+
+
+def _usual_valid(events: Sequence[bytes], sizes: list[int], limits: Limits) -> UsualBatch | None:
+    """The batch read as usual events (`scalar_events`) when it is and each passes (an `EventBatch` keeps it). A
+    usual event parses as an `Event` with a summary by its layout, so what is left to check is its numbers:
+    sizes, wall times and tags."""
     usual = read_usual(events)
     if usual is None:
-        return False
-    if isinstance(events, EventBatch):
-        events.points = usual.points
+        return None
     with np.errstate(invalid="ignore"):
         wall_times_valid = bool(((usual.wall_times >= 0.0) & (usual.wall_times < _INFINITY)).all())
-    return wall_times_valid and max(sizes) <= limits.max_event_bytes and usual.longest_tag <= limits.max_tag_bytes
+    if not (wall_times_valid and max(sizes) <= limits.max_event_bytes and usual.longest_tag <= limits.max_tag_bytes):
+        return None
+    if isinstance(events, EventBatch):
+        events.usual = usual
+    return usual
 
 
 def _all_valid(events: Sequence[bytes], sizes: list[int], limits: Limits) -> bool:

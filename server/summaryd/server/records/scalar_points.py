@@ -54,7 +54,7 @@ def event_point_columns(events: Sequence[bytes]) -> PointColumns:
     """The scalar points of a batch of serialized events, as columns (read once for an `EventBatch`)."""
     if isinstance(events, EventBatch):
         if events.points is None:
-            events.points = _read_columns(events)
+            events.points = events.usual.points() if events.usual is not None else _read_columns(events)
         return events.points
     return _read_columns(events)
 
@@ -62,7 +62,7 @@ def event_point_columns(events: Sequence[bytes]) -> PointColumns:
 def _read_columns(events: Sequence[bytes]) -> PointColumns:
     if len(events) >= USUAL_FROM:
         usual = read_usual(events)
-        whole = usual.points if usual is not None else None
+        whole = usual.points() if usual is not None else None
     else:
         whole = _whole_batch(events)
     if whole is not None:

@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
+from summaryd.server.records.scalar_events import EventBatch
 from summaryd.server.records.scalar_points import event_point_columns
 from summaryd.server.records.scalar_records import ScalarRecords
 from summaryd.server.sessions.live import Session
@@ -308,6 +309,11 @@ class RunWatch:
                 batch = _Batch(arrays.tag_index, arrays.steps, arrays.values)
             else:  # a small one: numpy's fixed cost per call is more than Python's per point
                 batch = _Batch(columns.tag_index, steps, columns.value, lazy=start)
+        elif isinstance(events, EventBatch) and events.usual is not None:  # read by its check: its columns
+            usual = events.usual
+            worker.stepped(int(usual.steps[-1]), float(usual.wall_times[-1]))
+            tags = usual.tags
+            batch = _Batch(usual.tag_index, usual.steps, usual.values)
         else:
             found = event_point_columns(events)
             if not found.steps:
