@@ -48,7 +48,8 @@ class UsualBatch:
     def points(self) -> PointColumns:
         """The points, as the write observers read them (lists)."""
         tags = self.tags
-        per_point = [tags[0]] * len(self.steps) if len(tags) == 1 else list(map(tags.__getitem__, self.tag_index))
+        one = len(tags) == 1
+        per_point = [tags[0]] * len(self.steps) if one else list(map(tags.__getitem__, self.tag_index.tolist()))
         return PointColumns(per_point, self.steps.tolist(), self.wall_times.tolist(), self.values.tolist())
 
 

@@ -1,9 +1,10 @@
 """The scalar points (tag, step, wall time, value) of a batch the daemon accepted, for aggregation.
 
-A batch of scalar columns gives them directly (no record is decoded back). Serialized events are parsed once
-more, for the write observers that read scalars (aggregation, the watch, the board's index): a `Summary` value
-counts when it is a `simple_value` (`add_scalar`, the hooks, Keras, `add_summary`) or a rank-0 numeric tensor
-(TF2's `tf.summary.scalar`, torch's new-style scalar) that no plugin other than scalars claims.
+A batch of scalar columns gives them directly (no record is decoded back). Serialized events are read once more
+for the write observers that read scalars (aggregation, the watch, the board's index), unless their check read
+them already (a large batch of the usual events): a `Summary` value counts when it is a `simple_value`
+(`add_scalar`, the hooks, Keras, `add_summary`) or a rank-0 numeric tensor (TF2's `tf.summary.scalar`, torch's
+new-style scalar) that no plugin other than scalars claims.
 
 The usual batch, every event one `simple_value` with its wall time, step and tag, is read whole: a Python loop over
 each event's fields costs several microseconds an event, which the watch, on by default, would pay for every
@@ -30,7 +31,7 @@ from summaryd.server.records.scalar_records import ScalarRecords
 Point = tuple[str, int, float, float]
 """tag, step, wall time, value"""
 
-__all__ = ["EventBatch", "Point", "PointColumns", "event_point_columns", "points"]
+__all__ = ["Point", "PointColumns", "event_point_columns", "points"]
 
 # TensorFlow's numeric dtypes (types.proto): the numpy type of `tensor_content` and the repeated field otherwise.
 _DTYPES: dict[int, tuple[str, str]] = {
