@@ -57,6 +57,14 @@ class Plan:
     session_window_s: float = 15.0
     sustain_s: float = 60.0
     session_warmup_s: float = 5.0
+    job_rows: tuple[tuple[int, str], ...] = (
+        *((workers, kind) for workers in (64, 256, 1024) for kind in ("floor", "on", "off")),
+        (256, "unpaced"),
+        (4096, "relayed"),
+    )
+    """The job shape's rows (section 15), (workers, target) each: `benchmarks.job_shape.TARGET_LABELS`."""
+    job_seconds: float = 20.0
+    job_warmup: float = 15.0
 
 
 PLANS = {
@@ -112,6 +120,9 @@ PLANS = {
         session_window_s=5.0,
         sustain_s=10.0,
         session_warmup_s=3.0,
+        job_rows=((256, "floor"), (256, "on"), (256, "unpaced"), (1024, "on")),
+        job_seconds=10.0,
+        job_warmup=10.0,
     ),
     # Tiny sizes for a smoke test: every benchmark runs, no figure means anything.
     "smoke": Plan(
@@ -144,6 +155,9 @@ PLANS = {
         session_window_s=1.0,
         sustain_s=2.0,
         session_warmup_s=1.0,
+        job_rows=((8, "floor"), (8, "on")),
+        job_seconds=2.0,
+        job_warmup=1.0,
     ),
 }
 

