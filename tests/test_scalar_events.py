@@ -7,13 +7,14 @@ import math
 import random
 import struct
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from tensorboard.compat.proto.event_pb2 import Event
 from tensorboard.compat.proto.summary_pb2 import Summary
 
 from summaryd.server.errors import EventError
-from summaryd.server.records import event_check
+from summaryd.server.records import event_check, scalar_points
 from summaryd.server.records.event_check import check_and_frame
 from summaryd.server.records.scalar_events import USUAL_FROM, EventBatch, read_usual
 from summaryd.server.records.scalar_points import event_point_columns
@@ -160,3 +161,23 @@ def test_an_event_the_layout_does_not_take_leaves_the_batch_to_the_parse() -> No
         *(_key(events[50], at, key) for at, key in _OTHER_KEYS),
     ):
         assert read_usual([*events[:50], odd, *events[51:]]) is None
+
+
+def test_a_large_batch_its_check_found_not_usual_is_parsed_for_the_observers_without_a_second_try(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Events with a field the layout has not (the writer's name): the check tries numpy once; the observers'
+    points come from the parse, exactly as each event's own parse gives them."""
+    events = [
+        _usual("loss", step, 1e9 + step, step / 4) + Event(source_metadata={"writer": "w"}).SerializeToString()
+        for step in range(1, 100)
+    ]
+    batch = EventBatch(events)
+    assert check_and_frame(batch, LIMITS) == frame_all(events)
+    assert batch.read_as_usual and batch.usual is None
+
+    def tried_again(events: object) -> None:
+        raise AssertionError("read_usual tried again on a batch its check read")
+
+    monkeypatch.setattr(scalar_points, "read_usual", tried_again)
+    assert list(zip(*event_point_columns(batch), strict=True)) == _parsed_points(events)

@@ -108,6 +108,8 @@ def _usual_valid(events: Sequence[bytes], sizes: list[int], limits: Limits) -> U
     usual event parses as an `Event` with a summary by its layout, so what is left to check is its numbers:
     sizes, wall times and tags."""
     usual = read_usual(events)
+    if isinstance(events, EventBatch):
+        events.read_as_usual = True
     if usual is None:
         return None
     with np.errstate(invalid="ignore"):

@@ -57,10 +57,12 @@ class EventBatch(list[bytes]):
     """A batch of serialized events as received, which keeps what its check read: its check, the aggregation,
     the watch and the board's index each look at the same batch."""
 
-    __slots__ = ("points", "usual")
+    __slots__ = ("points", "read_as_usual", "usual")
 
     def __init__(self, events: Iterable[bytes]) -> None:
         super().__init__(events)
+        self.read_as_usual = False
+        """its check tried `read_usual` on it: `usual` says what came of it, and nothing tries again"""
         self.usual: UsualBatch | None = None
         """the batch read as usual events by its check"""
         self.points: PointColumns | None = None

@@ -55,14 +55,17 @@ def event_point_columns(events: Sequence[bytes]) -> PointColumns:
     """The scalar points of a batch of serialized events, as columns (read once for an `EventBatch`)."""
     if isinstance(events, EventBatch):
         if events.points is None:
-            events.points = events.usual.points() if events.usual is not None else _read_columns(events)
+            if events.usual is not None:
+                events.points = events.usual.points()
+            else:  # not read as usual events, or found not to be: not tried again
+                events.points = _read_columns(events, try_usual=not events.read_as_usual)
         return events.points
     return _read_columns(events)
 
 
-def _read_columns(events: Sequence[bytes]) -> PointColumns:
+def _read_columns(events: Sequence[bytes], try_usual: bool = True) -> PointColumns:
     if len(events) >= USUAL_FROM:
-        usual = read_usual(events)
+        usual = read_usual(events) if try_usual else None
         whole = usual.points() if usual is not None else None
     else:
         whole = _whole_batch(events)
